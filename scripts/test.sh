@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need (pyarrow, to check our Parquet files read in
+# pyarrow) and runs the whole test suite. Works on a fresh machine with Rust and Python 3.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! python3 -c 'import pyarrow' 2>/dev/null; then
+  python3 -m pip install --quiet --disable-pip-version-check pyarrow
+fi
+export SELFDISTILL_REQUIRE_PYARROW=1
+cargo test --all-targets "$@"

@@ -1,0 +1,9 @@
+//! Commands that are not pipeline stages: `grade`, `data inspect`, `status`, `preflight`, `bench`.
+//!
+//! Each reads files or the work dir and prints; none of them writes a stage.
+
+pub mod bench;
+pub mod grade;
+pub mod inspect;
+pub mod preflight;
+pub mod status;

@@ -1,0 +1,124 @@
+//! `pipeline preflight`: validates a config, resolves every input, estimates each stage's disk and
+//! memory, and checks them against free disk, available RAM and `run.disk_budget`, exiting
+//! non-zero with the reason when a run would not fit.
+//!
+//! Cached stages need nothing new. Estimates come from input sizes (see each stage's `plan`), so
+//! they are coarse; the check exists to catch the run that cannot fit, hours before it fails.
+
+use std::path::Path;
+
+use anyhow::{bail, Result};
+
+use crate::bytes::format_bytes;
+use crate::config::Config;
+use crate::stages::{stage_state, Plan, StageState};
+
+pub fn run(cfg: &Config) -> Result<()> {
+    println!("config {}: valid", cfg.origin);
+    let plan = Plan::build(cfg, &cfg.workdir)?;
+    println!(
+        "inputs: all {} resolved",
+        plan.stages.iter().map(|s| s.inputs.len()).sum::<usize>()
+    );
+    let mut disk = 0u64;
+    let mut peak_mem = 0u64;
+    println!(
+        "{:<8} {:<12} {:>12} {:>12}",
+        "stage", "state", "disk", "memory"
+    );
+    for s in &plan.stages {
+        let done = matches!(stage_state(&s.dir)?, StageState::Done(_));
+        let (d, m) = if done {
+            (0, 0)
+        } else {
+            (s.estimate.disk_bytes, s.estimate.memory_bytes)
+        };
+        disk += d;
+        peak_mem = peak_mem.max(m);
+        println!(
+            "{:<8} {:<12} {:>12} {:>12}",
+            s.name,
+            if done { "cached" } else { "to run" },
+            format_bytes(d),
+            format_bytes(m)
+        );
+    }
+    let free_disk = free_disk_bytes(&cfg.workdir)?;
+    let avail_mem = available_memory_bytes();
+    println!(
+        "needs {} of disk (free at {}: {}) and {} of memory (available: {})",
+        format_bytes(disk),
+        cfg.workdir.display(),
+        format_bytes(free_disk),
+        format_bytes(peak_mem),
+        avail_mem.map(format_bytes).unwrap_or("unknown".into())
+    );
+    let mut problems = Vec::new();
+    if disk > free_disk {
+        problems.push(format!(
+            "the run needs about {} of disk but {} has {} free",
+            format_bytes(disk),
+            cfg.workdir.display(),
+            format_bytes(free_disk)
+        ));
+    }
+    if let Some(budget) = cfg.disk_budget_bytes {
+        if disk > budget {
+            problems.push(format!(
+                "the run needs about {} of disk, over run.disk_budget = {}",
+                format_bytes(disk),
+                format_bytes(budget)
+            ));
+        }
+    }
+    if let Some(avail) = avail_mem {
+        if peak_mem > avail {
+            problems.push(format!(
+                "a stage needs about {} of memory but {} is available",
+                format_bytes(peak_mem),
+                format_bytes(avail)
+            ));
+        }
+    }
+    if !problems.is_empty() {
+        bail!("preflight failed:\n  - {}", problems.join("\n  - "));
+    }
+    println!("preflight ok");
+    Ok(())
+}
+
+/// Free bytes on the filesystem that holds `path` (or its nearest existing ancestor).
+pub fn free_disk_bytes(path: &Path) -> Result<u64> {
+    let mut p = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(path)
+    };
+    while !p.exists() {
+        if !p.pop() {
+            bail!("no existing folder above {}", path.display());
+        }
+    }
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes())?;
+    // SAFETY: statvfs is plain old data, zero-initialised is a valid value, and `c` is a valid
+    // NUL-terminated path that outlives the call.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are valid for the duration of the call.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        bail!(
+            "statvfs({}) failed: {}",
+            p.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// `MemAvailable` from /proc/meminfo (Linux); `None` elsewhere.
+pub fn available_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -1,0 +1,555 @@
+//! Pipeline configs: TOML in `pipelines/` becomes a validated [`Config`] in one place, before any
+//! work starts.
+//!
+//! Raw structs mirror the TOML and reject unknown keys; [`Config::from_toml`] turns them into plain
+//! validated values (paths resolved against the config file's folder, sizes parsed, enums checked).
+//! An error names the file, the line and the key, and for a misspelled key the closest valid one.
+//! This module knows nothing about running stages or the work dir's contents.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::bytes::parse_bytes;
+use crate::data::source::{AnswerExtract, FieldMap, Location, SourceFormat, SourceSpec};
+
+/// A config error, already phrased for a person: it names the file and, where known, line and key.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+// ---------------------------------------------------------------------------------------------
+// Raw TOML
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    run: RawRun,
+    data: Option<RawData>,
+    filter: Option<RawFilter>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRun {
+    name: Option<String>,
+    workdir: Option<String>,
+    disk_budget: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawData {
+    sources: Vec<RawSource>,
+    #[serde(default)]
+    skip_bad_rows: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSource {
+    name: String,
+    format: SourceFormat,
+    path: String,
+    split: Option<String>,
+    limit: Option<usize>,
+    id_field: Option<String>,
+    problem_field: Option<String>,
+    answer_field: Option<String>,
+    answer_extract: Option<AnswerExtract>,
+    solution_field: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFilter {
+    completions: Option<RawCompletions>,
+    max_per_problem: Option<usize>,
+    #[serde(default)]
+    dedup: Dedup,
+    min_completion_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    min_completion_chars: Option<u64>,
+    max_completion_chars: Option<u64>,
+    #[serde(default)]
+    last_number_fallback: bool,
+    #[serde(default)]
+    thinking: bool,
+    chunk_rows: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCompletions {
+    path: String,
+    #[serde(default = "default_completions_format")]
+    format: CompletionsFormat,
+    /// For dataset formats: which field holds the completion text.
+    completion_field: Option<String>,
+    /// For dataset formats: the data source whose problem ids these rows carry.
+    source: Option<String>,
+}
+
+fn default_completions_format() -> CompletionsFormat {
+    CompletionsFormat::Completions
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validated config
+// ---------------------------------------------------------------------------------------------
+
+/// How the filter treats duplicate completions of one problem.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dedup {
+    /// Keep every copy.
+    None,
+    /// Drop byte-identical copies.
+    Exact,
+    /// Drop copies equal after collapsing whitespace and normalising numbers (the default).
+    #[default]
+    Normalized,
+}
+
+/// The layout of a completions file the filter reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CompletionsFormat {
+    /// Our completions Parquet schema (what the sampler writes).
+    Completions,
+    /// A dataset file whose solutions are graded as completions (reference solutions, audits).
+    Gsm8k,
+    Math,
+    Aime,
+    Amc,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionsSpec {
+    pub location: Location,
+    pub format: CompletionsFormat,
+    pub completion_field: Option<String>,
+    /// For dataset formats: the data source (by name) whose field map gives the problem ids.
+    pub source: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DataConfig {
+    pub sources: Vec<SourceSpec>,
+    pub skip_bad_rows: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FilterConfig {
+    pub completions: Option<CompletionsSpec>,
+    pub max_per_problem: Option<usize>,
+    pub dedup: Dedup,
+    pub min_completion_tokens: Option<u64>,
+    pub max_completion_tokens: Option<u64>,
+    pub min_completion_chars: Option<u64>,
+    pub max_completion_chars: Option<u64>,
+    pub last_number_fallback: bool,
+    pub thinking: bool,
+    pub chunk_rows: usize,
+}
+
+/// A validated pipeline config.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where it came from: a file path, or `<embedded default>`.
+    pub origin: String,
+    pub name: String,
+    pub workdir: PathBuf,
+    pub disk_budget_bytes: Option<u64>,
+    pub data: Option<DataConfig>,
+    pub filter: Option<FilterConfig>,
+}
+
+pub const DEFAULT_CHUNK_ROWS: usize = 4096;
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read config {}: {e}", path.display())))?;
+        let base = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let stem = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "run".into());
+        Config::from_toml(&text, &path.display().to_string(), &base, &stem)
+    }
+
+    /// Parses `text` (named `origin` in errors); relative paths resolve against `base`.
+    pub fn from_toml(
+        text: &str,
+        origin: &str,
+        base: &Path,
+        default_name: &str,
+    ) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(text, origin, &e))?;
+        let err = |key: &str, msg: String| ConfigError(format!("{origin}: `{key}`: {msg}"));
+        let name = raw.run.name.unwrap_or_else(|| default_name.to_string());
+        if name.is_empty() || name.contains(['/', '\\']) {
+            return Err(err(
+                "run.name",
+                "must be a non-empty name without slashes".into(),
+            ));
+        }
+        let workdir = match raw.run.workdir {
+            Some(w) => resolve(base, &w),
+            None => PathBuf::from("runs").join(&name),
+        };
+        let disk_budget_bytes = match raw.run.disk_budget {
+            Some(s) => Some(parse_bytes(&s).map_err(|e| err("run.disk_budget", e.to_string()))?),
+            None => None,
+        };
+        let data = raw
+            .data
+            .map(|d| validate_data(d, base, origin))
+            .transpose()?;
+        let filter = raw
+            .filter
+            .map(|f| validate_filter(f, base, origin))
+            .transpose()?;
+        if filter.is_some() && data.is_none() {
+            return Err(err(
+                "filter",
+                "the filter grades against the problems' gold answers: add a [data] section".into(),
+            ));
+        }
+        if let (Some(f), Some(d)) = (&filter, &data) {
+            check_completions_source(f, d, origin)?;
+        }
+        Ok(Config {
+            origin: origin.to_string(),
+            name,
+            workdir,
+            disk_budget_bytes,
+            data,
+            filter,
+        })
+    }
+}
+
+fn validate_data(d: RawData, base: &Path, origin: &str) -> Result<DataConfig, ConfigError> {
+    if d.sources.is_empty() {
+        return Err(ConfigError(format!(
+            "{origin}: `data.sources` is empty: add at least one [[data.sources]]"
+        )));
+    }
+    let mut sources = Vec::new();
+    for (i, s) in d.sources.into_iter().enumerate() {
+        let key = format!("data.sources[{i}] ({})", s.name);
+        if sources.iter().any(|o: &SourceSpec| o.name == s.name) {
+            return Err(ConfigError(format!(
+                "{origin}: `{key}.name`: two sources are named `{}`",
+                s.name
+            )));
+        }
+        if s.name.is_empty() || s.name.contains(['/', ' ']) {
+            return Err(ConfigError(format!(
+                "{origin}: `{key}.name`: must be non-empty, without '/' or spaces"
+            )));
+        }
+        let mut fields = FieldMap::preset(s.format);
+        if let Some(f) = s.id_field {
+            fields.id = Some(f);
+        }
+        if let Some(f) = s.problem_field {
+            fields.problem = vec![f];
+        }
+        if let Some(f) = s.answer_field {
+            fields.answer = Some(f);
+        }
+        if let Some(a) = s.answer_extract {
+            fields.answer_extract = a;
+        }
+        if let Some(f) = s.solution_field {
+            fields.solution = Some(f);
+        }
+        if s.format == SourceFormat::Mapped
+            && (fields.problem.is_empty() || fields.answer.is_none())
+        {
+            return Err(ConfigError(format!(
+                "{origin}: `{key}`: format = \"mapped\" needs `problem_field` and `answer_field`"
+            )));
+        }
+        let location = Location::parse(&s.path, base, s.split.as_deref())
+            .map_err(|e| ConfigError(format!("{origin}: `{key}.path`: {e}")))?;
+        sources.push(SourceSpec {
+            name: s.name,
+            format: s.format,
+            location,
+            fields,
+            limit: s.limit,
+        });
+    }
+    Ok(DataConfig {
+        sources,
+        skip_bad_rows: d.skip_bad_rows,
+    })
+}
+
+fn validate_filter(f: RawFilter, base: &Path, origin: &str) -> Result<FilterConfig, ConfigError> {
+    let err = |key: &str, msg: &str| ConfigError(format!("{origin}: `filter.{key}`: {msg}"));
+    let completions = match f.completions {
+        None => {
+            return Err(err(
+                "completions",
+                "missing: there is no sample stage in this build yet, so the filter needs \
+                 completions from a file ([filter.completions] path = ...)",
+            ))
+        }
+        Some(c) => {
+            let location = Location::parse(&c.path, base, None)
+                .map_err(|e| err("completions.path", &e.to_string()))?;
+            if c.format != CompletionsFormat::Completions && c.completion_field.is_none() {
+                return Err(err(
+                    "completions.completion_field",
+                    "a dataset-format completions file needs the field that holds the text \
+                     (e.g. \"solution\")",
+                ));
+            }
+            Some(CompletionsSpec {
+                location,
+                format: c.format,
+                completion_field: c.completion_field,
+                source: c.source,
+            })
+        }
+    };
+    if f.max_per_problem == Some(0) {
+        return Err(err(
+            "max_per_problem",
+            "0 would drop everything; omit the key to keep all",
+        ));
+    }
+    for (lo, hi, name) in [
+        (
+            f.min_completion_tokens,
+            f.max_completion_tokens,
+            "min_completion_tokens",
+        ),
+        (
+            f.min_completion_chars,
+            f.max_completion_chars,
+            "min_completion_chars",
+        ),
+    ] {
+        if let (Some(lo), Some(hi)) = (lo, hi) {
+            if lo > hi {
+                return Err(err(name, &format!("{lo} is above the maximum {hi}")));
+            }
+        }
+    }
+    let chunk_rows = f.chunk_rows.unwrap_or(DEFAULT_CHUNK_ROWS);
+    if chunk_rows == 0 {
+        return Err(err("chunk_rows", "must be at least 1"));
+    }
+    Ok(FilterConfig {
+        completions,
+        max_per_problem: f.max_per_problem,
+        dedup: f.dedup,
+        min_completion_tokens: f.min_completion_tokens,
+        max_completion_tokens: f.max_completion_tokens,
+        min_completion_chars: f.min_completion_chars,
+        max_completion_chars: f.max_completion_chars,
+        last_number_fallback: f.last_number_fallback,
+        thinking: f.thinking,
+        chunk_rows,
+    })
+}
+
+/// A dataset-format completions file takes its problem ids from one data source.
+fn check_completions_source(
+    f: &FilterConfig,
+    d: &DataConfig,
+    origin: &str,
+) -> Result<(), ConfigError> {
+    let Some(c) = &f.completions else {
+        return Ok(());
+    };
+    if c.format == CompletionsFormat::Completions {
+        return Ok(());
+    }
+    let names: Vec<String> = d.sources.iter().map(|s| s.name.clone()).collect();
+    match &c.source {
+        None if names.len() == 1 => Ok(()),
+        None => Err(ConfigError(format!(
+            "{origin}: `filter.completions.source`: missing; name the data source whose ids \
+             these rows carry (one of {})",
+            names.join(", ")
+        ))),
+        Some(s) if names.contains(s) => Ok(()),
+        Some(s) => Err(ConfigError(format!(
+            "{origin}: `filter.completions.source`: no data source is named `{s}`{} (sources: {})",
+            closest(s, &names)
+                .map(|b| format!("; did you mean `{b}`?"))
+                .unwrap_or_default(),
+            names.join(", ")
+        ))),
+    }
+}
+
+/// A path from a config: absolute as is, relative against the config file's folder.
+pub fn resolve(base: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
+/// Rewrites a TOML/serde error as `file:line:col: message`, adding the closest valid key or value.
+fn toml_error(text: &str, origin: &str, e: &toml::de::Error) -> ConfigError {
+    let (line, col) = e.span().map(|s| line_col(text, s.start)).unwrap_or((0, 0));
+    let msg = e.message().trim().to_string();
+    let section = e.span().and_then(|s| enclosing_table(text, s.start));
+    let mut out = if line > 0 {
+        format!("{origin}:{line}:{col}: ")
+    } else {
+        format!("{origin}: ")
+    };
+    if let Some((bad, valid)) = parse_unknown(&msg) {
+        let what = if msg.starts_with("unknown variant") {
+            "value"
+        } else {
+            "key"
+        };
+        out.push_str(&format!("unknown {what} `{bad}`"));
+        if let Some(sec) = section {
+            out.push_str(&format!(" in [{sec}]"));
+        }
+        if let Some(best) = closest(&bad, &valid) {
+            out.push_str(&format!("; did you mean `{best}`?"));
+        }
+        out.push_str(&format!(" (valid: {})", valid.join(", ")));
+    } else {
+        out.push_str(&msg);
+        if let Some(sec) = section {
+            out.push_str(&format!(" (in [{sec}])"));
+        }
+    }
+    ConfigError(out)
+}
+
+/// From serde's "unknown field `x`, expected one of `a`, `b`" takes `x` and `[a, b]`.
+fn parse_unknown(msg: &str) -> Option<(String, Vec<String>)> {
+    let rest = msg
+        .strip_prefix("unknown field ")
+        .or_else(|| msg.strip_prefix("unknown variant "))?;
+    let mut ticks = rest.split('`').skip(1).step_by(2).map(str::to_string);
+    let bad = ticks.next()?;
+    Some((bad, ticks.collect()))
+}
+
+/// The valid name nearest to `bad`, if it is near enough to be a typo.
+pub fn closest(bad: &str, valid: &[String]) -> Option<String> {
+    valid
+        .iter()
+        .map(|v| (strsim::damerau_levenshtein(bad, v), v))
+        .filter(|(d, v)| *d <= 2.max(v.len() / 3))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, v)| v.clone())
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map(|i| offset - i).unwrap_or(offset + 1);
+    (line, col)
+}
+
+/// The `[table]` or `[[array]]` header above `offset`.
+fn enclosing_table(text: &str, offset: usize) -> Option<String> {
+    let before = text.get(..offset)?;
+    before.lines().rev().find_map(|l| {
+        let t = l.trim();
+        t.strip_prefix("[[")
+            .and_then(|r| r.split("]]").next())
+            .or_else(|| t.strip_prefix('[').and_then(|r| r.split(']').next()))
+            .map(|s| s.trim().to_string())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::from_toml(text, "pipelines/t.toml", Path::new("/cfg"), "t")
+    }
+
+    const OK: &str = r#"
+[run]
+name = "t"
+disk_budget = "2 GiB"
+[[data.sources]]
+name = "math500"
+format = "math"
+path = "data/math500.jsonl"
+[filter]
+max_per_problem = 2
+[filter.completions]
+path = "c.parquet"
+"#;
+
+    #[test]
+    fn valid_config_resolves_paths_against_the_config_folder() {
+        let c = parse(OK).unwrap();
+        assert_eq!(c.disk_budget_bytes, Some(2 << 30));
+        let d = c.data.unwrap();
+        assert_eq!(
+            d.sources[0].location,
+            Location::Local(PathBuf::from("/cfg/data/math500.jsonl"))
+        );
+        assert_eq!(c.workdir, PathBuf::from("runs/t"));
+    }
+
+    #[test]
+    fn misspelled_key_names_file_line_and_closest_key() {
+        let bad = OK.replace("max_per_problem", "max_per_problm");
+        let e = parse(&bad).unwrap_err().0;
+        assert!(e.starts_with("pipelines/t.toml:10:"), "{e}");
+        assert!(
+            e.contains("unknown key `max_per_problm` in [filter]"),
+            "{e}"
+        );
+        assert!(e.contains("did you mean `max_per_problem`?"), "{e}");
+    }
+
+    #[test]
+    fn misspelled_enum_value_suggests_the_variant() {
+        let bad = OK.replace("format = \"math\"", "format = \"maht\"");
+        let e = parse(&bad).unwrap_err().0;
+        assert!(e.contains("unknown value `maht`"), "{e}");
+        assert!(e.contains("did you mean `math`?"), "{e}");
+    }
+
+    #[test]
+    fn disk_size_typo_is_an_error_naming_the_key() {
+        let bad = OK.replace("2 GiB", "2 GiBB");
+        let e = parse(&bad).unwrap_err().0;
+        assert!(e.contains("`run.disk_budget`"), "{e}");
+        assert!(e.contains("unknown unit"), "{e}");
+    }
+
+    #[test]
+    fn filter_without_data_is_rejected() {
+        let e = parse("[filter]\n[filter.completions]\npath = \"x\"\n")
+            .unwrap_err()
+            .0;
+        assert!(e.contains("add a [data] section"), "{e}");
+    }
+
+    #[test]
+    fn closest_only_suggests_near_names() {
+        let valid = vec!["temperature".to_string(), "top_p".to_string()];
+        assert_eq!(closest("tempurature", &valid), Some("temperature".into()));
+        assert_eq!(closest("zzzzzz", &valid), None);
+    }
+}

@@ -1,0 +1,256 @@
+//! Datasets: loaders for the published math sets and any mapped JSONL/Parquet, and the Parquet
+//! schemas of everything the project writes.
+//!
+//! `load_source` turns the records of one configured source into [`schema::Problem`]s with stable
+//! ids, counting (or failing on) bad rows. It knows nothing of stages or the work dir.
+
+pub mod hub;
+pub mod records;
+pub mod schema;
+pub mod source;
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use sha2::{Digest, Sha256};
+
+use crate::verify::{extract_answer, ExtractMethod, GradeOptions};
+use records::{field_text, read_records, Record};
+use schema::Problem;
+use source::{AnswerExtract, SourceFormat, SourceSpec};
+
+/// What loading one source did.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct LoadReport {
+    pub rows_read: u64,
+    pub problems: u64,
+    /// Rows skipped as malformed (only with `skip_bad_rows`).
+    pub bad_rows: u64,
+    /// The first few bad-row messages, for the console.
+    pub bad_examples: Vec<String>,
+    /// Rows whose id was already seen (the first one is kept).
+    pub duplicates: u64,
+}
+
+/// Loads the problems of `spec` from its resolved local `files`.
+pub fn load_source(
+    spec: &SourceSpec,
+    files: &[PathBuf],
+    skip_bad_rows: bool,
+) -> Result<(Vec<Problem>, LoadReport)> {
+    let (rows, rep) = load_source_with(spec, files, skip_bad_rows, None)?;
+    Ok((rows.into_iter().map(|(p, _)| p).collect(), rep))
+}
+
+/// Problems, each with the text of an extra field (see [`load_source_with`]).
+pub type ProblemsWithField = Vec<(Problem, Option<String>)>;
+
+/// Like [`load_source`], also returning each row's `extra` field (e.g. a reference solution to
+/// grade as a completion).
+pub fn load_source_with(
+    spec: &SourceSpec,
+    files: &[PathBuf],
+    skip_bad_rows: bool,
+    extra: Option<&str>,
+) -> Result<(ProblemsWithField, LoadReport)> {
+    let mut out = Vec::new();
+    let mut rep = LoadReport::default();
+    let mut seen = HashSet::new();
+    'files: for file in files {
+        for rec in read_records(file)? {
+            if spec.limit.is_some_and(|l| out.len() >= l) {
+                break 'files;
+            }
+            rep.rows_read += 1;
+            let parsed = rec.map_err(|e| (e.fatal, e.to_string())).and_then(|r| {
+                problem_from_record(spec, &r)
+                    .map(|p| (p, extra.and_then(|k| field_text(&r.fields, k))))
+                    .map_err(|m| (false, format!("{}:{}: {m}", file.display(), r.row)))
+            });
+            match parsed {
+                Ok((p, text)) => {
+                    if seen.insert(p.problem_id.clone()) {
+                        out.push((p, text));
+                    } else {
+                        rep.duplicates += 1;
+                    }
+                }
+                Err((fatal, msg)) => {
+                    if fatal || !skip_bad_rows {
+                        let hint = if fatal {
+                            ""
+                        } else {
+                            " (set data.skip_bad_rows = true to skip and count such rows)"
+                        };
+                        bail!("source `{}`: {msg}{hint}", spec.name);
+                    }
+                    rep.bad_rows += 1;
+                    if rep.bad_examples.len() < 5 {
+                        rep.bad_examples.push(msg);
+                    }
+                }
+            }
+        }
+    }
+    rep.problems = out.len() as u64;
+    Ok((out, rep))
+}
+
+fn problem_from_record(spec: &SourceSpec, rec: &Record) -> Result<Problem, String> {
+    let f = &spec.fields;
+    let problem = f
+        .problem
+        .iter()
+        .find_map(|k| field_text(&rec.fields, k).filter(|s| !s.trim().is_empty()))
+        .ok_or_else(|| format!("no problem text (field `{}`)", f.problem.join("` or `")))?;
+    let solution = f.solution.as_ref().and_then(|k| field_text(&rec.fields, k));
+    let answer_raw = f.answer.as_ref().and_then(|k| field_text(&rec.fields, k));
+    let gold_answer = match (answer_raw, f.answer_extract) {
+        (Some(a), AnswerExtract::Field) => a.trim().to_string(),
+        (Some(a), AnswerExtract::Hash) => a
+            .rsplit_once("####")
+            .map(|(_, x)| x.trim().to_string())
+            .ok_or("the answer field has no `#### <answer>` line")?,
+        (Some(a), AnswerExtract::Boxed) => boxed(&a).ok_or("the answer field has no \\boxed{}")?,
+        // Hendrycks MATH has no `answer` field: the last \boxed{} of the solution is the answer.
+        (None, _) if spec.format == SourceFormat::Math => solution
+            .as_deref()
+            .and_then(boxed)
+            .ok_or("no `answer` field and no \\boxed{} in the solution")?,
+        (None, _) => {
+            return Err(format!(
+                "no answer (field `{}`)",
+                f.answer.as_deref().unwrap_or("answer")
+            ))
+        }
+    };
+    if gold_answer.is_empty() {
+        return Err("the answer is empty".into());
+    }
+    let native = f.id.as_ref().and_then(|k| field_text(&rec.fields, k));
+    let id = match native {
+        Some(id) => id,
+        None => hex::encode(Sha256::digest(problem.as_bytes()))
+            .get(..16)
+            .unwrap_or_default()
+            .to_string(),
+    };
+    Ok(Problem {
+        problem_id: format!("{}/{id}", spec.name),
+        source: spec.name.clone(),
+        source_row: rec.row as i64,
+        problem,
+        gold_answer,
+        solution,
+        subject: f.subject.as_ref().and_then(|k| field_text(&rec.fields, k)),
+        level: f.level.as_ref().and_then(|k| field_text(&rec.fields, k)),
+    })
+}
+
+fn boxed(text: &str) -> Option<String> {
+    extract_answer(text, &GradeOptions::default())
+        .ok()
+        .filter(|e| e.method == ExtractMethod::Boxed)
+        .map(|e| e.answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use source::{FieldMap, Location};
+    use std::path::Path;
+
+    fn shared(name: &str) -> Option<PathBuf> {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/data")
+            .join(name);
+        p.exists().then_some(p)
+    }
+
+    fn spec(name: &str, format: SourceFormat, path: &Path) -> SourceSpec {
+        SourceSpec {
+            name: name.into(),
+            format,
+            location: Location::Local(path.to_path_buf()),
+            fields: FieldMap::preset(format),
+            limit: None,
+        }
+    }
+
+    fn load(name: &str, format: SourceFormat, file: &str) -> Option<Vec<Problem>> {
+        let p = shared(file)?;
+        let (rows, rep) = load_source(&spec(name, format, &p), &[p], false).unwrap();
+        assert_eq!(rep.bad_rows, 0);
+        Some(rows)
+    }
+
+    #[test]
+    fn gsm8k_answers_follow_the_hashes() {
+        let Some(rows) = load("gsm8k", SourceFormat::Gsm8k, "gsm8k_test.jsonl") else {
+            return;
+        };
+        assert_eq!(rows.len(), 1319);
+        assert_eq!(rows[0].gold_answer, "18");
+        assert!(rows[0].problem_id.starts_with("gsm8k/"));
+        assert!(rows[0]
+            .solution
+            .as_deref()
+            .unwrap()
+            .contains("<<16-3-4=9>>"));
+    }
+
+    #[test]
+    fn math500_aime_amc_load_with_native_ids() {
+        if let Some(rows) = load("math500", SourceFormat::Math, "math500.jsonl") {
+            assert_eq!(rows.len(), 500);
+            assert_eq!(rows[0].problem_id, "math500/test/precalculus/807.json");
+            assert_eq!(rows[0].gold_answer, "\\left( 3, \\frac{\\pi}{2} \\right)");
+            assert_eq!(rows[0].level.as_deref(), Some("2"));
+        }
+        if let Some(rows) = load("aime24", SourceFormat::Aime, "aime24.jsonl") {
+            assert_eq!(rows.len(), 30);
+            assert_eq!(rows[0].gold_answer, "204");
+            assert_eq!(rows[0].problem_id, "aime24/60");
+        }
+        if let Some(rows) = load("amc23", SourceFormat::Amc, "amc23.jsonl") {
+            assert_eq!(rows.len(), 40);
+            assert_eq!(rows[0].gold_answer, "27.0");
+        }
+    }
+
+    #[test]
+    fn mapped_parquet_from_pyarrow() {
+        let Some(p) = shared("math500_rl.parquet") else {
+            return;
+        };
+        let mut s = spec("rl", SourceFormat::Mapped, &p);
+        s.fields.problem = vec!["problem".into()];
+        s.fields.answer = Some("answer".into());
+        s.limit = Some(10);
+        let (rows, _) = load_source(&s, &[p], false).unwrap();
+        assert_eq!(rows.len(), 10);
+        assert_eq!(rows[1].gold_answer, "p - q");
+    }
+
+    #[test]
+    fn bad_rows_fail_naming_the_line_or_are_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("g.jsonl");
+        std::fs::write(
+            &p,
+            "{\"question\": \"a\", \"answer\": \"x\\n#### 1\"}\n{\"question\": \"b\"\n\
+             {\"question\": \"c\", \"answer\": \"no hashes\"}\n",
+        )
+        .unwrap();
+        let s = spec("g", SourceFormat::Gsm8k, &p);
+        let e = load_source(&s, std::slice::from_ref(&p), false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("g.jsonl:2: malformed JSON"), "{e}");
+        let (rows, rep) = load_source(&s, &[p], true).unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rep.bad_rows, 2);
+        assert!(rep.bad_examples[1].contains(":3: the answer field has no `####"));
+    }
+}

@@ -1,0 +1,209 @@
+//! Where problems come from and how their fields map: dataset formats as field-map presets,
+//! local paths and `hf://` hub locations.
+//!
+//! Plain data plus parsing; reading files is `records`, downloading is `hub`.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// A dataset's published format. Each is a preset of field names over JSONL or Parquet rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceFormat {
+    /// `question`, `answer` (solution ending in `#### N`, with `<<a*b=c>>` annotations).
+    Gsm8k,
+    /// MATH / MATH-500: `problem`, `solution` (answer in `\boxed{}`), `answer`, `unique_id`.
+    Math,
+    /// AIME: `id`, `problem`, `answer` (an integer string), `solution`.
+    Aime,
+    /// AMC: `id`, `problem` or `question`, `answer` (a JSON number such as 27.0).
+    Amc,
+    /// Any JSONL or Parquet: `problem_field` and `answer_field` are given in the config.
+    Mapped,
+}
+
+/// How the gold answer is read from its field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AnswerExtract {
+    /// The field is the answer.
+    Field,
+    /// The answer follows the last `####` (GSM8K).
+    Hash,
+    /// The answer is the last `\boxed{}` of the field (a MATH solution).
+    Boxed,
+}
+
+/// Field names of one source.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FieldMap {
+    /// A native id field; without one the id is a hash of the problem text.
+    pub id: Option<String>,
+    /// Problem text fields, the first present one wins.
+    pub problem: Vec<String>,
+    pub answer: Option<String>,
+    pub answer_extract: AnswerExtract,
+    pub solution: Option<String>,
+    pub subject: Option<String>,
+    pub level: Option<String>,
+}
+
+impl FieldMap {
+    pub fn preset(format: SourceFormat) -> FieldMap {
+        let s = |x: &str| Some(x.to_string());
+        let v = |xs: &[&str]| xs.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        let base = FieldMap {
+            id: None,
+            problem: vec![],
+            answer: None,
+            answer_extract: AnswerExtract::Field,
+            solution: None,
+            subject: None,
+            level: None,
+        };
+        match format {
+            SourceFormat::Gsm8k => FieldMap {
+                problem: v(&["question"]),
+                answer: s("answer"),
+                answer_extract: AnswerExtract::Hash,
+                solution: s("answer"),
+                ..base
+            },
+            SourceFormat::Math => FieldMap {
+                id: s("unique_id"),
+                problem: v(&["problem"]),
+                answer: s("answer"),
+                solution: s("solution"),
+                subject: s("subject"),
+                level: s("level"),
+                ..base
+            },
+            SourceFormat::Aime => FieldMap {
+                id: s("id"),
+                problem: v(&["problem", "question"]),
+                answer: s("answer"),
+                solution: s("solution"),
+                ..base
+            },
+            SourceFormat::Amc => FieldMap {
+                id: s("id"),
+                problem: v(&["problem", "question"]),
+                answer: s("answer"),
+                ..base
+            },
+            SourceFormat::Mapped => base,
+        }
+    }
+}
+
+/// A file on disk or on the Hugging Face hub.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum Location {
+    Local(PathBuf),
+    /// `hf://owner/name[@revision][/path/in/repo]`; without a path, `split` picks the files.
+    Hub {
+        repo: String,
+        revision: Option<String>,
+        file: Option<String>,
+        split: Option<String>,
+    },
+}
+
+impl Location {
+    /// Parses a config path: `hf://...` or a local path relative to `base`.
+    pub fn parse(text: &str, base: &Path, split: Option<&str>) -> Result<Location, String> {
+        let Some(rest) = text.strip_prefix("hf://") else {
+            if text.trim().is_empty() {
+                return Err("empty path".into());
+            }
+            if split.is_some() {
+                return Err("`split` applies only to hf:// sources".into());
+            }
+            return Ok(Location::Local(crate::config::resolve(base, text)));
+        };
+        let rest = rest.strip_prefix("datasets/").unwrap_or(rest);
+        let mut parts = rest.splitn(3, '/');
+        let (owner, name) = match (parts.next(), parts.next()) {
+            (Some(o), Some(n)) if !o.is_empty() && !n.is_empty() => (o, n),
+            _ => return Err(format!("`{text}` is not hf://owner/name[/file]")),
+        };
+        let (name, revision) = match name.split_once('@') {
+            Some((n, r)) => (n, Some(r.to_string())),
+            None => (name, None),
+        };
+        let file = parts.next().filter(|f| !f.is_empty()).map(str::to_string);
+        if file.is_none() && split.is_none() {
+            return Err(format!(
+                "`{text}` names a whole repo: add the file (hf://{owner}/{name}/path/to/file.parquet) \
+                 or `split = \"test\"`"
+            ));
+        }
+        Ok(Location::Hub {
+            repo: format!("{owner}/{name}"),
+            revision,
+            file,
+            split: split.map(str::to_string),
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Location::Local(p) => p.display().to_string(),
+            Location::Hub {
+                repo,
+                revision,
+                file,
+                split,
+            } => {
+                let rev = revision
+                    .as_deref()
+                    .map(|r| format!("@{r}"))
+                    .unwrap_or_default();
+                match (file, split) {
+                    (Some(f), _) => format!("hf://{repo}{rev}/{f}"),
+                    (None, Some(s)) => format!("hf://{repo}{rev} (split {s})"),
+                    (None, None) => format!("hf://{repo}{rev}"),
+                }
+            }
+        }
+    }
+}
+
+/// One configured source of problems.
+#[derive(Debug, Clone, Serialize)]
+pub struct SourceSpec {
+    pub name: String,
+    pub format: SourceFormat,
+    pub location: Location,
+    pub fields: FieldMap,
+    pub limit: Option<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hub_locations_parse() {
+        let b = Path::new("/x");
+        assert_eq!(
+            Location::parse(
+                "hf://openai/gsm8k/main/test-00000-of-00001.parquet",
+                b,
+                None
+            ),
+            Ok(Location::Hub {
+                repo: "openai/gsm8k".into(),
+                revision: None,
+                file: Some("main/test-00000-of-00001.parquet".into()),
+                split: None
+            })
+        );
+        let l = Location::parse("hf://openai/gsm8k@abc", b, Some("test")).unwrap();
+        assert_eq!(l.describe(), "hf://openai/gsm8k@abc (split test)");
+        assert!(Location::parse("hf://openai/gsm8k", b, None).is_err());
+        assert!(Location::parse("hf://openai", b, None).is_err());
+        assert!(Location::parse("a.jsonl", b, Some("test")).is_err());
+    }
+}

@@ -1,0 +1,144 @@
+//! `pipeline`: the one binary. Parses arguments with clap, dispatches to the stage runner or a
+//! command in `cmd`, and prints an error chain once with a non-zero exit.
+//!
+//! Knows nothing beyond argument shapes; every behaviour lives in the library.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+use clap::{Parser, Subcommand};
+
+use selfdistill::cmd;
+use selfdistill::config::Config;
+use selfdistill::stages::{self, Target};
+
+#[derive(Parser)]
+#[command(
+    name = "pipeline",
+    version,
+    about = "Math self-distillation: sample, verify, filter, train, evaluate"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Build the plan from a config, print it, and run the stages that are not cached.
+    Run {
+        /// `all`, or one stage (it runs with the stages before it).
+        #[arg(default_value = "all")]
+        stage: String,
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Overrides `run.workdir`.
+        #[arg(long)]
+        workdir: Option<PathBuf>,
+        /// Re-run this stage and every stage after it, even if cached (repeatable).
+        #[arg(long)]
+        force: Vec<String>,
+    },
+    /// Show each stage of a work dir: done / partial / not started, rows, bytes, time.
+    Status {
+        #[arg(long)]
+        workdir: Option<PathBuf>,
+        /// Read the work dir (and the planned stages) from this config.
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Validate a config, resolve its inputs, and check disk and memory before a run.
+    Preflight {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        workdir: Option<PathBuf>,
+    },
+    /// Grade any completions file (JSONL or Parquet) against gold answers with our verifier.
+    Grade(cmd::grade::GradeArgs),
+    /// Work with data files.
+    Data {
+        #[command(subcommand)]
+        command: DataCommand,
+    },
+    /// Benchmarks that print figures.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DataCommand {
+    /// Schema, row count and the first rows of a JSONL or Parquet file.
+    Inspect {
+        file: PathBuf,
+        /// How many rows to show.
+        #[arg(long, default_value_t = 3)]
+        rows: usize,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Verifier accuracy on reference solutions, false-accept rate, and checks per second.
+    Verify(cmd::bench::VerifyBenchArgs),
+}
+
+fn load_config(path: Option<PathBuf>, workdir: Option<PathBuf>) -> Result<Config> {
+    let Some(path) = path else {
+        bail!(
+            "no --config given: pass one of the configs in pipelines/ (e.g. --config \
+             pipelines/reference.toml)"
+        );
+    };
+    let mut cfg = Config::load(&path)?;
+    if let Some(w) = workdir {
+        cfg.workdir = w;
+    }
+    Ok(cfg)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run {
+            stage,
+            config,
+            workdir,
+            force,
+        } => load_config(config, workdir).and_then(|cfg| {
+            let target = if stage == "all" {
+                Target::All
+            } else {
+                Target::Stage(stage)
+            };
+            stages::run(&cfg, &target, &force)
+        }),
+        Command::Status { workdir, config } => {
+            let cfg = match config {
+                Some(p) => load_config(Some(p), workdir.clone()).map(Some),
+                None => Ok(None),
+            };
+            cfg.and_then(|cfg| cmd::status::run(workdir.as_deref(), cfg.as_ref()))
+        }
+        Command::Preflight { config, workdir } => {
+            load_config(config, workdir).and_then(|cfg| cmd::preflight::run(&cfg))
+        }
+        Command::Grade(args) => cmd::grade::run(&args),
+        Command::Data {
+            command: DataCommand::Inspect { file, rows },
+        } => cmd::inspect::run(&file, rows),
+        Command::Bench {
+            command: BenchCommand::Verify(args),
+        } => cmd::bench::verify(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,470 @@
+//! The filter stage: grades every completion against its problem's gold answer, then keeps the
+//! correct ones, deduplicated and capped per problem, as `sft.parquet`.
+//!
+//! 1) Grade in chunks of `chunk_rows` input rows; chunk k is committed whole as
+//!    `graded/part-<k>.parquet` (every input row with `gold_answer`, `extracted_answer`,
+//!    `correct`, `reason`), so a killed run resumes at the first missing chunk.
+//! 2) Read the graded parts back in input order and apply the rules (truncated, no answer,
+//!    incorrect, length bounds, duplicates, per-problem cap), counting what each removed.
+//! 3) Write `sft.parquet` atomically; the runner writes the manifest after it.
+//!
+//! Knows nothing of how the completions were produced.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::LazyLock;
+
+use anyhow::{bail, Context, Result};
+use regex::Regex;
+
+use super::{file_input, output_file, stage_key, Estimate, Plan, PlannedStage, StageOutput};
+use crate::config::{CompletionsFormat, Config, Dedup, FilterConfig};
+use crate::data::schema::{
+    completions_batch, completions_schema, read_completions, read_problems, sft_batch, sft_schema,
+    write_parquet_atomic, Completion, Grade, ROW_GROUP_ROWS,
+};
+use crate::data::{hub, load_source_with};
+use crate::store::{self, InputRef, Progress};
+use crate::verify::{grade, GradeOptions};
+
+/// Bump when the output for the same inputs changes, including any change to the verifier.
+pub const CODE_VERSION: u32 = 1;
+pub const OUTPUT: &str = "sft.parquet";
+pub const GRADED_DIR: &str = "graded";
+/// The reason written for a completion whose problem is not among the data stage's problems.
+pub const UNKNOWN_PROBLEM: &str = "unknown_problem";
+
+pub fn plan(
+    cfg: &FilterConfig,
+    _config: &Config,
+    data: &PlannedStage,
+    workdir: &Path,
+) -> Result<PlannedStage> {
+    let c = cfg
+        .completions
+        .as_ref()
+        .context("filter.completions is missing")?;
+    let files =
+        hub::resolve(&c.location).map_err(|e| anyhow::anyhow!("filter.completions: {e}"))?;
+    let [path] = files.as_slice() else {
+        bail!("filter.completions must name a single file");
+    };
+    let (input, bytes) = file_input("completions", path)?;
+    let inputs = vec![
+        InputRef {
+            name: "problems".into(),
+            location: data.dir.display().to_string(),
+            hash: data.key.clone(),
+        },
+        input,
+    ];
+    let config = serde_json::to_value(cfg)?;
+    let key = stage_key("filter", CODE_VERSION, &config, &inputs);
+    Ok(PlannedStage {
+        name: "filter",
+        dir: store::stage_dir(workdir, "filter", &key),
+        key,
+        code_version: CODE_VERSION,
+        config,
+        inputs,
+        files: vec![("completions".into(), path.clone())],
+        // Graded parts plus the SFT file, each about the size of the input; all rows in memory.
+        estimate: Estimate {
+            disk_bytes: bytes * 2,
+            memory_bytes: bytes * 4,
+        },
+    })
+}
+
+pub fn run(
+    cfg: &FilterConfig,
+    config: &Config,
+    plan: &Plan,
+    stage: &PlannedStage,
+) -> Result<StageOutput> {
+    let data = plan
+        .get("data")
+        .context("the filter needs the data stage")?;
+    let problems = read_problems(&data.dir.join(super::data::OUTPUT))?;
+    let gold: HashMap<&str, &str> = problems
+        .iter()
+        .map(|p| (p.problem_id.as_str(), p.gold_answer.as_str()))
+        .collect();
+    let path = &stage
+        .files
+        .first()
+        .context("the filter has no completions file")?
+        .1;
+    let rows = load_completions(cfg, config, path)?;
+    let opts = GradeOptions {
+        last_number_fallback: cfg.last_number_fallback,
+        thinking: cfg.thinking,
+        ..GradeOptions::default()
+    };
+
+    // 1) grade, chunk by chunk, committing each chunk whole
+    let graded_dir = stage.dir.join(GRADED_DIR);
+    let chunks: Vec<&[Completion]> = rows.chunks(cfg.chunk_rows).collect();
+    let mut resumed = 0;
+    for (k, chunk) in chunks.iter().enumerate() {
+        let part = part_path(&graded_dir, k);
+        if part.exists() {
+            resumed += 1;
+            continue;
+        }
+        let graded: Vec<Completion> = chunk.iter().map(|c| grade_row(c, &gold, &opts)).collect();
+        let batches = graded
+            .chunks(ROW_GROUP_ROWS)
+            .map(|b| completions_batch(b, true))
+            .collect::<Result<Vec<_>>>()?;
+        write_parquet_atomic(&part, completions_schema(true), &batches)?;
+        store::write_json_atomic(
+            &stage.dir.join(store::PROGRESS),
+            &Progress {
+                done: (k + 1) as u64,
+                total: Some(chunks.len() as u64),
+                unit: "chunks".into(),
+            },
+        )?;
+        crate::fault::point("filter.chunk");
+    }
+    if resumed > 0 {
+        println!(
+            "    resumed: {resumed} of {} chunks were already graded",
+            chunks.len()
+        );
+    }
+
+    // 2) read back in input order and apply the rules
+    let mut graded = Vec::with_capacity(rows.len());
+    for k in 0..chunks.len() {
+        graded.extend(read_completions(&part_path(&graded_dir, k))?);
+    }
+    if graded.len() != rows.len() {
+        bail!(
+            "graded parts in {} hold {} rows, the input has {}: delete the folder and re-run",
+            graded_dir.display(),
+            graded.len(),
+            rows.len()
+        );
+    }
+    let (kept, counts) = apply_rules(cfg, graded);
+    print_counts(&counts);
+
+    // 3) commit the SFT file
+    let batches = kept
+        .chunks(ROW_GROUP_ROWS)
+        .map(sft_batch)
+        .collect::<Result<Vec<_>>>()?;
+    let out = stage.dir.join(OUTPUT);
+    write_parquet_atomic(&out, sft_schema(), &batches)?;
+    let mut outputs = vec![output_file(&stage.dir, &out, kept.len() as u64)?];
+    for (k, chunk) in chunks.iter().enumerate() {
+        outputs.push(output_file(
+            &stage.dir,
+            &part_path(&graded_dir, k),
+            chunk.len() as u64,
+        )?);
+    }
+    Ok(StageOutput {
+        outputs,
+        counts,
+        rows: kept.len() as u64,
+    })
+}
+
+fn part_path(dir: &Path, k: usize) -> PathBuf {
+    dir.join(format!("part-{k:05}.parquet"))
+}
+
+/// Completions from our schema, or reference solutions from a dataset file.
+fn load_completions(cfg: &FilterConfig, config: &Config, path: &Path) -> Result<Vec<Completion>> {
+    let c = cfg
+        .completions
+        .as_ref()
+        .context("filter.completions is missing")?;
+    if c.format == CompletionsFormat::Completions {
+        return read_completions(path);
+    }
+    let data = config.data.as_ref().context("no [data] section")?;
+    let source = match &c.source {
+        Some(name) => data.sources.iter().find(|s| &s.name == name),
+        None => data.sources.first(),
+    }
+    .context("filter.completions.source names no data source")?;
+    let field = c.completion_field.as_deref();
+    let (rows, _) = load_source_with(source, &[path.to_path_buf()], false, field)?;
+    Ok(rows
+        .into_iter()
+        .map(|(p, text)| Completion {
+            problem_id: p.problem_id,
+            sample_index: 0,
+            prompt: p.problem,
+            prompt_token_ids: None,
+            completion: text.unwrap_or_default(),
+            completion_token_ids: None,
+            finish_reason: None,
+            num_completion_tokens: None,
+            cumulative_logprob: None,
+            seed: None,
+            model: Some(format!("import:{}", path.display())),
+            sampling_hash: None,
+            grade: None,
+        })
+        .collect())
+}
+
+fn grade_row(c: &Completion, gold: &HashMap<&str, &str>, opts: &GradeOptions) -> Completion {
+    let g = match gold.get(c.problem_id.as_str()) {
+        Some(answer) => {
+            let v = grade(&c.completion, answer, opts);
+            Grade {
+                gold_answer: answer.to_string(),
+                extracted_answer: v.extracted,
+                correct: v.correct,
+                reason: v.reason.as_str().to_string(),
+            }
+        }
+        None => Grade {
+            gold_answer: String::new(),
+            extracted_answer: None,
+            correct: false,
+            reason: UNKNOWN_PROBLEM.into(),
+        },
+    };
+    Completion {
+        grade: Some(g),
+        ..c.clone()
+    }
+}
+
+/// The rules, in order. Returns the kept rows (input order) and what each rule removed.
+pub fn apply_rules(
+    cfg: &FilterConfig,
+    graded: Vec<Completion>,
+) -> (Vec<Completion>, Vec<(String, u64)>) {
+    let mut removed: Vec<(&'static str, u64)> = [
+        "unknown_problem",
+        "truncated",
+        "no_answer",
+        "incorrect",
+        "too_short",
+        "too_long",
+        "duplicate",
+        "over_max_per_problem",
+    ]
+    .iter()
+    .map(|r| (*r, 0))
+    .collect();
+    let mut reasons: Vec<(String, u64)> = Vec::new();
+    let mut seen: HashSet<(String, String)> = HashSet::new();
+    let mut per_problem: HashMap<String, usize> = HashMap::new();
+    let input_rows = graded.len() as u64;
+    let mut kept = Vec::new();
+    for row in graded {
+        let Some(g) = &row.grade else { continue };
+        match reasons.iter_mut().find(|(r, _)| *r == g.reason) {
+            Some((_, n)) => *n += 1,
+            None => reasons.push((g.reason.clone(), 1)),
+        }
+        let rule = drop_rule(cfg, &row, g, &mut seen, &mut per_problem);
+        match rule {
+            Some(r) => {
+                if let Some((_, n)) = removed.iter_mut().find(|(name, _)| *name == r) {
+                    *n += 1;
+                }
+            }
+            None => kept.push(row),
+        }
+    }
+    let mut counts = vec![("input_rows".to_string(), input_rows)];
+    counts.extend(removed.iter().map(|(r, n)| (format!("removed.{r}"), *n)));
+    counts.push(("kept".to_string(), kept.len() as u64));
+    reasons.sort();
+    counts.extend(reasons.into_iter().map(|(r, n)| (format!("reason.{r}"), n)));
+    (kept, counts)
+}
+
+fn drop_rule(
+    cfg: &FilterConfig,
+    row: &Completion,
+    g: &Grade,
+    seen: &mut HashSet<(String, String)>,
+    per_problem: &mut HashMap<String, usize>,
+) -> Option<&'static str> {
+    if g.reason == UNKNOWN_PROBLEM {
+        return Some("unknown_problem");
+    }
+    if row.finish_reason.as_deref() == Some("length") {
+        return Some("truncated");
+    }
+    if g.extracted_answer.is_none() {
+        return Some("no_answer");
+    }
+    if !g.correct {
+        return Some("incorrect");
+    }
+    let chars = row.completion.chars().count() as u64;
+    let tokens = row.num_completion_tokens.map(|n| n.max(0) as u64);
+    let below = |n: Option<u64>, lo: Option<u64>| matches!((n, lo), (Some(n), Some(lo)) if n < lo);
+    let above = |n: Option<u64>, hi: Option<u64>| matches!((n, hi), (Some(n), Some(hi)) if n > hi);
+    if below(tokens, cfg.min_completion_tokens) || below(Some(chars), cfg.min_completion_chars) {
+        return Some("too_short");
+    }
+    if above(tokens, cfg.max_completion_tokens) || above(Some(chars), cfg.max_completion_chars) {
+        return Some("too_long");
+    }
+    let dedup_key = match cfg.dedup {
+        Dedup::None => None,
+        Dedup::Exact => Some(row.completion.clone()),
+        Dedup::Normalized => Some(normalize_for_dedup(&row.completion)),
+    };
+    if let Some(k) = dedup_key {
+        if !seen.insert((row.problem_id.clone(), k)) {
+            return Some("duplicate");
+        }
+    }
+    let n = per_problem.entry(row.problem_id.clone()).or_insert(0);
+    if cfg.max_per_problem.is_some_and(|m| *n >= m) {
+        return Some("over_max_per_problem");
+    }
+    *n += 1;
+    None
+}
+
+static THOUSANDS: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(\d),(\d{3})\b").expect("valid regex"));
+static TRAILING_ZEROS: LazyLock<Regex> =
+    LazyLock::new(|| Regex::new(r"(\d)\.(\d*?)0+\b").expect("valid regex"));
+
+/// Whitespace collapsed, thousands separators dropped, trailing decimal zeros dropped:
+/// "Total:  1,000.50" and "Total: 1000.5" are the same completion.
+pub fn normalize_for_dedup(text: &str) -> String {
+    let spaced = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut s = spaced;
+    // Repeat: "1,000,000" needs two passes of the non-overlapping replacement.
+    loop {
+        let next = THOUSANDS.replace_all(&s, "$1$2").into_owned();
+        if next == s {
+            break;
+        }
+        s = next;
+    }
+    let s = TRAILING_ZEROS.replace_all(&s, |c: &regex::Captures| {
+        let frac = c.get(2).map(|m| m.as_str()).unwrap_or("");
+        let int = c.get(1).map(|m| m.as_str()).unwrap_or("");
+        if frac.is_empty() {
+            int.to_string()
+        } else {
+            format!("{int}.{frac}")
+        }
+    });
+    s.into_owned()
+}
+
+fn print_counts(counts: &[(String, u64)]) {
+    for (name, n) in counts {
+        if let Some(rule) = name.strip_prefix("removed.") {
+            if *n > 0 {
+                println!("    removed {n:>8}  {rule}");
+            }
+        } else if let Some(reason) = name.strip_prefix("reason.") {
+            println!("    verdict {n:>8}  {reason}");
+        } else {
+            println!("    {name:<15} {n:>8}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dedup_normalisation() {
+        assert_eq!(
+            normalize_for_dedup("Total:  1,000.50\n so 2.0"),
+            normalize_for_dedup("Total: 1000.5 so 2")
+        );
+        assert_eq!(normalize_for_dedup("1,234,567"), "1234567");
+        assert_ne!(
+            normalize_for_dedup("x = 12"),
+            normalize_for_dedup("x = 1.2")
+        );
+        assert_eq!(normalize_for_dedup("10.05"), "10.05");
+        assert_eq!(normalize_for_dedup("100"), "100");
+    }
+
+    fn cfg() -> FilterConfig {
+        FilterConfig {
+            completions: None,
+            max_per_problem: Some(2),
+            dedup: Dedup::Normalized,
+            min_completion_tokens: None,
+            max_completion_tokens: None,
+            min_completion_chars: Some(3),
+            max_completion_chars: Some(40),
+            last_number_fallback: false,
+            thinking: false,
+            chunk_rows: 2,
+        }
+    }
+
+    fn row(pid: &str, text: &str, reason: &str, correct: bool, fin: &str) -> Completion {
+        Completion {
+            problem_id: pid.into(),
+            sample_index: 0,
+            prompt: "p".into(),
+            prompt_token_ids: None,
+            completion: text.into(),
+            completion_token_ids: None,
+            finish_reason: Some(fin.into()),
+            num_completion_tokens: None,
+            cumulative_logprob: None,
+            seed: None,
+            model: None,
+            sampling_hash: None,
+            grade: Some(Grade {
+                gold_answer: "4".into(),
+                extracted_answer: (reason != "no_answer").then(|| "4".into()),
+                correct,
+                reason: reason.into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn every_rule_removes_what_it_names() {
+        let rows = vec![
+            row("a", "so \\boxed{4}", "exact", true, "stop"),
+            row("a", "so  \\boxed{4}", "exact", true, "stop"),
+            row("a", "hence \\boxed{4}", "exact", true, "stop"),
+            row("a", "thus \\boxed{4}", "exact", true, "stop"),
+            row("b", "\\boxed{5}", "mismatch", false, "stop"),
+            row("b", "no idea", "no_answer", false, "stop"),
+            row("b", "\\boxed{4} and on and on", "exact", true, "length"),
+            row("b", "4", "exact", true, "stop"),
+            row(
+                "b",
+                &format!("{} \\boxed{{4}}", "x".repeat(50)),
+                "exact",
+                true,
+                "stop",
+            ),
+            row("c", "\\boxed{4}", UNKNOWN_PROBLEM, false, "stop"),
+        ];
+        let (kept, counts) = apply_rules(&cfg(), rows);
+        let get = |k: &str| counts.iter().find(|(n, _)| n == k).unwrap().1;
+        assert_eq!(kept.len(), 2);
+        assert_eq!(get("removed.duplicate"), 1);
+        assert_eq!(get("removed.over_max_per_problem"), 1);
+        assert_eq!(get("removed.incorrect"), 1);
+        assert_eq!(get("removed.no_answer"), 1);
+        assert_eq!(get("removed.truncated"), 1);
+        assert_eq!(get("removed.too_short"), 1);
+        assert_eq!(get("removed.too_long"), 1);
+        assert_eq!(get("removed.unknown_problem"), 1);
+        assert_eq!(get("input_rows"), 10);
+        assert_eq!(get("reason.exact"), 7);
+    }
+}

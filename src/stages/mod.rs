@@ -1,0 +1,323 @@
+//! The plan and the runner: a validated config becomes an ordered list of stages, each keyed by a
+//! hash of its config section, its inputs' hashes and its code version; `run` executes the ones
+//! without a manifest, in order, and writes each manifest last.
+//!
+//! Stages live one per file (`data`, `filter`; `sample`, `train` and `eval` slot in the same way)
+//! and never import each other: they meet only through the files named in their inputs. This
+//! module knows the order of stages, not what they compute.
+
+pub mod data;
+pub mod filter;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::store::{self, InputRef, Manifest, OutputFile, WorkDir};
+
+/// Every stage name, in pipeline order. A config's plan is the subsequence it configures.
+pub const STAGE_ORDER: &[&str] = &["data", "filter"];
+
+/// One stage of a plan, with everything that determines its output already resolved.
+#[derive(Debug, Clone)]
+pub struct PlannedStage {
+    pub name: &'static str,
+    pub key: String,
+    pub dir: PathBuf,
+    pub code_version: u32,
+    /// The stage's validated config section (hashed into the key, stored in the manifest).
+    pub config: serde_json::Value,
+    pub inputs: Vec<InputRef>,
+    /// Local files this stage reads, by input name.
+    pub files: Vec<(String, PathBuf)>,
+    /// Rough figures for preflight.
+    pub estimate: Estimate,
+}
+
+/// What a stage is expected to need, from its input sizes.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct Estimate {
+    pub disk_bytes: u64,
+    pub memory_bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub workdir: PathBuf,
+    pub stages: Vec<PlannedStage>,
+}
+
+/// What a finished stage reports to the runner, which adds timing and writes the manifest.
+pub struct StageOutput {
+    pub outputs: Vec<OutputFile>,
+    pub counts: Vec<(String, u64)>,
+    pub rows: u64,
+}
+
+/// A stage's state on disk.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StageState {
+    Done(Box<Manifest>),
+    Partial(Option<store::Progress>),
+    NotStarted,
+}
+
+pub fn stage_state(dir: &Path) -> Result<StageState> {
+    if let Some(m) = store::read_manifest(dir)? {
+        return Ok(StageState::Done(Box::new(m)));
+    }
+    if dir.exists() {
+        return Ok(StageState::Partial(store::read_progress(dir)));
+    }
+    Ok(StageState::NotStarted)
+}
+
+impl Plan {
+    /// Resolves every input (downloading hub files when needed) and keys every stage.
+    pub fn build(cfg: &Config, workdir: &Path) -> Result<Plan> {
+        let mut stages: Vec<PlannedStage> = Vec::new();
+        if let Some(d) = &cfg.data {
+            stages.push(data::plan(d, workdir)?);
+        }
+        if let Some(f) = &cfg.filter {
+            let upstream = stages
+                .iter()
+                .find(|s| s.name == "data")
+                .context("the filter needs the data stage")?;
+            stages.push(filter::plan(f, cfg, upstream, workdir)?);
+        }
+        if stages.is_empty() {
+            bail!(
+                "{} configures no stage: add a [data] section (see pipelines/reference.toml)",
+                cfg.origin
+            );
+        }
+        Ok(Plan {
+            workdir: workdir.to_path_buf(),
+            stages,
+        })
+    }
+
+    pub fn get(&self, name: &str) -> Option<&PlannedStage> {
+        self.stages.iter().find(|s| s.name == name)
+    }
+}
+
+/// The key of a stage: a hash over everything that determines its output.
+pub fn stage_key(
+    name: &str,
+    code_version: u32,
+    config: &serde_json::Value,
+    inputs: &[InputRef],
+) -> String {
+    let hashes: Vec<_> = inputs.iter().map(|i| (&i.name, &i.hash)).collect();
+    store::hash_json(&serde_json::json!({
+        "stage": name,
+        "code_version": code_version,
+        "config": config,
+        "inputs": hashes,
+    }))
+}
+
+/// A file input: its content hash and size.
+pub fn file_input(name: &str, path: &Path) -> Result<(InputRef, u64)> {
+    let hash = store::hash_file(path)?;
+    let bytes = std::fs::metadata(path)?.len();
+    Ok((
+        InputRef {
+            name: name.to_string(),
+            location: path.display().to_string(),
+            hash,
+        },
+        bytes,
+    ))
+}
+
+/// The `plan.json` that `status` reads.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PlanRecord {
+    pub config: String,
+    pub stages: Vec<PlanRecordStage>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PlanRecordStage {
+    pub name: String,
+    pub key: String,
+    pub dir: String,
+}
+
+/// Which stages `pipeline run` should bring up to date.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    All,
+    Stage(String),
+}
+
+/// Runs the plan: prints it, then runs every stage up to `target` that has no manifest.
+/// `force` re-runs the named stage and every stage after it.
+pub fn run(cfg: &Config, target: &Target, force: &[String]) -> Result<()> {
+    for f in force {
+        if !STAGE_ORDER.contains(&f.as_str()) {
+            bail!(
+                "--force {f}: no such stage (stages: {})",
+                STAGE_ORDER.join(", ")
+            );
+        }
+    }
+    let wd = WorkDir::lock(&cfg.workdir)?;
+    let plan = Plan::build(cfg, &wd.root)?;
+    let last = match target {
+        Target::All => plan.stages.len(),
+        Target::Stage(s) => match plan.stages.iter().position(|p| p.name == s) {
+            Some(i) => i + 1,
+            None => bail!(
+                "stage `{s}` is not in {} (its stages: {})",
+                cfg.origin,
+                plan.stages
+                    .iter()
+                    .map(|s| s.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        },
+    };
+    let first_forced = plan
+        .stages
+        .iter()
+        .position(|s| force.iter().any(|f| f == s.name));
+    store::write_json_atomic(
+        &wd.root.join(store::PLAN),
+        &PlanRecord {
+            config: cfg.origin.clone(),
+            stages: plan
+                .stages
+                .iter()
+                .map(|s| PlanRecordStage {
+                    name: s.name.to_string(),
+                    key: s.key.clone(),
+                    dir: s.dir.display().to_string(),
+                })
+                .collect(),
+        },
+    )?;
+    print_plan(cfg, &plan, last, first_forced)?;
+    let total = Instant::now();
+    for (i, stage) in plan.stages.iter().enumerate().take(last) {
+        let forced = first_forced.is_some_and(|f| i >= f);
+        if forced && stage.dir.exists() {
+            std::fs::remove_dir_all(&stage.dir)
+                .with_context(|| format!("cannot clear {}", stage.dir.display()))?;
+        }
+        if let StageState::Done(m) = stage_state(&stage.dir)? {
+            println!(
+                "--> {} cached ({} rows, {})",
+                stage.name,
+                m.rows,
+                crate::bytes::format_bytes(m.bytes())
+            );
+            continue;
+        }
+        run_stage(cfg, &plan, stage)?;
+    }
+    println!(
+        "all done in {:.1}s; work dir {}",
+        total.elapsed().as_secs_f64(),
+        wd.root.display()
+    );
+    Ok(())
+}
+
+fn print_plan(cfg: &Config, plan: &Plan, last: usize, first_forced: Option<usize>) -> Result<()> {
+    println!(
+        "plan for {} (work dir {}):",
+        cfg.origin,
+        plan.workdir.display()
+    );
+    for (i, s) in plan.stages.iter().enumerate() {
+        let state = if i >= last {
+            "not requested".to_string()
+        } else if first_forced.is_some_and(|f| i >= f) {
+            "forced: will run".to_string()
+        } else {
+            match stage_state(&s.dir)? {
+                StageState::Done(_) => "cache hit".to_string(),
+                StageState::Partial(Some(p)) => format!(
+                    "partial ({} of {} {}): will resume",
+                    p.done,
+                    p.total.map(|t| t.to_string()).unwrap_or("?".into()),
+                    p.unit
+                ),
+                StageState::Partial(None) => "partial: will resume".to_string(),
+                StageState::NotStarted => "will run".to_string(),
+            }
+        };
+        let inputs: Vec<String> = s
+            .inputs
+            .iter()
+            .map(|i| format!("{}={}", i.name, i.location))
+            .collect();
+        println!(
+            "  {:<8} {}  {:<30} inputs: {}",
+            s.name,
+            s.key.get(..12).unwrap_or(&s.key),
+            state,
+            inputs.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn run_stage(cfg: &Config, plan: &Plan, stage: &PlannedStage) -> Result<()> {
+    println!("==> {} -> {}", stage.name, stage.dir.display());
+    std::fs::create_dir_all(&stage.dir)
+        .with_context(|| format!("cannot create {}", stage.dir.display()))?;
+    let t0 = Instant::now();
+    let out = match stage.name {
+        "data" => data::run(cfg.data.as_ref().context("no [data] section")?, stage)?,
+        "filter" => filter::run(
+            cfg.filter.as_ref().context("no [filter] section")?,
+            cfg,
+            plan,
+            stage,
+        )?,
+        other => bail!("stage `{other}` has no runner"),
+    };
+    let wall_seconds = t0.elapsed().as_secs_f64();
+    let manifest = Manifest {
+        stage: stage.name.to_string(),
+        key: stage.key.clone(),
+        code_version: stage.code_version,
+        config: stage.config.clone(),
+        inputs: stage.inputs.clone(),
+        outputs: out.outputs,
+        counts: out.counts,
+        rows: out.rows,
+        wall_seconds,
+        finished_unix: store::now_unix(),
+    };
+    crate::fault::point(&format!("{}.before_manifest", stage.name));
+    store::write_json_atomic(&stage.dir.join(store::MANIFEST), &manifest)?;
+    println!(
+        "<-- {} done: {} rows, {} in {:.2}s",
+        stage.name,
+        manifest.rows,
+        crate::bytes::format_bytes(manifest.bytes()),
+        wall_seconds
+    );
+    Ok(())
+}
+
+/// Describes an output file for a manifest.
+pub fn output_file(dir: &Path, path: &Path, rows: u64) -> Result<OutputFile> {
+    Ok(OutputFile {
+        path: path.strip_prefix(dir).unwrap_or(path).display().to_string(),
+        bytes: std::fs::metadata(path)
+            .with_context(|| format!("missing output {}", path.display()))?
+            .len(),
+        rows,
+    })
+}

@@ -1,0 +1,261 @@
+//! The work dir: one directory per stage, named by the stage's key; `manifest.json` written last
+//! and atomically marks a stage done; a lock keeps two runs off one work dir.
+//!
+//! ```text
+//! <workdir>/
+//!   .lock                      held (flock) by the running `pipeline`, holds its pid
+//!   plan.json                  the stages of the last run, in order (for `status`)
+//!   stages/<stage>-<key16>/    key = hash(stage config, input keys, code version)
+//!     progress.json            how far an unfinished stage got (rewritten atomically)
+//!     ...outputs...            committed whole (temp file, fsync, rename)
+//!     manifest.json            written last: the stage is done
+//! ```
+//! A directory without `manifest.json` is partial: its stage resumes from what was committed.
+//! Knows nothing of what a stage computes.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Seek, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+pub const MANIFEST: &str = "manifest.json";
+pub const PROGRESS: &str = "progress.json";
+pub const PLAN: &str = "plan.json";
+
+/// An open, locked work dir.
+pub struct WorkDir {
+    pub root: PathBuf,
+    /// Held for the life of the value; the OS drops the lock when the process dies.
+    _lock: File,
+}
+
+impl WorkDir {
+    /// Creates `root` if needed and takes its lock, or fails naming the holder's pid.
+    pub fn lock(root: &Path) -> Result<WorkDir> {
+        fs::create_dir_all(root.join("stages"))
+            .with_context(|| format!("cannot create work dir {}", root.display()))?;
+        let path = root.join(".lock");
+        let mut f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        match f.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = f.read_to_string(&mut holder);
+                let holder = holder.trim();
+                bail!(
+                    "work dir {} is in use by another pipeline (pid {}); wait for it or stop it \
+                     (lock file {})",
+                    root.display(),
+                    if holder.is_empty() { "unknown" } else { holder },
+                    path.display()
+                );
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("cannot lock {}", path.display()))
+            }
+        }
+        f.set_len(0)?;
+        f.rewind()?;
+        write!(f, "{}", std::process::id())?;
+        f.sync_all()?;
+        Ok(WorkDir {
+            root: root.to_path_buf(),
+            _lock: f,
+        })
+    }
+
+    pub fn stage_dir(&self, stage: &str, key: &str) -> PathBuf {
+        stage_dir(&self.root, stage, key)
+    }
+}
+
+pub fn stage_dir(root: &Path, stage: &str, key: &str) -> PathBuf {
+    let short = key.get(..16).unwrap_or(key);
+    root.join("stages").join(format!("{stage}-{short}"))
+}
+
+/// What a finished stage wrote, read by `status`, later stages and people.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Manifest {
+    pub stage: String,
+    pub key: String,
+    pub code_version: u32,
+    /// The stage's validated config section.
+    pub config: serde_json::Value,
+    pub inputs: Vec<InputRef>,
+    pub outputs: Vec<OutputFile>,
+    /// Rule and reason counts, in the order the stage reports them.
+    pub counts: Vec<(String, u64)>,
+    pub rows: u64,
+    pub wall_seconds: f64,
+    pub finished_unix: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct InputRef {
+    pub name: String,
+    /// Where it was read from (a file path or an upstream stage dir).
+    pub location: String,
+    /// Content hash of a file, or the key of an upstream stage.
+    pub hash: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct OutputFile {
+    /// Relative to the stage dir.
+    pub path: String,
+    pub bytes: u64,
+    pub rows: u64,
+}
+
+impl Manifest {
+    pub fn bytes(&self) -> u64 {
+        self.outputs.iter().map(|o| o.bytes).sum()
+    }
+}
+
+/// How far an unfinished stage got.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Progress {
+    pub done: u64,
+    pub total: Option<u64>,
+    pub unit: String,
+}
+
+/// Reads `dir/manifest.json`: `None` when absent (the stage is not done).
+pub fn read_manifest(dir: &Path) -> Result<Option<Manifest>> {
+    let p = dir.join(MANIFEST);
+    match fs::read(&p) {
+        Ok(bytes) => {
+            Ok(Some(serde_json::from_slice(&bytes).with_context(|| {
+                format!("corrupt manifest {}", p.display())
+            })?))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", p.display())),
+    }
+}
+
+pub fn read_progress(dir: &Path) -> Option<Progress> {
+    let bytes = fs::read(dir.join(PROGRESS)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Writes `value` as pretty JSON to `path` atomically.
+pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<u64> {
+    let bytes = serde_json::to_vec_pretty(value)?;
+    commit_file(path, |tmp| {
+        let mut f = File::create(tmp)?;
+        f.write_all(&bytes)?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        Ok(())
+    })
+}
+
+/// Has `write` fill a temp file beside `path`, then renames it over `path` and fsyncs the folder.
+/// Returns the committed size. A leftover temp file from a crash is overwritten next time.
+pub fn commit_file(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<u64> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    write(&tmp).with_context(|| format!("cannot write {}", path.display()))?;
+    fs::rename(&tmp, path).with_context(|| format!("cannot commit {}", path.display()))?;
+    sync_dir(dir)?;
+    Ok(fs::metadata(path)?.len())
+}
+
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("cannot fsync {}", dir.display()))
+}
+
+/// SHA-256 of a file's bytes, hex.
+pub fn hash_file(path: &Path) -> Result<String> {
+    let mut f = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(buf.get(..n).unwrap_or_default());
+    }
+    Ok(hex::encode(h.finalize()))
+}
+
+/// SHA-256 of a JSON value's canonical text, hex.
+pub fn hash_json(v: &serde_json::Value) -> String {
+    hex::encode(Sha256::digest(v.to_string().as_bytes()))
+}
+
+/// Total size of the files under `dir`.
+pub fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+pub fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn second_lock_names_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let _held = WorkDir::lock(dir.path()).unwrap();
+        let e = WorkDir::lock(dir.path()).err().unwrap().to_string();
+        assert!(e.contains(&format!("pid {}", std::process::id())), "{e}");
+    }
+
+    #[test]
+    fn lock_is_released_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(WorkDir::lock(dir.path()).unwrap());
+        WorkDir::lock(dir.path()).unwrap();
+    }
+
+    #[test]
+    fn failed_commit_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a.json");
+        let r = commit_file(&p, |tmp| {
+            fs::write(tmp, b"half")?;
+            bail!("boom")
+        });
+        assert!(r.is_err());
+        assert!(!p.exists());
+        write_json_atomic(&p, &serde_json::json!({"a": 1})).unwrap();
+        assert!(fs::read_to_string(&p).unwrap().contains("\"a\": 1"));
+    }
+}

@@ -1,0 +1,930 @@
+//! A small LaTeX math expression parser with exact and numeric evaluation.
+//!
+//! Parses normalised scalar answers: numbers (decimals, `1.5e3`), mixed numbers
+//! (`2\frac{1}{2}`), `+ - * / ^`, `\cdot`, `\times`, `\div`, implicit multiplication,
+//! `\frac`, `\sqrt`, `\sqrt[n]`, `\binom`, `!`, `|x|`, trigonometric / hyperbolic /
+//! logarithmic functions (with or without parentheses, `\sin^2 x`, `\log_2 8`),
+//! `\pi`, `e`, `i`, `\infty`, single-letter and Greek variables with subscripts.
+//! TeX argument rules apply to `\frac12` and `\sqrt2` (one digit per argument); an
+//! unbraced exponent takes the whole number (`10^23`).
+//!
+//! Evaluation is either exact ([`exact`], big rationals: refuses irrational results,
+//! exponents above [`MAX_EXACT_EXPONENT`] and results above [`MAX_EXACT_BITS`] bits) or
+//! numeric ([`numeric`], complex `f64` with principal branches; overflow gives
+//! non-finite values that never compare equal).
+//!
+//! It does not know relations, sets or tuples (the caller splits those), and it is not a
+//! CAS: nothing is simplified. Parsing is depth-limited ([`MAX_DEPTH`]) and token-limited
+//! ([`MAX_TOKENS`]), so no input can overflow the stack; evaluation ticks the [`Budget`].
+
+use num_bigint::BigInt;
+use num_complex::Complex64;
+use num_rational::BigRational;
+use num_traits::{One, Signed, ToPrimitive, Zero};
+
+use super::Budget;
+
+/// Deepest bracket / argument nesting accepted by the parser.
+pub const MAX_DEPTH: usize = 40;
+/// Most tokens in one expression.
+pub const MAX_TOKENS: usize = 600;
+/// Largest integer exponent evaluated exactly.
+pub const MAX_EXACT_EXPONENT: u64 = 4096;
+/// Largest estimated size (bits) of an exact power.
+pub const MAX_EXACT_BITS: u64 = 1 << 15;
+/// Longest digit string in a literal.
+const MAX_LITERAL_DIGITS: usize = 400;
+/// Largest decimal exponent in a literal like `1e300`.
+const MAX_LITERAL_EXPONENT: i64 = 400;
+
+/// A lexical token.
+#[derive(Clone, Debug, PartialEq)]
+enum Tok {
+    Num(String),
+    Letter(char),
+    Cmd(String),
+    Sym(char),
+}
+
+/// Elementary functions.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Fun {
+    Sin,
+    Cos,
+    Tan,
+    Cot,
+    Sec,
+    Csc,
+    Asin,
+    Acos,
+    Atan,
+    Sinh,
+    Cosh,
+    Tanh,
+    Ln,
+    Log10,
+    Exp,
+}
+
+/// An expression tree.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Node {
+    Num(BigRational),
+    Var(String),
+    Pi,
+    E,
+    I,
+    Infinity,
+    Neg(Box<Node>),
+    Add(Box<Node>, Box<Node>),
+    Mul(Box<Node>, Box<Node>),
+    Div(Box<Node>, Box<Node>),
+    Pow(Box<Node>, Box<Node>),
+    /// `Root(index, radicand)`.
+    Root(Box<Node>, Box<Node>),
+    Func(Fun, Box<Node>),
+    Abs(Box<Node>),
+    Fact(Box<Node>),
+    Binom(Box<Node>, Box<Node>),
+}
+
+const FUNCTIONS: &[(&str, Fun)] = &[
+    ("arcsin", Fun::Asin),
+    ("arccos", Fun::Acos),
+    ("arctan", Fun::Atan),
+    ("sinh", Fun::Sinh),
+    ("cosh", Fun::Cosh),
+    ("tanh", Fun::Tanh),
+    ("sin", Fun::Sin),
+    ("cos", Fun::Cos),
+    ("tan", Fun::Tan),
+    ("cot", Fun::Cot),
+    ("sec", Fun::Sec),
+    ("csc", Fun::Csc),
+    ("log", Fun::Log10),
+    ("lg", Fun::Log10),
+    ("ln", Fun::Ln),
+    ("exp", Fun::Exp),
+];
+/// Bare (backslash-less) names recognised as commands, longest first.
+const BARE_NAMES: &[&str] = &[
+    "arcsin", "arccos", "arctan", "sqrt", "sinh", "cosh", "tanh", "sin", "cos", "tan", "cot",
+    "sec", "csc", "log", "exp", "ln", "pi",
+];
+const GREEK: &[&str] = &[
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "epsilon",
+    "varepsilon",
+    "zeta",
+    "eta",
+    "theta",
+    "vartheta",
+    "iota",
+    "kappa",
+    "lambda",
+    "mu",
+    "nu",
+    "xi",
+    "rho",
+    "sigma",
+    "tau",
+    "upsilon",
+    "phi",
+    "varphi",
+    "chi",
+    "psi",
+    "omega",
+    "Gamma",
+    "Delta",
+    "Theta",
+    "Lambda",
+    "Xi",
+    "Sigma",
+    "Phi",
+    "Psi",
+    "Omega",
+];
+
+/// Whether `name` is a known function name (bare or after a backslash).
+pub fn is_function_name(name: &str) -> bool {
+    FUNCTIONS.iter().any(|(n, _)| *n == name) || name == "sqrt"
+}
+
+/// Parse a normalised scalar expression. `None` when it is not a supported expression.
+pub fn parse(s: &str, budget: &mut Budget) -> Option<Node> {
+    let toks = tokenize(s)?;
+    let mut p = Parser {
+        toks,
+        pos: 0,
+        depth: 0,
+        abs_depth: 0,
+        budget,
+    };
+    let node = p.expr()?;
+    (p.pos == p.toks.len()).then_some(node)
+}
+
+fn tokenize(s: &str) -> Option<Vec<Tok>> {
+    let chars: Vec<char> = s.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(&c) = chars.get(i) {
+        if out.len() > MAX_TOKENS {
+            return None;
+        }
+        if c.is_whitespace() {
+            i += 1;
+        } else if c.is_ascii_digit()
+            || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit))
+        {
+            let (tok, next) = lex_number(&chars, i);
+            out.push(tok);
+            i = next;
+        } else if c.is_ascii_alphabetic() {
+            let rest: String = chars.get(i..(i + 6).min(chars.len()))?.iter().collect();
+            if let Some(name) = BARE_NAMES.iter().find(|n| rest.starts_with(**n)) {
+                out.push(Tok::Cmd((*name).to_string()));
+                i += name.len();
+            } else {
+                out.push(Tok::Letter(c));
+                i += 1;
+            }
+        } else if c == '\\' {
+            let name: String = chars
+                .get(i + 1..)?
+                .iter()
+                .take_while(|c| c.is_ascii_alphabetic())
+                .collect();
+            if name.is_empty() {
+                let tok = match chars.get(i + 1) {
+                    Some('{') => Tok::Sym('('),
+                    Some('}') => Tok::Sym(')'),
+                    _ => return None,
+                };
+                out.push(tok);
+                i += 2;
+            } else {
+                i += 1 + name.len();
+                out.push(Tok::Cmd(name));
+            }
+        } else if "+-*/^_!()[]{}|=<>,".contains(c) {
+            out.push(Tok::Sym(c));
+            i += 1;
+        } else {
+            return None;
+        }
+    }
+    Some(out)
+}
+
+/// Digits with at most one point, then an optional `e±digits` exponent.
+fn lex_number(chars: &[char], start: usize) -> (Tok, usize) {
+    let mut i = start;
+    let mut seen_dot = false;
+    while let Some(&c) = chars.get(i) {
+        if c.is_ascii_digit()
+            || (c == '.' && !seen_dot && chars.get(i + 1).is_some_and(char::is_ascii_digit))
+        {
+            seen_dot |= c == '.';
+            i += 1;
+        } else {
+            break;
+        }
+    }
+    if matches!(chars.get(i), Some('e' | 'E')) {
+        let mut j = i + 1;
+        if matches!(chars.get(j), Some('+' | '-')) {
+            j += 1;
+        }
+        if chars.get(j).is_some_and(char::is_ascii_digit) {
+            while chars.get(j).is_some_and(char::is_ascii_digit) {
+                j += 1;
+            }
+            i = j;
+        }
+    }
+    let text: String = chars.get(start..i).unwrap_or(&[]).iter().collect();
+    (Tok::Num(text), i)
+}
+
+/// A decimal / scientific literal as an exact rational.
+pub fn parse_literal(s: &str) -> Option<BigRational> {
+    let (mant, exp) = match s.find(['e', 'E']) {
+        Some(p) => (s.get(..p)?, s.get(p + 1..)?.parse::<i64>().ok()?),
+        None => (s, 0),
+    };
+    if mant.len() > MAX_LITERAL_DIGITS || exp.abs() > MAX_LITERAL_EXPONENT {
+        return None;
+    }
+    let (int_part, frac_part) = mant.split_once('.').unwrap_or((mant, ""));
+    let digits = format!("{int_part}{frac_part}");
+    let numer: BigInt = if digits.is_empty() {
+        return None;
+    } else {
+        digits.parse().ok()?
+    };
+    let scale = exp - i64::try_from(frac_part.len()).ok()?;
+    let ten_pow = BigInt::from(10u32).pow(u32::try_from(scale.unsigned_abs()).ok()?);
+    Some(if scale >= 0 {
+        BigRational::from_integer(numer * ten_pow)
+    } else {
+        BigRational::new(numer, ten_pow)
+    })
+}
+
+struct Parser<'b> {
+    toks: Vec<Tok>,
+    pos: usize,
+    depth: usize,
+    abs_depth: usize,
+    budget: &'b mut Budget,
+}
+
+fn bx(n: Node) -> Box<Node> {
+    Box::new(n)
+}
+
+impl Parser<'_> {
+    fn peek(&self) -> Option<&Tok> {
+        self.toks.get(self.pos)
+    }
+
+    fn peek_sym(&self, c: char) -> bool {
+        self.peek() == Some(&Tok::Sym(c))
+    }
+
+    fn next(&mut self) -> Option<Tok> {
+        let t = self.toks.get(self.pos).cloned();
+        self.pos += 1;
+        t
+    }
+
+    fn expect(&mut self, c: char) -> Option<()> {
+        (self.next()? == Tok::Sym(c)).then_some(())
+    }
+
+    /// Enter one nesting level; fails beyond [`MAX_DEPTH`] or when time is up.
+    fn enter(&mut self) -> Option<()> {
+        self.depth += 1;
+        (self.depth <= MAX_DEPTH && self.budget.tick()).then_some(())
+    }
+
+    fn expr(&mut self) -> Option<Node> {
+        self.enter()?;
+        let mut lhs = self.term()?;
+        loop {
+            if self.peek_sym('+') {
+                self.pos += 1;
+                lhs = Node::Add(bx(lhs), bx(self.term()?));
+            } else if self.peek_sym('-') {
+                self.pos += 1;
+                lhs = Node::Add(bx(lhs), bx(Node::Neg(bx(self.term()?))));
+            } else {
+                break;
+            }
+        }
+        self.depth -= 1;
+        Some(lhs)
+    }
+
+    fn term(&mut self) -> Option<Node> {
+        let mut lhs = self.unary()?;
+        loop {
+            if !self.budget.tick() {
+                return None;
+            }
+            match self.peek() {
+                Some(Tok::Sym('*')) => {
+                    self.pos += 1;
+                    lhs = Node::Mul(bx(lhs), bx(self.unary()?));
+                }
+                Some(Tok::Cmd(c)) if matches!(c.as_str(), "cdot" | "times" | "ast") => {
+                    self.pos += 1;
+                    lhs = Node::Mul(bx(lhs), bx(self.unary()?));
+                }
+                Some(Tok::Sym('/')) => {
+                    self.pos += 1;
+                    lhs = Node::Div(bx(lhs), bx(self.unary()?));
+                }
+                Some(Tok::Cmd(c)) if c == "div" => {
+                    self.pos += 1;
+                    lhs = Node::Div(bx(lhs), bx(self.unary()?));
+                }
+                Some(t) if self.starts_primary(t) => {
+                    lhs = Node::Mul(bx(lhs), bx(self.power()?));
+                }
+                _ => break,
+            }
+        }
+        Some(lhs)
+    }
+
+    fn starts_primary(&self, t: &Tok) -> bool {
+        match t {
+            Tok::Num(_) | Tok::Letter(_) => true,
+            Tok::Sym(c) => matches!(c, '(' | '[' | '{') || (*c == '|' && self.abs_depth == 0),
+            Tok::Cmd(c) => is_primary_cmd(c),
+        }
+    }
+
+    fn unary(&mut self) -> Option<Node> {
+        self.enter()?;
+        let node = if self.peek_sym('-') {
+            self.pos += 1;
+            Node::Neg(bx(self.unary()?))
+        } else if self.peek_sym('+') {
+            self.pos += 1;
+            self.unary()?
+        } else {
+            self.power()?
+        };
+        self.depth -= 1;
+        Some(node)
+    }
+
+    fn power(&mut self) -> Option<Node> {
+        let mut base = self.primary()?;
+        while self.peek_sym('!') {
+            self.pos += 1;
+            base = Node::Fact(bx(base));
+        }
+        if self.peek_sym('^') {
+            self.pos += 1;
+            let exp = self.script_arg()?;
+            base = Node::Pow(bx(base), bx(exp));
+        }
+        Some(base)
+    }
+
+    /// The argument of `^` or `_`: a group, a signed argument, or one primary.
+    fn script_arg(&mut self) -> Option<Node> {
+        self.enter()?;
+        let node = if self.peek_sym('{') {
+            self.pos += 1;
+            let e = self.expr()?;
+            self.expect('}')?;
+            e
+        } else if self.peek_sym('-') {
+            self.pos += 1;
+            Node::Neg(bx(self.script_arg()?))
+        } else if self.peek_sym('+') {
+            self.pos += 1;
+            self.script_arg()?
+        } else {
+            self.primary()?
+        };
+        self.depth -= 1;
+        Some(node)
+    }
+
+    /// A TeX macro argument: a group, or a single digit / letter / command.
+    fn tex_arg(&mut self) -> Option<Node> {
+        self.enter()?;
+        let node = match self.peek()?.clone() {
+            Tok::Sym('{') => {
+                self.pos += 1;
+                let e = self.expr()?;
+                self.expect('}')?;
+                e
+            }
+            Tok::Num(s) if s.len() > 1 && s.bytes().all(|b| b.is_ascii_digit()) => {
+                let (first, rest) = s.split_at(1);
+                let value = parse_literal(first)?;
+                if let Some(slot) = self.toks.get_mut(self.pos) {
+                    *slot = Tok::Num(rest.to_string());
+                }
+                Node::Num(value)
+            }
+            _ => self.primary()?,
+        };
+        self.depth -= 1;
+        Some(node)
+    }
+
+    fn primary(&mut self) -> Option<Node> {
+        self.enter()?;
+        let node = match self.next()? {
+            Tok::Num(s) => self.number(&s)?,
+            Tok::Letter(c) => self.letter(c)?,
+            Tok::Sym(open @ ('(' | '[' | '{')) => {
+                let close = match open {
+                    '(' => ')',
+                    '[' => ']',
+                    _ => '}',
+                };
+                let saved_abs = self.abs_depth;
+                self.abs_depth = 0;
+                let e = self.expr()?;
+                self.abs_depth = saved_abs;
+                self.expect(close)?;
+                e
+            }
+            Tok::Sym('|') => {
+                self.abs_depth += 1;
+                let e = self.expr()?;
+                self.abs_depth -= 1;
+                self.expect('|')?;
+                Node::Abs(bx(e))
+            }
+            Tok::Cmd(name) => self.command(&name)?,
+            Tok::Sym(_) => return None,
+        };
+        self.depth -= 1;
+        Some(node)
+    }
+
+    /// A literal, or a mixed number `2\frac{1}{2}` when an integer is followed by a
+    /// fraction of two integers.
+    fn number(&mut self, s: &str) -> Option<Node> {
+        let value = parse_literal(s)?;
+        if s.bytes().all(|b| b.is_ascii_digit()) && self.simple_fraction_ahead() {
+            let frac = self.primary()?;
+            return Some(Node::Add(bx(Node::Num(value)), bx(frac)));
+        }
+        Some(Node::Num(value))
+    }
+
+    /// Whether the next tokens are `\frac{int}{int}` or `\frac12`.
+    fn simple_fraction_ahead(&self) -> bool {
+        let t = |k: usize| self.toks.get(self.pos + k);
+        let is_int =
+            |k: usize| matches!(t(k), Some(Tok::Num(n)) if n.bytes().all(|b| b.is_ascii_digit()));
+        if t(0) != Some(&Tok::Cmd("frac".to_string())) {
+            return false;
+        }
+        let braced = t(1) == Some(&Tok::Sym('{'))
+            && is_int(2)
+            && t(3) == Some(&Tok::Sym('}'))
+            && t(4) == Some(&Tok::Sym('{'))
+            && is_int(5)
+            && t(6) == Some(&Tok::Sym('}'));
+        let short = matches!(t(1), Some(Tok::Num(n)) if n.len() == 2 && n.bytes().all(|b| b.is_ascii_digit()));
+        braced || short
+    }
+
+    fn letter(&mut self, c: char) -> Option<Node> {
+        match c {
+            'i' => return Some(Node::I),
+            'e' => return Some(Node::E),
+            _ => {}
+        }
+        let mut name = c.to_string();
+        if self.peek_sym('_') {
+            self.pos += 1;
+            name.push('_');
+            name.push_str(&self.subscript_text()?);
+        }
+        Some(Node::Var(name))
+    }
+
+    /// The raw text of a subscript (`_1`, `_{n+1}`), used only as part of a name.
+    fn subscript_text(&mut self) -> Option<String> {
+        let mut text = String::new();
+        if self.peek_sym('{') {
+            self.pos += 1;
+            let mut depth = 1usize;
+            loop {
+                let t = self.next()?;
+                match t {
+                    Tok::Sym('{') => depth += 1,
+                    Tok::Sym('}') => depth -= 1,
+                    _ => {}
+                }
+                if depth == 0 {
+                    break;
+                }
+                text.push_str(&format!("{t:?}"));
+            }
+        } else {
+            text = format!("{:?}", self.next()?);
+        }
+        Some(text)
+    }
+
+    fn command(&mut self, name: &str) -> Option<Node> {
+        if let Some((_, f)) = FUNCTIONS.iter().find(|(n, _)| *n == name) {
+            return self.function(*f);
+        }
+        match name {
+            "frac" => {
+                let num = self.tex_arg()?;
+                let den = self.tex_arg()?;
+                Some(Node::Div(bx(num), bx(den)))
+            }
+            "binom" => {
+                let n = self.tex_arg()?;
+                let k = self.tex_arg()?;
+                Some(Node::Binom(bx(n), bx(k)))
+            }
+            "sqrt" => {
+                let index = if self.peek_sym('[') {
+                    self.pos += 1;
+                    let e = self.expr()?;
+                    self.expect(']')?;
+                    e
+                } else {
+                    Node::Num(BigRational::from_integer(BigInt::from(2)))
+                };
+                let arg = self.tex_arg()?;
+                Some(Node::Root(bx(index), bx(arg)))
+            }
+            "pi" => Some(Node::Pi),
+            "infty" => Some(Node::Infinity),
+            g if GREEK.contains(&g) => Some(Node::Var(g.to_string())),
+            _ => None,
+        }
+    }
+
+    /// `\sin x`, `\sin(x)`, `\sin^2 x`, `\sin^{-1} x`, `\log_2 8`.
+    fn function(&mut self, f: Fun) -> Option<Node> {
+        let mut f = f;
+        let mut power = None;
+        if self.peek_sym('^') {
+            self.pos += 1;
+            let p = self.script_arg()?;
+            if p == Node::Neg(bx(Node::Num(BigRational::one()))) {
+                f = match f {
+                    Fun::Sin => Fun::Asin,
+                    Fun::Cos => Fun::Acos,
+                    Fun::Tan => Fun::Atan,
+                    _ => return None,
+                };
+            } else {
+                power = Some(p);
+            }
+        }
+        let mut base = None;
+        if self.peek_sym('_') {
+            self.pos += 1;
+            base = Some(self.tex_arg()?);
+        }
+        let arg = match self.peek() {
+            Some(Tok::Sym('(' | '[' | '{')) => self.power()?,
+            _ => {
+                let mut a = self.power()?;
+                while let Some(t) = self.peek() {
+                    let is_fn = matches!(t, Tok::Cmd(c) if is_function_name(c));
+                    if is_fn || !self.starts_primary(t) || !self.budget.tick() {
+                        break;
+                    }
+                    a = Node::Mul(bx(a), bx(self.power()?));
+                }
+                a
+            }
+        };
+        let mut node = match base {
+            Some(b) => Node::Div(
+                bx(Node::Func(Fun::Ln, bx(arg))),
+                bx(Node::Func(Fun::Ln, bx(b))),
+            ),
+            None => Node::Func(f, bx(arg)),
+        };
+        if let Some(p) = power {
+            node = Node::Pow(bx(node), bx(p));
+        }
+        Some(node)
+    }
+}
+
+/// Commands that can start an operand (and so trigger implicit multiplication).
+fn is_primary_cmd(c: &str) -> bool {
+    matches!(c, "frac" | "sqrt" | "binom" | "pi" | "infty")
+        || is_function_name(c)
+        || GREEK.contains(&c)
+}
+
+/// Names of the variables in `n`, sorted and deduplicated.
+pub fn variables(n: &Node, out: &mut Vec<String>) {
+    match n {
+        Node::Var(v) => {
+            if !out.contains(v) {
+                out.push(v.clone());
+            }
+        }
+        Node::Num(_) | Node::Pi | Node::E | Node::I | Node::Infinity => {}
+        Node::Neg(a) | Node::Func(_, a) | Node::Abs(a) | Node::Fact(a) => variables(a, out),
+        Node::Add(a, b)
+        | Node::Mul(a, b)
+        | Node::Div(a, b)
+        | Node::Pow(a, b)
+        | Node::Root(a, b)
+        | Node::Binom(a, b) => {
+            variables(a, out);
+            variables(b, out);
+        }
+    }
+}
+
+/// Exact rational value, when the expression is rational and small enough.
+pub fn exact(n: &Node, b: &mut Budget) -> Option<BigRational> {
+    if !b.tick() {
+        return None;
+    }
+    match n {
+        Node::Num(r) => Some(r.clone()),
+        Node::Neg(a) => Some(-exact(a, b)?),
+        Node::Add(x, y) => Some(exact(x, b)? + exact(y, b)?),
+        Node::Mul(x, y) => Some(exact(x, b)? * exact(y, b)?),
+        Node::Div(x, y) => {
+            let d = exact(y, b)?;
+            if d.is_zero() {
+                return None;
+            }
+            Some(exact(x, b)? / d)
+        }
+        Node::Pow(x, y) => exact_pow(&exact(x, b)?, &exact(y, b)?),
+        Node::Root(idx, x) => {
+            let k = exact(idx, b)?;
+            if !k.is_integer() {
+                return None;
+            }
+            let k = k.to_integer().to_u32().filter(|k| (2..=64).contains(k))?;
+            exact_root(&exact(x, b)?, k)
+        }
+        Node::Abs(a) => Some(exact(a, b)?.abs()),
+        Node::Fact(a) => {
+            let v = small_int(&exact(a, b)?, 300)?;
+            Some(BigRational::from_integer(
+                (1..=v).fold(BigInt::one(), |acc, k| acc * k),
+            ))
+        }
+        Node::Binom(x, y) => {
+            let n = small_int(&exact(x, b)?, 100_000)?;
+            let k = small_int(&exact(y, b)?, 1000)?;
+            if k > n {
+                return Some(BigRational::zero());
+            }
+            let mut acc = BigInt::one();
+            for j in 0..k {
+                acc = acc * (n - j) / (j + 1);
+            }
+            Some(BigRational::from_integer(acc))
+        }
+        Node::Var(_) | Node::Pi | Node::E | Node::I | Node::Infinity | Node::Func(..) => None,
+    }
+}
+
+/// A nonnegative integer value no larger than `max`.
+fn small_int(r: &BigRational, max: u64) -> Option<u64> {
+    if !r.is_integer() {
+        return None;
+    }
+    r.to_integer().to_u64().filter(|v| *v <= max)
+}
+
+/// `base^exp` for an integer exponent, or a rational exponent whose root is exact.
+fn exact_pow(base: &BigRational, exp: &BigRational) -> Option<BigRational> {
+    let q = exp.denom().to_u32().filter(|q| (1..=64).contains(q))?;
+    let p = exp.numer();
+    let p_abs = p.abs().to_u64().filter(|p| *p <= MAX_EXACT_EXPONENT)?;
+    let bits = base.numer().bits().saturating_add(base.denom().bits());
+    if bits.saturating_mul(p_abs) > MAX_EXACT_BITS {
+        return None;
+    }
+    let root = if q == 1 {
+        base.clone()
+    } else {
+        exact_root(base, q)?
+    };
+    let e = u32::try_from(p_abs).ok()?;
+    let powered = BigRational::new(root.numer().pow(e), root.denom().pow(e));
+    if p.is_negative() {
+        if powered.is_zero() {
+            return None;
+        }
+        Some(powered.recip())
+    } else {
+        Some(powered)
+    }
+}
+
+/// The exact `k`-th root of `x`, when it is rational.
+fn exact_root(x: &BigRational, k: u32) -> Option<BigRational> {
+    if x.is_negative() {
+        if k.is_multiple_of(2) {
+            return None;
+        }
+        return exact_root(&-x, k).map(|r| -r);
+    }
+    let n = x.numer().nth_root(k);
+    let d = x.denom().nth_root(k);
+    if n.pow(k) == *x.numer() && d.pow(k) == *x.denom() {
+        Some(BigRational::new(n, d))
+    } else {
+        None
+    }
+}
+
+/// A rational as `f64` (non-finite when out of range).
+pub fn rational_to_f64(r: &BigRational) -> f64 {
+    r.to_f64().unwrap_or(f64::NAN)
+}
+
+/// Numeric value with variables taken from `env`. `None` when time runs out.
+pub fn numeric(n: &Node, env: &dyn Fn(&str) -> f64, b: &mut Budget) -> Option<Complex64> {
+    if !b.tick() {
+        return None;
+    }
+    let re = |x: f64| Complex64::new(x, 0.0);
+    Some(match n {
+        Node::Num(r) => re(rational_to_f64(r)),
+        Node::Var(v) => re(env(v)),
+        Node::Pi => re(std::f64::consts::PI),
+        Node::E => re(std::f64::consts::E),
+        Node::I => Complex64::new(0.0, 1.0),
+        Node::Infinity => re(f64::INFINITY),
+        Node::Neg(a) => -numeric(a, env, b)?,
+        Node::Add(x, y) => numeric(x, env, b)? + numeric(y, env, b)?,
+        Node::Mul(x, y) => numeric(x, env, b)? * numeric(y, env, b)?,
+        Node::Div(x, y) => numeric(x, env, b)? / numeric(y, env, b)?,
+        Node::Pow(x, y) => complex_pow(numeric(x, env, b)?, numeric(y, env, b)?),
+        Node::Root(k, x) => complex_root(numeric(k, env, b)?, numeric(x, env, b)?),
+        Node::Func(f, a) => apply(*f, numeric(a, env, b)?),
+        Node::Abs(a) => re(numeric(a, env, b)?.norm()),
+        Node::Fact(a) => re(factorial_f64(numeric(a, env, b)?)),
+        Node::Binom(x, y) => re(binom_f64(numeric(x, env, b)?, numeric(y, env, b)?)),
+    })
+}
+
+/// Turn a negative zero into a positive one so branch cuts do not depend on it.
+fn unsign_zero(z: Complex64) -> Complex64 {
+    Complex64::new(z.re + 0.0, z.im + 0.0)
+}
+
+fn complex_pow(base: Complex64, exp: Complex64) -> Complex64 {
+    let base = unsign_zero(base);
+    if exp.im == 0.0 && exp.re.fract() == 0.0 && exp.re.abs() <= 1024.0 {
+        // The guard above makes the cast exact.
+        return base.powi(exp.re as i32);
+    }
+    if base == Complex64::new(0.0, 0.0) && exp.re > 0.0 {
+        return base;
+    }
+    if base.im == 0.0 && base.re > 0.0 && exp.im == 0.0 {
+        return Complex64::new(base.re.powf(exp.re), 0.0);
+    }
+    base.powc(exp)
+}
+
+/// The real odd root of a negative real, otherwise the principal root.
+fn complex_root(k: Complex64, x: Complex64) -> Complex64 {
+    let x = unsign_zero(x);
+    if k.im == 0.0 && k.re == 2.0 {
+        if x.im == 0.0 && x.re >= 0.0 {
+            return Complex64::new(x.re.sqrt(), 0.0);
+        }
+        return x.sqrt();
+    }
+    if k.im == 0.0 && x.im == 0.0 && x.re < 0.0 && k.re.fract() == 0.0 && (k.re as i64) % 2 == 1 {
+        return Complex64::new(-(-x.re).powf(1.0 / k.re), 0.0);
+    }
+    complex_pow(x, Complex64::new(1.0, 0.0) / k)
+}
+
+fn apply(f: Fun, z: Complex64) -> Complex64 {
+    let z = unsign_zero(z);
+    let one = Complex64::new(1.0, 0.0);
+    match f {
+        Fun::Sin => z.sin(),
+        Fun::Cos => z.cos(),
+        Fun::Tan => z.tan(),
+        Fun::Cot => one / z.tan(),
+        Fun::Sec => one / z.cos(),
+        Fun::Csc => one / z.sin(),
+        Fun::Asin => z.asin(),
+        Fun::Acos => z.acos(),
+        Fun::Atan => z.atan(),
+        Fun::Sinh => z.sinh(),
+        Fun::Cosh => z.cosh(),
+        Fun::Tanh => z.tanh(),
+        Fun::Ln => z.ln(),
+        Fun::Log10 => z.ln() / std::f64::consts::LN_10,
+        Fun::Exp => z.exp(),
+    }
+}
+
+fn factorial_f64(z: Complex64) -> f64 {
+    if z.im != 0.0 || z.re < 0.0 || z.re.fract() != 0.0 || z.re > 170.0 {
+        return f64::NAN;
+    }
+    (1..=(z.re as u32)).fold(1.0, |acc, k| acc * f64::from(k))
+}
+
+fn binom_f64(n: Complex64, k: Complex64) -> f64 {
+    if n.im != 0.0 || k.im != 0.0 || k.re < 0.0 || k.re.fract() != 0.0 || k.re > 1000.0 {
+        return f64::NAN;
+    }
+    (0..(k.re as u32)).fold(1.0, |acc, j| acc * (n.re - f64::from(j)) / f64::from(j + 1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn ex(s: &str) -> Option<BigRational> {
+        let mut b = Budget::new(Duration::from_secs(1));
+        let n = parse(s, &mut b)?;
+        exact(&n, &mut b)
+    }
+
+    fn r(n: i64, d: i64) -> Option<BigRational> {
+        Some(BigRational::new(BigInt::from(n), BigInt::from(d)))
+    }
+
+    #[test]
+    fn exact_values() {
+        assert_eq!(ex("\\frac{1}{2}"), r(1, 2));
+        assert_eq!(ex("\\frac12"), r(1, 2));
+        assert_eq!(ex("\\frac{270}7"), r(270, 7));
+        assert_eq!(ex("2\\frac{1}{2}"), r(5, 2));
+        assert_eq!(ex("-2\\frac12"), r(-5, 2));
+        assert_eq!(ex("137\\frac{1}{2}"), r(275, 2));
+        assert_eq!(ex("3\\times10^{5}"), r(300_000, 1));
+        assert_eq!(ex("1.5e3"), r(1500, 1));
+        assert_eq!(ex("2^-1"), r(1, 2));
+        assert_eq!(ex("\\sqrt{16}"), r(4, 1));
+        assert_eq!(ex("\\sqrt[3]{-8}"), r(-2, 1));
+        assert_eq!(ex("5!"), r(120, 1));
+        assert_eq!(ex("\\binom{5}{2}"), r(10, 1));
+        assert_eq!(ex("|-3|"), r(3, 1));
+        assert_eq!(ex("0.0000672"), r(672, 10_000_000));
+        assert_eq!(ex("\\sqrt{2}"), None);
+        assert_eq!(ex("10^{10^{10^{10}}}"), None);
+    }
+
+    #[test]
+    fn parse_failures_are_none() {
+        let mut b = Budget::new(Duration::from_secs(1));
+        for s in [
+            "",
+            "(",
+            "1+",
+            "\\frac{1}",
+            "x_",
+            "\\unknown",
+            "1,2",
+            "\\\\",
+            "a=b",
+        ] {
+            assert!(parse(s, &mut b).is_none(), "{s}");
+        }
+        let deep = format!("{}1{}", "(".repeat(100_000), ")".repeat(100_000));
+        assert!(parse(&deep, &mut b).is_none());
+    }
+
+    #[test]
+    fn numeric_functions() {
+        let mut b = Budget::new(Duration::from_secs(1));
+        let n = parse("\\sin^2 x+\\cos^2x", &mut b).unwrap();
+        let v = numeric(&n, &|_| 0.7, &mut b).unwrap();
+        assert!((v.re - 1.0).abs() < 1e-12);
+        let n = parse("\\log_2 8", &mut b).unwrap();
+        assert!((numeric(&n, &|_| 0.0, &mut b).unwrap().re - 3.0).abs() < 1e-12);
+        let n = parse("10^{10^{10^{10}}}", &mut b).unwrap();
+        assert!(!numeric(&n, &|_| 0.0, &mut b).unwrap().re.is_finite());
+    }
+}

@@ -1,0 +1,603 @@
+//! Normalisation of an answer string to one canonical LaTeX-ish form.
+//!
+//! Removes presentation that never changes the value: `$`/`\(`/`\[` delimiters, one
+//! wrapping `\boxed{}`, `\left`/`\right`/`\big`, spacing commands, `\dfrac`/`\tfrac`,
+//! `\text{}`/`\mbox{}`/`\textbf{}`/`\mathrm{}` wrappers, trailing unit words, `^\circ`,
+//! `\$`, thousands separators, `x \in` prefixes, trailing periods and spacing; writes
+//! `\%` as `%`, `\frac12` as `\frac{1}{2}`, `x^{2}` as `x^2`, `.5` as `0.5`, `(C)` as `C`,
+//! ` or ` / ` and ` between answers as `,`, and unicode math symbols as LaTeX.
+//!
+//! It does not evaluate anything and keeps `x =` prefixes (the comparison decides what
+//! an equation means). Inputs longer than [`MAX_NORMALIZE_LEN`] bytes only lose their
+//! whitespace. Every step is a linear scan or a regex over the (capped) input, except
+//! wrapper unwrapping, which is quadratic in the number of wrappers of that capped input.
+
+use std::sync::LazyLock;
+
+use num_bigint::BigInt;
+use regex::Regex;
+
+use super::extract::matching_brace;
+
+/// Longest input that is fully normalised (bytes).
+pub const MAX_NORMALIZE_LEN: usize = 4096;
+
+static THOUSANDS_RE: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$").ok());
+static LEADING_DOT_RE: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"(^|[^\d}])\.(\d)").ok());
+static SCRIPT_BRACE_RE: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"([\^_])\{([A-Za-z0-9])\}($|[^A-Za-z0-9])").ok());
+static REPEATING_RE: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"(\d*)\.(\d*)\\overline\{(\d{1,30})\}").ok());
+static FRAC_DD_RE: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"\\frac(\d)(\d)").ok());
+static FRAC_D_BRACE_RE: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"\\frac(\d)\{").ok());
+static FRAC_BRACE_D_RE: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"\\frac\{([^{}]*)\}(\d)").ok());
+static SQRT_D_RE: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"\\sqrt(\d)").ok());
+static SQRT_L_RE: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"\\sqrt ([A-Za-z])").ok());
+static TEXT_SEP_RE: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r"\\(?:text|mbox|textrm|mathrm|textnormal)\s*\{\s*(?:or|and|,)\s*\}").ok()
+});
+static BARE_SEP_RE: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"\s+(?:or|and)\s+").ok());
+static IN_PREFIX_RE: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"^[A-Za-z](?:_[A-Za-z0-9])?\\in").ok());
+static CHOICE_RE: LazyLock<Option<Regex>> =
+    LazyLock::new(|| Regex::new(r"^\(?([A-Ea-e])\)$|^\(([A-Ea-e])\)?$").ok());
+
+/// Wrappers whose content is kept as is.
+const TEXT_WRAPPERS: &[&str] = &[
+    "text",
+    "textbf",
+    "textit",
+    "textrm",
+    "textnormal",
+    "textsf",
+    "texttt",
+    "mbox",
+    "mathrm",
+    "mathbf",
+    "mathit",
+    "mathsf",
+    "mathtt",
+    "mathbb",
+    "mathcal",
+    "boldsymbol",
+    "bm",
+    "hbox",
+    "emph",
+    "underline",
+];
+/// Unicode symbols and their LaTeX spelling.
+const UNICODE: &[(&str, &str)] = &[
+    ("\u{2212}", "-"),
+    ("\u{2013}", "-"),
+    ("\u{00d7}", "\\times "),
+    ("\u{22c5}", "\\cdot "),
+    ("\u{00b7}", "\\cdot "),
+    ("\u{00f7}", "\\div "),
+    ("\u{03c0}", "\\pi "),
+    ("\u{221a}", "\\sqrt"),
+    ("\u{221e}", "\\infty "),
+    ("\u{2264}", "\\le "),
+    ("\u{2265}", "\\ge "),
+    ("\u{2260}", "\\ne "),
+    ("\u{00b0}", "^\\circ "),
+    ("\u{222a}", "\\cup "),
+    ("\u{2229}", "\\cap "),
+    ("\u{00b1}", "\\pm "),
+    ("\u{2208}", "\\in "),
+    ("\u{00bd}", "\\frac{1}{2}"),
+    ("\u{2009}", " "),
+    ("\u{00a0}", " "),
+];
+
+/// The canonical string form of an answer (for display, dedup and comparison).
+pub fn normalize_answer(s: &str) -> String {
+    if s.len() > MAX_NORMALIZE_LEN {
+        return s.split_whitespace().collect();
+    }
+    let mut t = strip_outer(s).to_string();
+    for (from, to) in UNICODE {
+        if t.contains(from) {
+            t = t.replace(from, to);
+        }
+    }
+    t = rewrite_commands(&t);
+    t = strip_decorations(t);
+    t = separators(t);
+    t = strip_text_unit(&t);
+    t = unwrap_wrappers(&t);
+    t = strip_bare_unit(&t);
+    t = collapse_spaces(&t);
+    t = canonical_forms(t);
+    t
+}
+
+/// Strip whitespace, `$…$`, `\(…\)`, `\[…\]` and one `\boxed{…}` spanning the input.
+pub fn strip_outer(s: &str) -> &str {
+    let mut t = s.trim();
+    for _ in 0..4 {
+        let before = t.len();
+        for (open, close) in [("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")] {
+            if let Some(inner) = t.strip_prefix(open).and_then(|x| x.strip_suffix(close)) {
+                t = inner.trim();
+            }
+        }
+        for name in ["\\boxed", "\\fbox"] {
+            if let Some(inner) = t.strip_prefix(name) {
+                let inner = inner.trim_start();
+                let b = inner.as_bytes();
+                if b.first() == Some(&b'{')
+                    && matching_brace(b, 0) == Some(b.len().saturating_sub(1))
+                {
+                    t = inner
+                        .get(1..inner.len().saturating_sub(1))
+                        .unwrap_or("")
+                        .trim();
+                }
+            }
+        }
+        if t.len() == before {
+            break;
+        }
+    }
+    t
+}
+
+/// One pass over backslash commands: drop sizing and spacing commands, map synonyms.
+fn rewrite_commands(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(p) = rest.find('\\') {
+        out.push_str(rest.get(..p).unwrap_or(""));
+        let after = rest.get(p + 1..).unwrap_or("");
+        let name_len = after
+            .bytes()
+            .take_while(|b| b.is_ascii_alphabetic())
+            .count();
+        if name_len == 0 {
+            let mut chars = after.chars();
+            let c = chars.next();
+            match c {
+                Some('!' | ',' | ';' | ':' | '>') => {}
+                Some(' ') => out.push(' '),
+                Some('%') => out.push('%'),
+                Some('$') => {}
+                Some(c) => {
+                    out.push('\\');
+                    out.push(c);
+                }
+                None => out.push('\\'),
+            }
+            rest = chars.as_str();
+            continue;
+        }
+        let name = after.get(..name_len).unwrap_or("");
+        let mut tail = after.get(name_len..).unwrap_or("");
+        match command_synonym(name) {
+            Some("") => {
+                if matches!(name, "left" | "right")
+                    || name.starts_with("big")
+                    || name.starts_with("Big")
+                {
+                    tail = tail.strip_prefix('.').unwrap_or(tail);
+                }
+            }
+            Some(rep) => out.push_str(rep),
+            None => {
+                out.push('\\');
+                out.push_str(name);
+            }
+        }
+        rest = tail;
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What a command becomes: `Some("")` drops it, `None` keeps it.
+fn command_synonym(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "left" | "right" | "big" | "Big" | "bigg" | "Bigg" | "bigl" | "bigr" | "Bigl" | "Bigr"
+        | "biggl" | "biggr" | "Biggl" | "Biggr" | "displaystyle" | "textstyle" | "limits"
+        | "nolimits" | "middle" | "degree" | "textdollar" | "dollar" => "",
+        "quad" | "qquad" | "space" | "thinspace" | "medspace" | "enspace" => " ",
+        "dfrac" | "tfrac" | "cfrac" => "\\frac",
+        "dbinom" | "tbinom" => "\\binom",
+        "leq" | "leqslant" | "leqq" => "\\le",
+        "geq" | "geqslant" | "geqq" => "\\ge",
+        "neq" => "\\ne",
+        "lbrace" => "\\{",
+        "rbrace" => "\\}",
+        "langle" => "(",
+        "rangle" => ")",
+        "lvert" | "rvert" | "vert" => "|",
+        "cdotp" | "centerdot" => "\\cdot",
+        "varnothing" => "\\emptyset",
+        "bigcup" => "\\cup",
+        "bigcap" => "\\cap",
+        "infin" | "infinity" => "\\infty",
+        "varpi" => "\\pi",
+        _ => return None,
+    })
+}
+
+/// Degrees, dollar signs, percent words, `{,}`.
+fn strip_decorations(mut t: String) -> String {
+    const DROP: &[&str] = &["^{\\circ}", "^\\circ", "{}^\\circ", "\\circ"];
+    for d in DROP {
+        if t.contains(d) {
+            t = t.replace(d, "");
+        }
+    }
+    if t.contains('$') {
+        t = t.replace('$', "");
+    }
+    if t.contains("{,}") {
+        t = t.replace("{,}", ",");
+    }
+    for w in ["\\text{ percent}", "\\text{percent}", " percent"] {
+        if t.contains(w) {
+            t = t.replace(w, "%");
+        }
+    }
+    t
+}
+
+/// `\text{ or }` and bare ` or ` / ` and ` between answers become commas.
+fn separators(t: String) -> String {
+    let mut t = match TEXT_SEP_RE.as_ref() {
+        Some(re) if t.contains('\\') => re.replace_all(&t, ",").into_owned(),
+        _ => t,
+    };
+    let has_text = TEXT_WRAPPERS.iter().any(|w| t.contains(&format!("\\{w}")));
+    if !has_text {
+        if let Some(re) = BARE_SEP_RE.as_ref() {
+            if re.is_match(&t) {
+                t = re.replace_all(&t, ",").into_owned();
+            }
+        }
+    }
+    t
+}
+
+/// Drop a trailing `\text{ unit words}` (plus `^2`) that follows other content.
+fn strip_text_unit(s: &str) -> String {
+    let body = strip_power_suffix(s.trim_end());
+    if !body.ends_with('}') {
+        return s.to_string();
+    }
+    for w in [
+        "\\text",
+        "\\mbox",
+        "\\textrm",
+        "\\mathrm",
+        "\\textnormal",
+        "\\textit",
+    ] {
+        let Some(p) = body.rfind(&format!("{w}{{")) else {
+            continue;
+        };
+        let open = p + w.len();
+        if matching_brace(body.as_bytes(), open) != Some(body.len().saturating_sub(1)) {
+            continue;
+        }
+        let content = body
+            .get(open + 1..body.len().saturating_sub(1))
+            .unwrap_or("");
+        let prefix = body.get(..p).unwrap_or("").trim_end();
+        let unit_like = content
+            .trim()
+            .starts_with(|c: char| c.is_ascii_alphabetic())
+            && content
+                .chars()
+                .all(|c| c.is_ascii_alphabetic() || c == ' ' || c == '.');
+        let prefix_ok =
+            prefix.ends_with(|c: char| c.is_ascii_alphanumeric() || c == '}' || c == ')');
+        if unit_like && prefix_ok {
+            return prefix.to_string();
+        }
+    }
+    s.to_string()
+}
+
+/// `s` without a trailing `^2`, `^3`, `^{2}` or `^{3}`.
+fn strip_power_suffix(s: &str) -> &str {
+    for suf in ["^{2}", "^{3}", "^2", "^3"] {
+        if let Some(b) = s.strip_suffix(suf) {
+            return b;
+        }
+    }
+    s
+}
+
+/// Replace `\text{X}` and similar wrappers by `X`, at any depth.
+fn unwrap_wrappers(s: &str) -> String {
+    if !s.contains('\\') {
+        return s.to_string();
+    }
+    let bytes = s.as_bytes();
+    let mut skip_close = vec![false; bytes.len()];
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes.get(i) == Some(&b'\\') {
+            let name_len = bytes
+                .get(i + 1..)
+                .unwrap_or(&[])
+                .iter()
+                .take_while(|b| b.is_ascii_alphabetic())
+                .count();
+            let name = s.get(i + 1..i + 1 + name_len).unwrap_or("");
+            let mut j = i + 1 + name_len;
+            while bytes.get(j) == Some(&b' ') {
+                j += 1;
+            }
+            if TEXT_WRAPPERS.contains(&name) && bytes.get(j) == Some(&b'{') {
+                if let Some(close) = matching_brace(bytes, j) {
+                    if let Some(slot) = skip_close.get_mut(close) {
+                        *slot = true;
+                    }
+                    i = j + 1;
+                    continue;
+                }
+            }
+        }
+        if skip_close.get(i) == Some(&true) {
+            i += 1;
+            continue;
+        }
+        let ch_len = s
+            .get(i..)
+            .and_then(|r| r.chars().next())
+            .map_or(1, char::len_utf8);
+        out.push_str(s.get(i..i + ch_len).unwrap_or(""));
+        i += ch_len;
+    }
+    out
+}
+
+/// Drop trailing unit words (`5 cm`, `18 dollars`, `12 square feet`) after a value
+/// that has no free letters.
+fn strip_bare_unit(s: &str) -> String {
+    let t = s.trim();
+    let body = strip_power_suffix(t).trim_end_matches('.');
+    let word_start = body
+        .char_indices()
+        .rev()
+        .take_while(|(_, c)| c.is_ascii_alphabetic() || *c == ' ')
+        .last()
+        .map(|(i, _)| i);
+    let Some(ws) = word_start else {
+        return t.to_string();
+    };
+    let words = body.get(ws..).unwrap_or("");
+    let prefix = body.get(..ws).unwrap_or("");
+    let letters = words.chars().filter(|c| c.is_ascii_alphabetic()).count();
+    if !words.starts_with(' ') || letters < 2 || prefix.trim().is_empty() {
+        return t.to_string();
+    }
+    let first = words.split_whitespace().next().unwrap_or("");
+    let short_unit = matches!(
+        first,
+        "cm" | "mm"
+            | "km"
+            | "ft"
+            | "in"
+            | "kg"
+            | "lb"
+            | "oz"
+            | "hr"
+            | "yd"
+            | "mi"
+            | "ml"
+            | "mg"
+            | "am"
+            | "pm"
+            | "st"
+            | "nd"
+            | "rd"
+            | "th"
+    );
+    if (first.len() < 3 && !short_unit)
+        || matches!(
+            first,
+            "pi" | "infty" | "inf" | "sin" | "cos" | "tan" | "log" | "or" | "and"
+        )
+        || prefix.ends_with('\\')
+    {
+        return t.to_string();
+    }
+    let free_letters = strip_commands(prefix)
+        .chars()
+        .any(|c| c.is_ascii_alphabetic());
+    let ends_ok = prefix
+        .trim_end()
+        .ends_with(|c: char| c.is_ascii_digit() || c == '}' || c == '%');
+    if free_letters || !ends_ok {
+        return t.to_string();
+    }
+    prefix.trim_end().to_string()
+}
+
+/// `s` with every `\command` name removed (used to look for free letters).
+pub fn strip_commands(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut in_cmd = false;
+    for c in s.chars() {
+        if c == '\\' {
+            in_cmd = true;
+            continue;
+        }
+        if in_cmd && c.is_ascii_alphabetic() {
+            continue;
+        }
+        in_cmd = false;
+        out.push(c);
+    }
+    out
+}
+
+/// Remove whitespace, keeping one space between a command name and a following letter.
+fn collapse_spaces(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut pending_space = false;
+    for c in s.chars() {
+        if c.is_whitespace() {
+            pending_space = true;
+            continue;
+        }
+        if pending_space && c.is_ascii_alphabetic() && ends_with_command(&out) {
+            out.push(' ');
+        }
+        pending_space = false;
+        out.push(c);
+    }
+    out
+}
+
+/// Whether `s` ends with `\letters`.
+fn ends_with_command(s: &str) -> bool {
+    let trimmed = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    trimmed.len() < s.len() && trimmed.ends_with('\\')
+}
+
+/// Thousands separators, shorthand fractions, script braces, leading dots, prefixes,
+/// trailing punctuation, choice letters.
+fn canonical_forms(mut t: String) -> String {
+    if let Some((before, _)) = t.split_once("\\approx") {
+        if !before.is_empty() {
+            t = before.to_string();
+        }
+    }
+    t = t.trim_end_matches(['.', ',', ';', ':']).to_string();
+    if t.contains("\\overline") {
+        t = repeating_decimals(&t);
+    }
+    while let Some(x) = t.strip_suffix("\\\\") {
+        t = x.to_string();
+    }
+    if t.contains(',') && THOUSANDS_RE.as_ref().is_some_and(|re| re.is_match(&t)) {
+        t = t.replace(',', "");
+    }
+    if t.contains("\\frac") {
+        t = regex_replace(&FRAC_DD_RE, t, r"\frac{${1}}{${2}}");
+        t = regex_replace(&FRAC_D_BRACE_RE, t, r"\frac{${1}}{");
+        t = regex_replace(&FRAC_BRACE_D_RE, t, r"\frac{${1}}{${2}}");
+    }
+    if t.contains("\\sqrt") {
+        t = regex_replace(&SQRT_D_RE, t, r"\sqrt{${1}}");
+        t = regex_replace(&SQRT_L_RE, t, r"\sqrt{${1}}");
+    }
+    if t.contains('{') {
+        t = regex_replace(&SCRIPT_BRACE_RE, t, "${1}${2}${3}");
+    }
+    if t.contains('.') {
+        t = regex_replace(&LEADING_DOT_RE, t, "${1}0.${2}");
+    }
+    if t.contains("\\in") {
+        t = regex_replace(&IN_PREFIX_RE, t, "");
+    }
+    if let Some(x) = t.strip_prefix('+') {
+        t = x.to_string();
+    }
+    if t.contains("+\\infty") {
+        t = t.replace("+\\infty", "\\infty");
+    }
+    if t == "\\{\\}" {
+        t = "\\emptyset".to_string();
+    }
+    if let Some(c) = CHOICE_RE.as_ref().and_then(|re| re.captures(&t)) {
+        if let Some(m) = c.get(1).or_else(|| c.get(2)) {
+            t = m.as_str().to_ascii_uppercase();
+        }
+    }
+    t
+}
+
+/// `0.1\overline{6}` → `\frac{1}{6}` (at most 30 digits in each part).
+fn repeating_decimals(t: &str) -> String {
+    let Some(re) = REPEATING_RE.as_ref() else {
+        return t.to_string();
+    };
+    re.replace_all(t, |c: &regex::Captures<'_>| {
+        let part = |k: usize| c.get(k).map_or("", |m| m.as_str());
+        let (int, fixed, rep) = (part(1), part(2), part(3));
+        if int.len() > 30 || fixed.len() > 30 {
+            return c.get(0).map_or(String::new(), |m| m.as_str().to_string());
+        }
+        let parse = |s: &str| {
+            if s.is_empty() {
+                BigInt::from(0u32)
+            } else {
+                s.parse().unwrap_or_default()
+            }
+        };
+        let ten = BigInt::from(10u32);
+        let (n, r) = (fixed.len() as u32, rep.len() as u32);
+        let whole = parse(&format!("{int}{fixed}{rep}")) - parse(&format!("{int}{fixed}"));
+        let den = ten.pow(n + r) - ten.pow(n);
+        format!("\\frac{{{whole}}}{{{den}}}")
+    })
+    .into_owned()
+}
+
+/// Apply a compiled regex replacement when the regex is available.
+fn regex_replace(re: &LazyLock<Option<Regex>>, t: String, rep: &str) -> String {
+    match re.as_ref() {
+        Some(r) if r.is_match(&t) => r.replace_all(&t, rep).into_owned(),
+        _ => t,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalize_answer as n;
+
+    #[test]
+    fn presentation() {
+        assert_eq!(
+            n("\\left( 3, \\frac{\\pi}{2} \\right)"),
+            "(3,\\frac{\\pi}{2})"
+        );
+        assert_eq!(n("\\dfrac{1}{2}"), "\\frac{1}{2}");
+        assert_eq!(n("\\frac12"), "\\frac{1}{2}");
+        assert_eq!(n("\\frac 34"), "\\frac{3}{4}");
+        assert_eq!(n("\\frac9{19}"), "\\frac{9}{19}");
+        assert_eq!(n("\\frac{270}7\\text{ degrees}"), "\\frac{270}{7}");
+        assert_eq!(n("\\boxed{5}"), "5");
+        assert_eq!(n("$x^{2}$"), "x^2");
+        assert_eq!(n("11\\sqrt2"), "11\\sqrt{2}");
+        assert_eq!(n("\\cot x"), "\\cot x");
+        assert_eq!(n(".35625"), "0.35625");
+        assert_eq!(n("x \\in [-2,7]"), "[-2,7]");
+        assert_eq!(n("\\left\\{1,2\\right\\}"), "\\{1,2\\}");
+    }
+
+    #[test]
+    fn units_and_decorations() {
+        assert_eq!(n("10^\\circ"), "10");
+        assert_eq!(n("90^{\\circ}"), "90");
+        assert_eq!(n("50\\%"), "50%");
+        assert_eq!(n("\\$18.90"), "18.90");
+        assert_eq!(n("\\$32,\\!348"), "32348");
+        assert_eq!(n("11,\\! 111,\\! 111,\\! 100"), "11111111100");
+        assert_eq!(n("1,000"), "1000");
+        assert_eq!(n("5.4 \\text{ cents}"), "5.4");
+        assert_eq!(n("15\\mbox{ cm}^2"), "15");
+        assert_eq!(n("864 \\mbox{ inches}^2"), "864");
+        assert_eq!(n("5 cm"), "5");
+        assert_eq!(n("18 dollars."), "18");
+        assert_eq!(n("\\text{Evelyn}"), "Evelyn");
+        assert_eq!(n("\\text{(C)}"), "C");
+        assert_eq!(n("(c)"), "C");
+        assert_eq!(n("3 \\text{ or } 5"), "3,5");
+        assert_eq!(n("x = 3 or x = 5"), "x=3,x=5");
+        assert_eq!(n("2 xy"), "2xy");
+        assert_eq!(n("2\\pi r"), "2\\pi r");
+        assert_eq!(n("−5"), "-5");
+    }
+}

@@ -1,0 +1,585 @@
+//! Tests of the public verifier API: every answer shape, false positives that must not
+//! match, adversarial inputs, and agreement with the reference solutions of MATH-500 and
+//! GSM8K (skipped with a note when `../shared/data` is missing).
+//!
+//! These tests know nothing of the model side; they only use the public functions.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+
+fn eq(pred: &str, gold: &str) -> Reason {
+    is_equivalent(pred, gold, &GradeOptions::default())
+}
+
+#[track_caller]
+fn yes(pred: &str, gold: &str) {
+    let r = eq(pred, gold);
+    assert!(r.is_correct(), "expected {pred:?} == {gold:?}, got {r:?}");
+}
+
+#[track_caller]
+fn no(pred: &str, gold: &str) {
+    let r = eq(pred, gold);
+    assert!(!r.is_correct(), "expected {pred:?} != {gold:?}, got {r:?}");
+}
+
+#[test]
+fn reasons_round_trip() {
+    for r in Reason::ALL {
+        assert_eq!(Reason::parse(r.as_str()), Some(*r));
+    }
+    assert_eq!(Reason::parse("nope"), None);
+    assert!(Reason::Symbolic.is_correct() && !Reason::Timeout.is_correct());
+    assert_eq!(ExtractMethod::LastNumber.as_str(), "last_number");
+}
+
+#[test]
+fn reasons_are_specific() {
+    assert_eq!(eq("5", "5"), Reason::Exact);
+    assert_eq!(eq("\\dfrac{1}{2}", "\\frac12"), Reason::Normalized);
+    assert_eq!(eq("0.5", "\\frac12"), Reason::Rational);
+    assert_eq!(eq("(1, -2)", "\\left(1,-2\\right)"), Reason::Normalized);
+    assert_eq!(eq("(0.5, 2)", "(\\frac12,2)"), Reason::Tuple);
+    assert_eq!(eq("[0.5, 2)", "[\\frac12,2)"), Reason::Interval);
+    assert_eq!(eq("\\{2, 1\\}", "\\{1,2\\}"), Reason::Set);
+    assert_eq!(eq("2\\sqrt{2}", "\\sqrt{8}"), Reason::Symbolic);
+    assert_eq!(eq("1.414", "\\sqrt{2}"), Reason::Numeric);
+    assert_eq!(eq("C", "\\text{(C)}"), Reason::Normalized);
+    assert_eq!(eq("\\textbf{(C)} 36", "\\text{(C)}"), Reason::Choice);
+    assert_eq!(eq("2x+y=0", "y=-2x"), Reason::Equation);
+}
+
+#[test]
+fn shapes_from_the_brief() {
+    yes("\\dfrac{1}{2}", "\\frac{1}{2}");
+    yes("x = 5", "5");
+    yes("5", "x=5");
+    yes("5 \\text{ cm}", "5");
+    yes("(1, -2)", "(1,-2)");
+    yes("[2, 5)", "[2,5)");
+    yes("\\{1, 2\\}", "\\{2,1\\}");
+    yes("\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt3}{2}");
+    yes("2\\sqrt{2}", "\\sqrt{8}");
+    yes("\\pi/2", "\\frac{\\pi}{2}");
+    yes("0.5", "\\frac12");
+    yes("50\\%", "50");
+    yes("50\\%", "0.5");
+    yes("0.5", "50\\%");
+    yes("6-5i", "-5i+6");
+    yes("x^2+2x+1", "(x+1)^2");
+    yes("\\text{(C)}", "C");
+    yes("(C)", "\\text{(C)}");
+    yes("1,000", "1000");
+    yes("\\$18.00", "18");
+    yes("10^\\circ", "10");
+    yes("3 \\times 10^{5}", "300000");
+    yes("1.5e3", "1500");
+    yes("2\\frac{1}{2}", "5/2");
+    yes("3, 5", "5, 3");
+    yes("\\infty", "\\infty");
+    yes("\\text{Evelyn}", "Evelyn");
+    yes("evelyn", "\\text{Evelyn}");
+    yes("x \\le 5", "(-\\infty, 5]");
+    yes("x \\leq 5", "x\\le5");
+}
+
+#[test]
+fn shapes_from_the_data() {
+    yes(
+        "(3, \\frac{\\pi}{2})",
+        "\\left( 3, \\frac{\\pi}{2} \\right)",
+    );
+    yes("\\frac{14}{3}", "\\frac{14}{3}");
+    yes("\\frac{28}{6}", "\\frac{14}{3}");
+    yes("3\\sqrt{13}", "\\sqrt{117}");
+    yes("90", "90^\\circ");
+    yes("6 - 5i", "6-5i");
+    yes("-q+p", "p - q");
+    yes(
+        "(-\\infty, 2) \\cup (3, \\infty)",
+        "(3,\\infty)\\cup(-\\infty,2)",
+    );
+    yes("x<2 \\text{ or } x>3", "(-\\infty, 2) \\cup (3, \\infty)");
+    yes("137.5", "137 \\frac{1}{2}");
+    yes("1\\frac45", "1\\frac{4}{5}");
+    yes("\\frac{270}{7}", "\\frac{270}7\\text{ degrees}");
+    yes("864", "864 \\mbox{ inches}^2");
+    yes("15", "15\\mbox{ cm}^2");
+    yes("10080", "10,\\!080");
+    yes("11111111100", "11,\\! 111,\\! 111,\\! 100");
+    yes("32348", "\\$32,\\!348");
+    yes("18.9", "\\$18.90");
+    yes("5.4", "5.4 \\text{ cents}");
+    yes("204_{5}", "204_5");
+    yes("204", "204_5");
+    no("40_9", "40");
+    no("204_6", "204_5");
+    yes("1+\\sqrt{19}, 1-\\sqrt{19}", "1 \\pm \\sqrt{19}");
+    yes("\\{-2, 1+\\sqrt5, 1-\\sqrt5\\}", "\\{1\\pm\\sqrt{5},-2\\}");
+    yes("-2, 1", "-2,1");
+    yes("1, -2", "-2,1");
+    yes("x = 1, x = -2", "1,-2");
+    yes(
+        "\\begin{pmatrix}-1\\\\0\\end{pmatrix}",
+        "\\begin{pmatrix} -1 \\\\ 0 \\end{pmatrix}",
+    );
+    yes(
+        "\\begin{pmatrix}-\\frac13\\\\ \\frac23\\\\ \\frac53\\end{pmatrix}",
+        "\\begin{pmatrix} -1/3 \\\\ 2/3 \\\\ 5/3 \\end{pmatrix}",
+    );
+    yes("-5x+7y-11z-4=0", "5x - 7y + 11z + 4 = 0");
+    yes("y=2x+3", "y = 2x + 3");
+    yes("2x+3", "y = 2x + 3");
+    yes("\\cot x", "\\cot x");
+    yes("\\frac{1}{\\tan x}", "\\cot x");
+    no("3r^2", "3R^2");
+    yes("0.0000672", ".0000672");
+    yes("\\frac{20000}{\\pi}", "\\frac{20000}{\\pi}");
+    yes("(a+5)(b+2)", "ab+2a+5b+10");
+    yes("\\frac{11+9a}{20}", "\\frac{9a+11}{20}");
+    yes("8n^2+4n+1", "1+4n+8n^2");
+    yes("27", "27.0");
+    yes("25", "025");
+    yes(
+        "[\\frac{\\pi^2}{8}, \\frac{5\\pi^2}{4}]",
+        "\\left[ \\frac{\\pi^2}{8}, \\frac{5 \\pi^2}{4} \\right]",
+    );
+    yes("\\text{east}", "\\text{east}");
+    yes("East", "\\text{east}");
+}
+
+#[test]
+fn false_positives() {
+    no("[2,5)", "[2,5]");
+    no("(2,5)", "[2,5]");
+    no("(1,2)", "(2,1)");
+    no("2", "-2");
+    no("\\frac{1}{2}", "2");
+    no("x+1", "x-1");
+    no("1.41", "\\sqrt{2}");
+    no("3.14", "\\pi");
+    no("0.33", "\\frac13");
+    no("50", "0.5");
+    no("3", "3, 5");
+    no("3, 5", "3, 5, 7");
+    no("2k", "2k+2");
+    no("p-q", "q-p");
+    no("\\text{Evelyn}", "\\text{Navin}");
+    no("\\text{east}", "\\text{seat}");
+    no("B", "\\text{(C)}");
+    no("6+5i", "6-5i");
+    no("10^{10^{10^{10}}}", "10^{10^{10^{11}}}");
+    no("2\\sqrt{3}", "3\\sqrt{2}");
+    no("x^2+2x+1", "(x-1)^2");
+    no("x=5", "y=6");
+    no("\\frac{\\pi}{2}", "\\frac{\\pi}{3}");
+    no("", "5");
+    no("5", "");
+    no("1250", "1251");
+    no("1250.6", "1251");
+    no("x>5", "[5,\\infty)");
+    no("2xy", "2");
+    no("3.210", "3.21001");
+}
+
+/// Answer shapes seen in model completions: `(pred, gold, should match)`.
+#[test]
+fn completion_shapes_table() {
+    let cases: &[(&str, &str, bool)] = &[
+        ("\\frac{3}{4}\\text{ cups}", "\\frac34", true),
+        ("12\\%", "12", true),
+        ("\\$1,234.56", "1234.56", true),
+        (
+            "(-\\infty, -3) \\cup (3, \\infty)",
+            "(-\\infty,-3)\\cup(3,\\infty)",
+            true,
+        ),
+        ("\\text{B}", "\\text{(B)}", true),
+        ("\\sqrt{2}/2", "\\frac{\\sqrt2}{2}", true),
+        ("-\\frac{1}{2}", "-0.5", true),
+        ("\\frac{-1}{2}", "-\\frac12", true),
+        ("1/2", "\\frac{1}{2}", true),
+        ("2^{10}", "1024", true),
+        ("\\frac{9}{4}\\pi", "\\frac{9\\pi}{4}", true),
+        ("5\\text{ and }7", "5, 7", true),
+        ("106", "106^\\circ", true),
+        ("2.5\\text{ hours}", "2.5", true),
+        ("18 \\text{ dollars}", "18", true),
+        ("1,080", "1080", true),
+        ("8 \\times 10^{-3}", "0.008", true),
+        ("\\left[ -1, 3 \\right]", "[-1,3]", true),
+        ("y = -\\frac{1}{2}x + 3", "y=-\\frac{x}{2}+3", true),
+        ("\\frac{\\sqrt{6}}{3}", "\\frac{\\sqrt{2}}{\\sqrt{3}}", true),
+        ("\\text{no solution}", "\\text{No solution}", true),
+        ("\\emptyset", "\\varnothing", true),
+        ("\\pm 2", "2,-2", true),
+        ("x=2 \\text{ or } x=-2", "-2, 2", true),
+        ("20\\%", "\\frac{1}{5}", true),
+        ("1\\,000", "1000", true),
+        ("\\text{(A) } 5", "5", true),
+        ("10 \\text{ cm}^2", "10", true),
+        ("\\dfrac{1}{\\sqrt{2}}", "\\frac{\\sqrt2}{2}", true),
+        ("\\{-1, 1\\}", "-1, 1", true),
+        ("\\left(0, 1\\right]", "(0,1]", true),
+        ("-\\infty", "-\\infty", true),
+        ("\\frac{7}{2}", "3.5", true),
+        ("\\textbf{(B)}", "\\text{(B)}", true),
+        ("27", "27.0", true),
+        ("x^{2}+1", "1+x^2", true),
+        ("\\sqrt{3}+1", "1+\\sqrt3", true),
+        ("2\\sqrt{5}", "\\sqrt{20}", true),
+        ("a = 2", "2", true),
+        ("k=\\frac{1}{2}", "\\frac12", true),
+        ("f(x) = x^2", "x^2", true),
+        ("\\frac{1}{4}", "0.25", true),
+        ("4.667", "\\frac{14}{3}", true),
+        ("4.66", "\\frac{14}{3}", false),
+        ("\\text{even}", "\\text{even}", true),
+        ("\\mathrm{even}", "\\text{even}", true),
+        ("\\boxed{5}", "5", true),
+        ("\\frac{a}{b}", "a/b", true),
+        ("\\frac{1}{3}\\pi r^2 h", "\\frac{\\pi r^2 h}{3}", true),
+        ("3+\\frac{1}{2}", "\\frac{7}{2}", true),
+        ("\\$36", "36", true),
+        ("\\frac{\\pi}{6}", "30^\\circ", false),
+        ("1.25", "\\frac54", true),
+        ("(3,4]", "(3, 4]", true),
+        ("(2, \\infty)", "x>2", true),
+        ("0.\\overline{3}", "\\frac13", true),
+        ("3:2", "\\frac32", false),
+        ("i", "i", true),
+        ("-i", "\\frac{1}{i}", true),
+        ("e^{i\\pi}", "-1", true),
+        ("\\ln 2", "\\log_e 2", true),
+        ("\\log_{2} 8", "3", true),
+        ("10\\sqrt{2}\\text{ units}", "10\\sqrt2", true),
+        ("2\\pi\\text{ cm}", "2\\pi", true),
+        ("\\$ 18.90", "\\$18.90", true),
+        (
+            "(1,2,3)",
+            "\\begin{pmatrix} 1 \\\\ 2 \\\\ 3 \\end{pmatrix}",
+            true,
+        ),
+        (
+            "\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}",
+            "\\begin{bmatrix}1&2\\\\3&4\\end{bmatrix}",
+            true,
+        ),
+        ("x \\in [2, 5)", "[2,5)", true),
+        ("2 \\le x < 5", "[2,5)", true),
+        ("5 \\text{ students}", "5", true),
+        ("\\sin 30^\\circ", "\\frac12", false),
+        ("\\frac{1}{2}", "\\frac{2}{4}", true),
+        ("0.5", "1/2", true),
+        ("\\frac{x+1}{x-1}", "\\frac{1+x}{x-1}", true),
+        ("\\frac{x+1}{x-1}", "\\frac{x-1}{x+1}", false),
+        ("5,3", "3,5", true),
+        ("x = 3, 5", "3, 5", true),
+        ("3 and 5", "3, 5", true),
+        ("\\frac{5}{2}\\text{ or }2.5", "\\frac52", false),
+        ("6\\sqrt{2}\\approx 8.49", "6\\sqrt{2}", true),
+        ("1.000", "1", true),
+        ("01", "1", true),
+        ("-0", "0", true),
+        ("+5", "5", true),
+        ("5.", "5", true),
+        ("\\frac{100}{3}\\%", "\\frac{1}{3}", true),
+        ("33.33\\%", "\\frac{1}{3}", true),
+        ("33\\%", "\\frac{1}{3}", false),
+        ("2x - 3y = 6", "-2x+3y=-6", true),
+        ("2x - 3y = 6", "2x-3y=7", false),
+        ("\\text{Monday}", "Monday", true),
+        ("\\infty", "-\\infty", false),
+        ("[1, \\infty)", "[1,\\infty)", true),
+        ("x^2 - 4", "(x-2)(x+2)", true),
+        ("(x-2)(x+2)", "x^2+4", false),
+        ("\\frac{\\sqrt{3}}{3}", "\\frac{1}{\\sqrt{3}}", true),
+        ("\\cos x", "\\cot x", false),
+        ("2", "2.0000000001", false),
+        ("99.99", "100", false),
+        ("\\binom{5}{2}", "10", true),
+        ("\\dbinom{5}{2}", "10", true),
+        ("5!", "120", true),
+        ("\\left| -3 \\right|", "3", true),
+        ("1\\frac{1}{2}\\text{ cups}", "\\frac32", true),
+        ("11\\sqrt{5}+11", "11 \\sqrt{5} + 11", true),
+        ("x^5 - x^4 + x^3 - x^2 + x - 1", "x^5-x^4+x^3-x^2+x-1", true),
+        ("13x-3", "-13x+3", false),
+        ("\\text{(C)}\\ 36", "36", true),
+        ("C", "36", false),
+        ("3", "3.0", true),
+        ("\\frac{1}{2}x", "x/2", true),
+        ("x^2 + 2x + 1 = 0", "(x+1)^2=0", true),
+        ("(1, 2), (3, 4)", "(3,4),(1,2)", true),
+        ("(1, 2), (3, 4)", "(1,2),(3,5)", false),
+        ("\\text{A}", "\\text{(A)}", true),
+        ("0.3", "\\frac13", false),
+        ("2", "\\{2\\}", true),
+        ("\\sqrt{-1}", "i", true),
+        ("2e", "2e", true),
+        ("1.5 \\times 10^3", "1500", true),
+        ("\\frac{3}{2}", "1\\frac{1}{2}", true),
+        ("2 \\frac{\\pi}{3}", "\\frac{2\\pi}{3}", true),
+        ("\\frac{\\pi}{2}", "90^\\circ", false),
+        ("x = \\frac{1}{2}", "\\frac{1}{2}", true),
+        ("1, 2, 3", "\\{1,2,3\\}", true),
+        ("2 < x < 4", "(2,4)", true),
+        ("-1 \\text{ or } 6", "-1, 6", true),
+        ("\\frac{12}{4} = 3", "3", true),
+        ("\\frac{12}{4} = 3", "4", false),
+        ("x^2", "x^3", false),
+        ("\\sqrt{x}", "x^{1/2}", true),
+        ("\\sqrt[3]{x}", "x^{1/3}", true),
+        ("a^2 b", "ba^2", true),
+        ("\\frac{a+b}{2}", "\\frac{a}{2}+\\frac{b}{2}", true),
+        ("4\\sqrt{3} - 4", "4(\\sqrt3-1)", true),
+        ("\\tan 45^\\circ", "1", false),
+        ("(-1)^n", "(-1)^n", true),
+        ("\\theta = \\frac{\\pi}{4}", "\\frac{\\pi}{4}", true),
+        ("\\alpha+\\beta", "\\beta+\\alpha", true),
+        ("n(n+1)/2", "\\frac{n^2+n}{2}", true),
+        ("\\frac{n(n+1)}{2}", "\\frac{n^2+n}{2}", true),
+        ("2^{n+1}-2", "2(2^n-1)", true),
+        ("\\$1.50", "1.5", true),
+        ("150\\text{ cents}", "1.5", false),
+        ("7.00", "7", true),
+        ("\\frac{1}{6}", "0.1\\overline{6}", true),
+        ("40\\sqrt{3}\\text{ m}^2", "40\\sqrt3", true),
+        ("\\left\\{ -3, 3 \\right\\}", "\\pm 3", true),
+        ("\\text{True}", "\\text{true}", true),
+        ("\\text{Yes}", "\\text{No}", false),
+        ("0", "\\emptyset", false),
+        ("\\infty", "\\inf", false),
+        ("\\frac{5}{12}", "0.4167", true),
+        ("\\frac{5}{12}", "0.4166", false),
+        ("-\\frac{3}{8}", "-0.375", true),
+        ("12.5\\%", "\\frac18", true),
+        ("1e-3", "0.001", true),
+        ("1.2E+2", "120", true),
+        ("\\frac{\\sqrt{2}}{2}", "\\frac{\\sqrt{3}}{2}", false),
+        ("\\pi", "3.1416", true),
+        ("\\pi", "3.14", false),
+        ("a_1 + a_2", "a_2+a_1", true),
+        ("a_1", "a_2", false),
+        ("x_{10}", "x_{10}", true),
+        ("(a, b) = (2, 3)", "(2,3)", false),
+        ("6+9i", "9i+6", true),
+        ("1 + 274i", "1+274i", true),
+        ("\\frac{1}{1+i}", "\\frac{1-i}{2}", true),
+        ("-2 + 7i", "7i-2", true),
+        ("\\frac{3\\sqrt{3}}{4}", "\\frac{3}{4}\\sqrt{3}", true),
+    ];
+    let mut wrong = Vec::new();
+    for (p, g, want) in cases {
+        let r = eq(p, g);
+        if r.is_correct() != *want {
+            wrong.push((*p, *g, r));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+#[test]
+fn grade_end_to_end() {
+    let o = GradeOptions::default();
+    let v = grade("so the answer is $\\boxed{\\dfrac{1}{2}}$.", "0.5", &o);
+    assert!(v.correct);
+    assert_eq!(v.extracted.as_deref(), Some("\\dfrac{1}{2}"));
+    let v = grade("no answer here", "0.5", &o);
+    assert_eq!(
+        (v.correct, v.reason, v.extracted),
+        (false, Reason::NoAnswer, None)
+    );
+    let t = GradeOptions {
+        thinking: true,
+        ..GradeOptions::default()
+    };
+    assert_eq!(
+        grade("<think>\\boxed{1}", "1", &t).reason,
+        Reason::UnclosedThink
+    );
+    assert!(grade("<think>hmm</think>\\boxed{1}", "\\boxed{1}", &t).correct);
+    assert!(
+        grade(
+            "Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 72",
+            "72",
+            &o
+        )
+        .correct
+    );
+}
+
+#[track_caller]
+fn quick(completion: &str, gold: &str) {
+    let start = Instant::now();
+    let v = grade(completion, gold, &GradeOptions::default());
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "took {took:?}, verdict {v:?}"
+    );
+}
+
+#[test]
+fn adversarial_inputs_are_fast() {
+    let deep = format!("\\boxed{{{}1{}}}", "{".repeat(100_000), "}".repeat(100_000));
+    quick(&deep, "1");
+    let deep_parens = format!("\\boxed{{{}1{}}}", "(".repeat(100_000), ")".repeat(100_000));
+    quick(&deep_parens, "1");
+    let open_only = "{".repeat(100_000);
+    quick(&format!("\\boxed{{{open_only}"), "1");
+    quick("\\boxed{10^{10^{10^{10}}}}", "10^{10^{10^{10}}}");
+    quick("\\boxed{10^{10^{10^{10}}}}", "1");
+    quick("\\boxed{2^{2^{2^{2^{2^{2^{2}}}}}}}", "4");
+    quick("\\boxed{9999999999999999999!}", "1");
+    quick("\\boxed{\\binom{10^{9}}{10^{8}}}", "1");
+    quick("\\boxed{1e999999999}", "1");
+    let mb = "word 12 \\frac{1}{2} ".repeat(60_000);
+    quick(&mb, "1");
+    quick(&format!("{mb}\\boxed{{{mb}}}"), "1");
+    let long_sum = format!("\\boxed{{{}}}", vec!["x"; 5000].join("+"));
+    quick(&long_sum, "5000x");
+    let long_list = format!("\\boxed{{{}}}", vec!["1"; 5000].join(","));
+    quick(&long_list, &vec!["1"; 5000].join(","));
+    let sets = format!(
+        "\\boxed{{{}1{}}}",
+        "\\{".repeat(10_000),
+        "\\}".repeat(10_000)
+    );
+    quick(&sets, "1");
+    quick(&format!("\\boxed{{{}}}", "\\sqrt".repeat(50_000)), "1");
+    quick(&format!("\\boxed{{{}}}", "-".repeat(100_000)), "1");
+    quick(&format!("\\boxed{{{}}}", "\\text{".repeat(1000)), "1");
+    quick(&format!("\\boxed{{{}}}", "(1,".repeat(1000)), "1");
+    quick(&"</think>".repeat(100_000), "1");
+}
+
+/// The data directory next to the crate (`../shared/data`).
+fn data_path(file: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/data")
+        .join(file)
+}
+
+/// One string field of a JSON line; enough for the shared data files (no serde here).
+fn json_field(line: &str, key: &str) -> Option<String> {
+    let pat = format!("\"{key}\": ");
+    let start = line.find(&pat)? + pat.len();
+    let rest = line.get(start..)?;
+    if !rest.starts_with('"') {
+        let end = rest.find([',', '}'])?;
+        return Some(rest.get(..end)?.trim().to_string());
+    }
+    let mut out = String::new();
+    let mut chars = rest.get(1..)?.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return Some(out),
+            '\\' => match chars.next()? {
+                'n' => out.push('\n'),
+                't' => out.push('\t'),
+                'r' => out.push('\r'),
+                'u' => {
+                    let hex: String = chars.by_ref().take(4).collect();
+                    out.push(
+                        char::from_u32(u32::from_str_radix(&hex, 16).ok()?).unwrap_or('\u{fffd}'),
+                    );
+                }
+                other => out.push(other),
+            },
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+fn read_pairs(file: &str, completion_key: &str) -> Option<Vec<(String, String)>> {
+    let path = data_path(file);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        println!("note: {} missing, skipping", path.display());
+        return None;
+    };
+    Some(
+        text.lines()
+            .filter_map(|l| Some((json_field(l, completion_key)?, json_field(l, "answer")?)))
+            .collect(),
+    )
+}
+
+#[test]
+fn math500_reference_agreement_and_mismatched_pairs() {
+    let Some(rows) = read_pairs("math500.jsonl", "solution") else {
+        return;
+    };
+    assert_eq!(rows.len(), 500);
+    let opts = GradeOptions::default();
+    let start = Instant::now();
+    let wrong: Vec<_> = rows
+        .iter()
+        .filter(|(sol, ans)| !grade(sol, ans, &opts).correct)
+        .collect();
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "math500 reference: {} checks/s",
+        (rows.len() as f64 / secs.max(1e-9)).round()
+    );
+    assert!(
+        wrong.is_empty(),
+        "reference solutions judged wrong: {wrong:?}"
+    );
+    let squash = |s: &str| s.split_whitespace().collect::<String>();
+    let (mut pairs, mut accepted) = (0usize, Vec::new());
+    let (mut pairs_all, mut accepted_all) = (0usize, 0usize);
+    for shift in 1..=10 {
+        for (i, (sol, own)) in rows.iter().enumerate() {
+            let Some((_, other)) = rows.get((i + shift) % rows.len()) else {
+                continue;
+            };
+            if squash(own) == squash(other) {
+                continue;
+            }
+            let v = grade(sol, other, &opts);
+            pairs_all += 1;
+            accepted_all += usize::from(v.correct);
+            if shift == 1 {
+                pairs += 1;
+                if v.correct {
+                    accepted.push((own.clone(), other.clone(), v.reason));
+                }
+            }
+        }
+    }
+    println!(
+        "math500 mismatched pairs (i vs i+1): {} of {pairs} accepted: {accepted:?}",
+        accepted.len()
+    );
+    println!("math500 mismatched pairs (shifts 1..=10): {accepted_all} of {pairs_all} accepted");
+    // The one accepted i+1 pair is a genuinely equal answer (`5` against `x=5`).
+    assert!(
+        accepted.len() <= 1,
+        "too many mismatched pairs accepted: {accepted:?}"
+    );
+    assert!(
+        accepted_all * 1000 <= pairs_all * 2,
+        "{accepted_all} of {pairs_all}"
+    );
+}
+
+#[test]
+fn gsm8k_reference_agreement() {
+    let Some(rows) = read_pairs("gsm8k_test.jsonl", "answer") else {
+        return;
+    };
+    let opts = GradeOptions::default();
+    let mut wrong = Vec::new();
+    for (text, _) in &rows {
+        let gold = text.rsplit("####").next().unwrap_or("").trim().to_string();
+        let v = grade(text, &gold, &opts);
+        if !v.correct {
+            wrong.push((gold, v));
+        }
+    }
+    println!("gsm8k reference: {} rows", rows.len());
+    assert!(wrong.is_empty(), "gsm8k judged wrong: {wrong:?}");
+}

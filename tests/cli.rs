@@ -1,0 +1,389 @@
+//! CLI tests: the real binary in a temp dir, for `run`, `status`, `grade`, `data inspect`,
+//! `preflight`, bad configs and bad data.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+fn gsm_fixture(dir: &Path) -> std::path::PathBuf {
+    let p = dir.join("gsm.jsonl");
+    let rows = [
+        r#"{"question": "What is 2+2?", "answer": "2+2=<<2+2=4>>4\n#### 4"}"#,
+        r#"{"question": "What is 3*3?", "answer": "3*3=9\n#### 9"}"#,
+        r#"{"question": "What is 10-7?", "answer": "I think 4.\n#### 3"}"#,
+    ];
+    std::fs::write(&p, rows.join("\n") + "\n").unwrap();
+    p
+}
+
+#[test]
+fn run_then_rerun_does_no_work_and_status_reports_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 2);
+    let cfg = cfg.to_str().unwrap();
+    let o = run(&["run", "all", "--config", cfg], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert!(out.contains("data") && out.contains("will run"), "{out}");
+    assert!(out.contains("kept                   3"), "{out}");
+
+    let work = dir.path().join("work");
+    let manifests: Vec<_> = glob_manifests(&work);
+    assert_eq!(manifests.len(), 2);
+    let before: Vec<_> = manifests
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+
+    let o = run(&["run", "all", "--config", cfg], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert!(out.contains("--> data cached"), "{out}");
+    assert!(out.contains("--> filter cached"), "{out}");
+    assert!(!out.contains("==>"), "a stage ran again: {out}");
+    let after: Vec<_> = manifests
+        .iter()
+        .map(|p| std::fs::read(p).unwrap())
+        .collect();
+    assert_eq!(before, after);
+
+    let o = run(&["status", "--workdir", "work"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert_eq!(out.matches(" done ").count(), 2, "{out}");
+
+    // Changing a filter setting re-runs the filter only.
+    let edited = std::fs::read_to_string(cfg)
+        .unwrap()
+        .replace("max_per_problem = 2", "max_per_problem = 1");
+    std::fs::write(cfg, edited).unwrap();
+    let o = run(&["run", "all", "--config", cfg], dir.path());
+    let out = text(&o);
+    assert!(out.contains("--> data cached"), "{out}");
+    assert!(out.contains("==> filter"), "{out}");
+}
+
+fn glob_manifests(work: &Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(work.join("stages"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join("manifest.json"))
+        .filter(|p| p.exists())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn misspelled_key_fails_naming_file_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 2);
+    let text_cfg = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("max_per_problem", "max_per_problme");
+    std::fs::write(&cfg, text_cfg).unwrap();
+    let o = run(
+        &["run", "all", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("t.toml:9:1: "), "{err}");
+    assert!(
+        err.contains("unknown key `max_per_problme` in [filter]"),
+        "{err}"
+    );
+    assert!(err.contains("did you mean `max_per_problem`?"), "{err}");
+    assert!(
+        !dir.path().join("work").exists(),
+        "a bad config must not start work"
+    );
+}
+
+#[test]
+fn malformed_data_line_fails_naming_it_and_marks_nothing_done() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &data,
+        "{\"question\": \"a\", \"answer\": \"#### 1\"}\n{\"question\": oops}\n",
+    )
+    .unwrap();
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 2);
+    let o = run(
+        &["run", "all", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("bad.jsonl:2: malformed JSON"), "{err}");
+    assert!(glob_manifests(&dir.path().join("work")).is_empty());
+}
+
+#[test]
+fn a_second_run_on_a_locked_work_dir_names_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 2);
+    let _held = selfdistill::store::WorkDir::lock(&dir.path().join("work")).unwrap();
+    let o = run(
+        &["run", "all", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!(
+            "in use by another pipeline (pid {})",
+            std::process::id()
+        )),
+        "{err}"
+    );
+}
+
+#[test]
+fn preflight_checks_the_disk_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 2);
+    let o = run(
+        &["preflight", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("preflight ok"));
+    let tight = std::fs::read_to_string(&cfg).unwrap().replace(
+        "workdir = \"work\"",
+        "workdir = \"work\"\ndisk_budget = \"10 B\"",
+    );
+    std::fs::write(&cfg, tight).unwrap();
+    let o = run(
+        &["preflight", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("over run.disk_budget = 10 B"),
+        "{}",
+        text(&o)
+    );
+    let typo = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("10 B", "10 GiBs");
+    std::fs::write(&cfg, typo).unwrap();
+    let o = run(
+        &["preflight", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(!o.status.success());
+    assert!(text(&o).contains("`run.disk_budget`"), "{}", text(&o));
+}
+
+#[test]
+fn grade_jsonl_writes_every_row_with_the_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("c.jsonl");
+    std::fs::write(
+        &input,
+        concat!(
+            "{\"id\": 1, \"gold\": \"\\\\frac{1}{2}\", \"out\": \"so \\\\boxed{0.5}\"}\n",
+            "{\"id\": 2, \"gold\": \"7\", \"out\": \"The answer is 8.\"}\n",
+            "{\"id\": 3, \"gold\": 27.0, \"out\": \"hmm\"}\n",
+        ),
+    )
+    .unwrap();
+    for out_name in ["g.jsonl", "g.parquet"] {
+        let out = dir.path().join(out_name);
+        let o = run(
+            &[
+                "grade",
+                "--input",
+                input.to_str().unwrap(),
+                "--answer-field",
+                "gold",
+                "--completion-field",
+                "out",
+                "--output",
+                out.to_str().unwrap(),
+            ],
+            dir.path(),
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(text(&o).contains("accuracy: 1/3 = 33.33%"), "{}", text(&o));
+        let rows = selfdistill::data::records::read_all_records(&out).unwrap();
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0].fields["correct"], serde_json::json!(true));
+        assert_eq!(rows[1].fields["correct"], serde_json::json!(false));
+        assert_eq!(rows[1].fields["extracted_answer"], serde_json::json!("8"));
+        assert_eq!(rows[2].fields["reason"], serde_json::json!("no_answer"));
+        assert_eq!(rows[2].fields["id"], serde_json::json!(3));
+    }
+    let o = run(
+        &[
+            "grade",
+            "--input",
+            input.to_str().unwrap(),
+            "--answer-field",
+            "gld",
+            "--completion-field",
+            "out",
+        ],
+        dir.path(),
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("c.jsonl:1: no field `gld` (--answer-field); did you mean `gold`?"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn grade_math500_reference_solutions_from_jsonl_and_parquet() {
+    let Some(math) = shared("data/math500.jsonl") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("graded.parquet");
+    let o = run(
+        &[
+            "grade",
+            "--input",
+            math.to_str().unwrap(),
+            "--answer-field",
+            "answer",
+            "--completion-field",
+            "solution",
+            "--output",
+            out.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("accuracy: 500/500 = 100.00%"),
+        "{}",
+        text(&o)
+    );
+    // The Parquet we wrote grades the same when read back.
+    let o = run(
+        &[
+            "grade",
+            "--input",
+            out.to_str().unwrap(),
+            "--answer-field",
+            "answer",
+            "--completion-field",
+            "solution",
+        ],
+        dir.path(),
+    );
+    assert!(
+        text(&o).contains("accuracy: 500/500 = 100.00%"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn inspect_shows_schema_rows_and_first_rows() {
+    let Some(pq) = shared("data/math500_rl.parquet") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(
+        &["data", "inspect", pq.to_str().unwrap(), "--rows", "2"],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert!(out.contains("rows: 500"), "{out}");
+    assert!(out.contains("problem: Utf8"), "{out}");
+    assert!(out.contains("parquet-cpp-arrow"), "{out}");
+    assert!(out.contains("[2] "), "{out}");
+    let data = gsm_fixture(dir.path());
+    let o = run(&["data", "inspect", data.to_str().unwrap()], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("rows: 3"), "{}", text(&o));
+    assert!(text(&o).contains("question: Utf8"), "{}", text(&o));
+}
+
+#[test]
+fn every_shipped_pipeline_config_validates() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
+    let mut n = 0;
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "toml") {
+            selfdistill::config::Config::load(&e.path())
+                .unwrap_or_else(|err| panic!("{}: {err}", e.path().display()));
+            n += 1;
+        }
+    }
+    assert!(n >= 1);
+}
+
+fn hub_config(dir: &Path) -> std::path::PathBuf {
+    let cfg = r#"[run]
+workdir = "work"
+[[data.sources]]
+name = "gsm"
+format = "gsm8k"
+path = "hf://openai/gsm8k/main/test-00000-of-00001.jsonl"
+"#;
+    let p = dir.join("hub.toml");
+    std::fs::write(&p, cfg).unwrap();
+    p
+}
+
+#[test]
+fn hub_source_offline_says_what_to_download_and_where() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = hub_config(dir.path());
+    let o = bin()
+        .args(["run", "all", "--config", cfg.to_str().unwrap()])
+        .env("HF_HOME", dir.path().join("hf"))
+        .env("HF_HUB_OFFLINE", "1")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = text(&o);
+    assert!(err.contains("not in the local cache"), "{err}");
+    assert!(
+        err.contains("hf download --repo-type dataset openai/gsm8k main/test-00000-of-00001.jsonl"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&dir.path().join("hf/hub").display().to_string()),
+        "{err}"
+    );
+}
+
+#[test]
+fn hub_source_reads_from_the_hugging_face_cache_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = hub_config(dir.path());
+    let repo = dir.path().join("hf/hub/datasets--openai--gsm8k");
+    let snap = repo.join("snapshots/0123abcd/main");
+    std::fs::create_dir_all(&snap).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), "0123abcd").unwrap();
+    std::fs::copy(
+        gsm_fixture(dir.path()),
+        snap.join("test-00000-of-00001.jsonl"),
+    )
+    .unwrap();
+    let o = bin()
+        .args(["run", "all", "--config", cfg.to_str().unwrap()])
+        .env("HF_HOME", dir.path().join("hf"))
+        .env("HF_HUB_OFFLINE", "1")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("3 problems from 3 rows"), "{}", text(&o));
+}

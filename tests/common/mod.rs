@@ -1,0 +1,70 @@
+//! Helpers for the CLI tests: run the real `pipeline` binary in a temp dir, write small configs
+//! and data, find `../shared`.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_pipeline"))
+}
+
+pub fn shared(rel: &str) -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared")
+        .join(rel);
+    if p.exists() {
+        Some(p)
+    } else {
+        eprintln!("skipped: {} is missing", p.display());
+        None
+    }
+}
+
+pub fn run(args: &[&str], cwd: &Path) -> Output {
+    bin()
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("spawn pipeline")
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A config over a data file and a dataset-format completions file (reference solutions).
+pub fn reference_config(
+    dir: &Path,
+    format: &str,
+    data: &Path,
+    completion_field: &str,
+    chunk_rows: usize,
+) -> PathBuf {
+    let cfg = format!(
+        r#"[run]
+name = "t"
+workdir = "work"
+[[data.sources]]
+name = "set"
+format = "{format}"
+path = "{data}"
+[filter]
+max_per_problem = 2
+chunk_rows = {chunk_rows}
+[filter.completions]
+path = "{data}"
+format = "{format}"
+completion_field = "{completion_field}"
+"#,
+        data = data.display()
+    );
+    let p = dir.join("t.toml");
+    std::fs::write(&p, cfg).unwrap();
+    p
+}
