@@ -6,5 +6,6 @@ cd "$(dirname "$0")/.."
 if ! python3 -c 'import pyarrow' 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check pyarrow
 fi
-export SELFDISTILL_REQUIRE_PYARROW=1
+# Tests that read ../shared or need pyarrow fail instead of skipping.
+export SELFDISTILL_REQUIRE_PYARROW=1 SELFDISTILL_REQUIRE_SHARED=1
 cargo test --all-targets "$@"

@@ -464,16 +464,25 @@ fn line_col(text: &str, offset: usize) -> (usize, usize) {
     (line, col)
 }
 
-/// The `[table]` or `[[array]]` header above `offset`.
+/// The table that holds the key at `offset`: the nearest `[table]` / `[[array]]` header above
+/// its line, or, when the key is itself in a header (`[filtr]`, `[filter.completionz]`), the
+/// header's parent (`None` at the top level).
 fn enclosing_table(text: &str, offset: usize) -> Option<String> {
     let before = text.get(..offset)?;
-    before.lines().rev().find_map(|l| {
-        let t = l.trim();
-        t.strip_prefix("[[")
-            .and_then(|r| r.split("]]").next())
-            .or_else(|| t.strip_prefix('[').and_then(|r| r.split(']').next()))
-            .map(|s| s.trim().to_string())
-    })
+    let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
+    let line = text.get(line_start..)?.lines().next().unwrap_or("");
+    if let Some(name) = header_name(line) {
+        return name.rsplit_once('.').map(|(parent, _)| parent.to_string());
+    }
+    text.get(..line_start)?.lines().rev().find_map(header_name)
+}
+
+fn header_name(line: &str) -> Option<String> {
+    let t = line.trim();
+    t.strip_prefix("[[")
+        .and_then(|r| r.split("]]").next())
+        .or_else(|| t.strip_prefix('[').and_then(|r| r.split(']').next()))
+        .map(|s| s.trim().to_string())
 }
 
 #[cfg(test)]
@@ -544,6 +553,15 @@ path = "c.parquet"
             .unwrap_err()
             .0;
         assert!(e.contains("add a [data] section"), "{e}");
+    }
+
+    #[test]
+    fn misspelled_table_is_named_as_a_top_level_key() {
+        let bad = OK.replace("[filter]", "[filtr]");
+        let e = parse(&bad).unwrap_err().0;
+        assert!(e.contains("unknown key `filtr`"), "{e}");
+        assert!(e.contains("did you mean `filter`?"), "{e}");
+        assert!(!e.contains(" in ["), "{e}");
     }
 
     #[test]

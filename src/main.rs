@@ -44,7 +44,7 @@ enum Command {
     Status {
         #[arg(long)]
         workdir: Option<PathBuf>,
-        /// Read the work dir (and the planned stages) from this config.
+        /// Take the work dir from this config (`run.workdir`, or runs/<name>).
         #[arg(long)]
         config: Option<PathBuf>,
     },

@@ -63,10 +63,13 @@ impl WorkDir {
                 return Err(e).with_context(|| format!("cannot lock {}", path.display()))
             }
         }
-        f.set_len(0)?;
-        f.rewind()?;
-        write!(f, "{}", std::process::id())?;
-        f.sync_all()?;
+        let record_pid = |f: &mut File| -> std::io::Result<()> {
+            f.set_len(0)?;
+            f.rewind()?;
+            write!(f, "{}", std::process::id())?;
+            f.sync_all()
+        };
+        record_pid(&mut f).with_context(|| format!("cannot write {}", path.display()))?;
         Ok(WorkDir {
             root: root.to_path_buf(),
             _lock: f,
@@ -165,7 +168,10 @@ pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<u64> {
 /// Has `write` fill a temp file beside `path`, then renames it over `path` and fsyncs the folder.
 /// Returns the committed size. A leftover temp file from a crash is overwritten next time.
 pub fn commit_file(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<u64> {
-    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let name = path
         .file_name()
@@ -173,6 +179,7 @@ pub fn commit_file(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Resu
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp"));
     write(&tmp).with_context(|| format!("cannot write {}", path.display()))?;
+    crate::fault::point(&format!("commit.{name}"));
     fs::rename(&tmp, path).with_context(|| format!("cannot commit {}", path.display()))?;
     sync_dir(dir)?;
     Ok(fs::metadata(path)?.len())
@@ -184,13 +191,50 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         .with_context(|| format!("cannot fsync {}", dir.display()))
 }
 
+/// Removes a stage folder so that a crash midway can never leave a manifest over missing
+/// outputs: one rename moves it out of `stages/` into `trash/`, then it is deleted.
+pub fn discard_dir(dir: &Path) -> Result<()> {
+    let root = dir
+        .parent()
+        .and_then(Path::parent)
+        .context("a stage dir lives in <workdir>/stages/")?;
+    let trash = root.join("trash");
+    fs::create_dir_all(&trash).with_context(|| format!("cannot create {}", trash.display()))?;
+    let name = dir.file_name().context("a stage dir has a name")?;
+    let target = trash.join(format!(
+        "{}-{}-{}",
+        name.to_string_lossy(),
+        std::process::id(),
+        now_unix()
+    ));
+    fs::rename(dir, &target).with_context(|| format!("cannot move {} aside", dir.display()))?;
+    if let Some(parent) = dir.parent() {
+        sync_dir(parent)?;
+    }
+    fs::remove_dir_all(&target).with_context(|| format!("cannot delete {}", target.display()))?;
+    // Leave no empty trash folder behind (another run's leftovers keep it, and that is fine).
+    let _ = fs::remove_dir(&trash);
+    Ok(())
+}
+
+/// Deletes what an interrupted `discard_dir` left in `<workdir>/trash/`.
+pub fn clear_trash(root: &Path) -> Result<()> {
+    let trash = root.join("trash");
+    if trash.exists() {
+        fs::remove_dir_all(&trash).with_context(|| format!("cannot delete {}", trash.display()))?;
+    }
+    Ok(())
+}
+
 /// SHA-256 of a file's bytes, hex.
 pub fn hash_file(path: &Path) -> Result<String> {
     let mut f = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = f.read(&mut buf)?;
+        let n = f
+            .read(&mut buf)
+            .with_context(|| format!("cannot read {}", path.display()))?;
         if n == 0 {
             break;
         }

@@ -27,7 +27,13 @@ fn run_then_rerun_does_no_work_and_status_reports_done() {
     let o = run(&["run", "all", "--config", cfg], dir.path());
     assert!(o.status.success(), "{}", text(&o));
     let out = text(&o);
-    assert!(out.contains("data") && out.contains("will run"), "{out}");
+    for stage in ["data ", "filter "] {
+        let line = out
+            .lines()
+            .find(|l| l.trim_start().starts_with(stage))
+            .unwrap();
+        assert!(line.contains("will run"), "{out}");
+    }
     assert!(out.contains("kept                   3"), "{out}");
 
     let work = dir.path().join("work");
@@ -208,7 +214,7 @@ fn grade_jsonl_writes_every_row_with_the_verdict() {
                 "--completion-field",
                 "out",
                 "--output",
-                out.to_str().unwrap(),
+                out_name, // relative: the regression of a bare file name with no parent
             ],
             dir.path(),
         );
@@ -386,4 +392,229 @@ fn hub_source_reads_from_the_hugging_face_cache_layout() {
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("3 problems from 3 rows"), "{}", text(&o));
+}
+
+#[test]
+fn force_reruns_the_stage_and_the_ones_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 2);
+    let cfg = cfg.to_str().unwrap();
+    assert!(run(&["run", "all", "--config", cfg], dir.path())
+        .status
+        .success());
+    let o = run(
+        &["run", "all", "--config", cfg, "--force", "filter"],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert!(out.contains("--> data cached"), "{out}");
+    assert!(out.contains("==> filter"), "{out}");
+    assert!(!dir.path().join("work/trash").exists());
+    let o = run(
+        &["run", "all", "--config", cfg, "--force", "data"],
+        dir.path(),
+    );
+    let out = text(&o);
+    assert!(
+        out.contains("==> data") && out.contains("==> filter"),
+        "{out}"
+    );
+    let o = run(
+        &["run", "all", "--config", cfg, "--force", "train"],
+        dir.path(),
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--force train: no such stage"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn status_shows_how_far_a_killed_stage_got_from_any_folder() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 1);
+    let o = bin()
+        .args(["run", "all", "--config", cfg.to_str().unwrap()])
+        .env(selfdistill::fault::ENV, "commit.part-00002.parquet")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.signal(), Some(9), "{}", text(&o));
+    let work = dir.path().join("work");
+    // From another folder, with an absolute work dir.
+    let o = run(
+        &["status", "--workdir", work.to_str().unwrap()],
+        Path::new("/"),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    let data_line = out.lines().find(|l| l.starts_with("data ")).unwrap();
+    assert!(data_line.contains(" done "), "{out}");
+    let filter_line = out.lines().find(|l| l.starts_with("filter ")).unwrap();
+    assert!(filter_line.contains("partial: 2/3 chunks"), "{out}");
+}
+
+/// The filter over our completions schema: every rule, counted in the manifest.
+#[test]
+fn filter_applies_every_rule_to_a_completions_parquet() {
+    use selfdistill::data::schema::*;
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let problems = selfdistill::data::load_source(
+        &selfdistill::data::source::SourceSpec {
+            name: "set".into(),
+            format: selfdistill::data::source::SourceFormat::Gsm8k,
+            location: selfdistill::data::source::Location::Local(data.clone()),
+            fields: selfdistill::data::source::FieldMap::preset(
+                selfdistill::data::source::SourceFormat::Gsm8k,
+            ),
+            limit: None,
+        },
+        std::slice::from_ref(&data),
+        false,
+    )
+    .unwrap()
+    .0;
+    let id = |i: usize| problems[i].problem_id.clone();
+    let row = |pid: String, k: i32, text: &str, fin: &str, ntok: i32| Completion {
+        problem_id: pid,
+        sample_index: k,
+        prompt: "q".into(),
+        prompt_token_ids: Some(vec![1, 2]),
+        completion: text.into(),
+        completion_token_ids: Some(vec![5; ntok as usize]),
+        finish_reason: Some(fin.into()),
+        num_completion_tokens: Some(ntok),
+        cumulative_logprob: Some(-1.0),
+        seed: Some(k as i64),
+        model: Some("m".into()),
+        sampling_hash: Some("h".into()),
+        grade: None,
+    };
+    let rows = vec![
+        row(id(0), 0, "2+2 = 4, so \\boxed{4}", "stop", 8),
+        row(id(0), 1, "2+2 = 4,  so \\boxed{4}", "stop", 8), // whitespace duplicate
+        row(id(0), 2, "2+2 = 4.0, so \\boxed{4}", "stop", 8), // number duplicate
+        row(id(0), 3, "two and two: \\boxed{4}", "stop", 8),
+        row(id(0), 4, "4 it is: \\boxed{4}", "stop", 8), // over max_per_problem = 2
+        row(id(1), 0, "\\boxed{9}", "length", 8),        // truncated
+        row(id(1), 1, "\\boxed{8}", "stop", 8),          // incorrect
+        row(id(1), 2, "no idea", "stop", 8),             // no answer
+        row(id(1), 3, "\\boxed{9}", "stop", 2),          // too short (tokens)
+        row(id(1), 4, "\\boxed{9} ...", "stop", 500),    // too long (tokens)
+        row(id(2), 0, "\\boxed{3}", "stop", 8),
+        row("other/1".into(), 0, "\\boxed{3}", "stop", 8), // unknown problem
+    ];
+    let comp = dir.path().join("completions.parquet");
+    write_parquet_atomic(
+        &comp,
+        completions_schema(false),
+        &[completions_batch(&rows, false).unwrap()],
+    )
+    .unwrap();
+    let cfg = format!(
+        r#"[run]
+workdir = "work"
+[[data.sources]]
+name = "set"
+format = "gsm8k"
+path = "{}"
+[filter]
+max_per_problem = 2
+min_completion_tokens = 4
+max_completion_tokens = 100
+chunk_rows = 5
+[filter.completions]
+path = "completions.parquet"
+"#,
+        data.display()
+    );
+    std::fs::write(dir.path().join("f.toml"), cfg).unwrap();
+    let o = run(&["run", "all", "--config", "f.toml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let work = dir.path().join("work/stages");
+    let fdir = std::fs::read_dir(&work)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("filter-")
+        })
+        .unwrap();
+    let m: selfdistill::store::Manifest =
+        serde_json::from_slice(&std::fs::read(fdir.join("manifest.json")).unwrap()).unwrap();
+    let get = |k: &str| m.counts.iter().find(|(n, _)| n == k).map(|c| c.1);
+    assert_eq!(get("input_rows"), Some(12));
+    assert_eq!(get("removed.duplicate"), Some(2));
+    assert_eq!(get("removed.over_max_per_problem"), Some(1));
+    assert_eq!(get("removed.truncated"), Some(1));
+    assert_eq!(get("removed.incorrect"), Some(1));
+    assert_eq!(get("removed.no_answer"), Some(1));
+    assert_eq!(get("removed.too_short"), Some(1));
+    assert_eq!(get("removed.too_long"), Some(1));
+    assert_eq!(get("removed.unknown_problem"), Some(1));
+    assert_eq!(get("kept"), Some(3));
+    let kept = read_completions(&fdir.join("sft.parquet")).unwrap();
+    let got: Vec<(String, i32)> = kept
+        .iter()
+        .map(|r| (r.problem_id.clone(), r.sample_index))
+        .collect();
+    assert_eq!(got, vec![(id(0), 0), (id(0), 3), (id(2), 0)]);
+    assert_eq!(kept[0].completion_token_ids.as_ref().map(Vec::len), Some(8));
+    // The console shows what each rule removed.
+    assert!(
+        text(&o).contains("removed        2  duplicate"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn token_bounds_on_text_without_tokens_are_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 2);
+    let t = std::fs::read_to_string(&cfg).unwrap().replace(
+        "chunk_rows = 2",
+        "chunk_rows = 2\nmax_completion_tokens = 10",
+    );
+    std::fs::write(&cfg, t).unwrap();
+    let o = run(
+        &["run", "all", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("has rows without token counts"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn misspelled_completion_field_is_an_error_not_empty_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answr", 2);
+    let o = run(
+        &["run", "all", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains(
+            "no field `answr` (filter.completions.completion_field); did you mean `answer`?"
+        ),
+        "{}",
+        text(&o)
+    );
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use common::*;
-use selfdistill::data::schema::read_completions;
+use selfdistill::data::schema::{read_completions, Completion};
 
 /// GSM8K train reference solutions, graded in 60 chunks of 128 rows.
 fn setup(dir: &Path) -> Option<PathBuf> {
@@ -31,15 +31,25 @@ fn filter_dir(work: &Path) -> PathBuf {
         .expect("a filter stage dir")
 }
 
-fn sft_rows(work: &Path) -> Vec<(String, String)> {
-    read_completions(&filter_dir(work).join("sft.parquet"))
+/// Every SFT row and every graded row, whole (all columns), in file order.
+fn sft_rows(work: &Path) -> (Vec<Completion>, Vec<Completion>) {
+    let dir = filter_dir(work);
+    let mut parts: Vec<_> = std::fs::read_dir(dir.join("graded"))
         .unwrap()
-        .into_iter()
-        .map(|c| (c.problem_id, c.completion))
-        .collect()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .collect();
+    parts.sort();
+    let graded = parts
+        .iter()
+        .flat_map(|p| read_completions(p).unwrap())
+        .collect();
+    let sft = read_completions(&dir.join("sft.parquet")).unwrap();
+    (sft, graded)
 }
 
-fn uninterrupted(cfg: &Path) -> Vec<(String, String)> {
+fn uninterrupted(cfg: &Path) -> (Vec<Completion>, Vec<Completion>) {
     let dir = tempfile::tempdir().unwrap();
     let o = run(
         &[
@@ -77,7 +87,8 @@ fn sigkill_mid_chunk_then_resume_gives_the_uninterrupted_rows() {
     let Some(cfg) = setup(dir.path()) else {
         return;
     };
-    killed_at("filter.chunk:20", dir.path(), &cfg);
+    // Chunk 21 is written to its temp file but not yet renamed into place.
+    killed_at("commit.part-00020.parquet", dir.path(), &cfg);
     let work = dir.path().join("work");
     let fdir = filter_dir(&work);
     assert!(
@@ -85,6 +96,8 @@ fn sigkill_mid_chunk_then_resume_gives_the_uninterrupted_rows() {
         "a killed stage must not look done"
     );
     assert!(!fdir.join("sft.parquet").exists());
+    assert!(fdir.join("graded/.part-00020.parquet.tmp").exists());
+    assert!(!fdir.join("graded/part-00020.parquet").exists());
     let o = run(&["status", "--workdir", "work"], dir.path());
     assert!(text(&o).contains("partial: 20/59 chunks"), "{}", text(&o));
 

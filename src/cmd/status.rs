@@ -35,18 +35,23 @@ pub fn run(workdir: Option<&Path>, cfg: Option<&Config>) -> Result<()> {
             root.display()
         );
     }
-    let plan: Option<PlanRecord> = match std::fs::read(root.join(store::PLAN)) {
-        Ok(b) => Some(serde_json::from_slice(&b).context("corrupt plan.json")?),
-        Err(_) => None,
+    let plan_path = root.join(store::PLAN);
+    let plan: Option<PlanRecord> = match std::fs::read(&plan_path) {
+        Ok(b) => Some(
+            serde_json::from_slice(&b)
+                .with_context(|| format!("corrupt {}", plan_path.display()))?,
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", plan_path.display())),
     };
     let mut rows = Vec::new();
     let mut listed = HashSet::new();
     if let Some(p) = &plan {
         println!("work dir {} (last run: {})", root.display(), p.config);
         for s in &p.stages {
-            let dir = Path::new(&s.dir);
+            let dir = root.join("stages").join(&s.dir);
             listed.insert(dir.file_name().map(|n| n.to_os_string()));
-            rows.push(row(&s.name, &s.key, dir)?);
+            rows.push(row(&s.name, &s.key, &dir)?);
         }
     } else {
         println!("work dir {}", root.display());

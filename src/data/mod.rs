@@ -165,6 +165,12 @@ mod tests {
         let p = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../shared/data")
             .join(name);
+        if !p.exists() && std::env::var("SELFDISTILL_REQUIRE_SHARED").is_ok_and(|v| v == "1") {
+            panic!(
+                "{} is missing and SELFDISTILL_REQUIRE_SHARED=1",
+                p.display()
+            );
+        }
         p.exists().then_some(p)
     }
 

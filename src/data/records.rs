@@ -72,7 +72,7 @@ pub fn read_records(path: &Path) -> Result<Records> {
 fn jsonl_records(path: &Path) -> Result<Records> {
     let f = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let path = path.to_path_buf();
-    let lines = BufReader::new(f).lines().enumerate();
+    let lines = BufReader::new(f).split(b'\n').enumerate();
     Ok(Box::new(lines.filter_map(move |(i, line)| {
         let row = i + 1;
         let err = |message: String, fatal: bool| RowError {
@@ -81,14 +81,18 @@ fn jsonl_records(path: &Path) -> Result<Records> {
             message,
             fatal,
         };
-        let line = match line {
+        let bytes = match line {
             Ok(l) => l,
             Err(e) => return Some(Err(err(format!("cannot read: {e}"), true))),
+        };
+        let line = match std::str::from_utf8(&bytes) {
+            Ok(l) => l,
+            Err(e) => return Some(Err(err(format!("invalid UTF-8: {e}"), false))),
         };
         if line.trim().is_empty() {
             return None;
         }
-        Some(match serde_json::from_str::<Value>(&line) {
+        Some(match serde_json::from_str::<Value>(line) {
             Ok(Value::Object(fields)) => Ok(Record { row, fields }),
             Ok(other) => Err(err(
                 format!("expected a JSON object, found {}", type_name(&other)),
@@ -209,9 +213,11 @@ mod tests {
     fn jsonl_errors_name_the_line() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("x.jsonl");
-        std::fs::write(&p, "{\"a\": 1}\n\n{\"a\": \n[1]\n").unwrap();
+        std::fs::write(&p, b"{\"a\": 1}\n\n{\"a\": \n[1]\n{\"a\": \"\xff\"}\n").unwrap();
         let rows: Vec<_> = read_records(&p).unwrap().collect();
-        assert_eq!(rows.len(), 3);
+        assert_eq!(rows.len(), 4);
+        let bad_utf8 = rows[3].as_ref().unwrap_err();
+        assert_eq!((bad_utf8.row, bad_utf8.fatal), (5, false));
         assert_eq!(rows[0].as_ref().unwrap().row, 1);
         let e = rows[1].as_ref().unwrap_err();
         assert_eq!(e.row, 3);
@@ -227,6 +233,11 @@ mod tests {
     fn reads_the_pyarrow_parquet_file() {
         let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/math500_rl.parquet");
         if !p.exists() {
+            assert!(
+                !std::env::var("SELFDISTILL_REQUIRE_SHARED").is_ok_and(|v| v == "1"),
+                "{} is missing and SELFDISTILL_REQUIRE_SHARED=1",
+                p.display()
+            );
             eprintln!("skipped: {} missing", p.display());
             return;
         }

@@ -249,15 +249,34 @@ pub fn read_completions(path: &Path) -> Result<Vec<Completion>> {
                 }),
                 _ => None,
             };
+            let narrow = |v: Option<i64>, col: &str| -> Result<Option<i32>> {
+                v.map(|v| {
+                    i32::try_from(v)
+                        .map_err(|_| anyhow!("{}: `{col}` = {v} is out of range", path.display()))
+                })
+                .transpose()
+            };
             out.push(Completion {
                 problem_id: pid.value(i).to_string(),
-                sample_index: get_i64(sidx.as_ref(), i).unwrap_or(0) as i32,
+                sample_index: narrow(get_i64(sidx.as_ref(), i), "sample_index")?.unwrap_or(0),
                 prompt: get_str(prompt.as_ref(), i).unwrap_or_default(),
-                prompt_token_ids: get_tokens(ptok.as_ref(), i),
+                prompt_token_ids: get_tokens(ptok.as_ref(), i).map_err(|_| {
+                    anyhow!(
+                        "{}: row {}: `prompt_token_ids` has a null or out-of-range id",
+                        path.display(),
+                        out.len() + 1
+                    )
+                })?,
                 completion: text.value(i).to_string(),
-                completion_token_ids: get_tokens(ctok.as_ref(), i),
+                completion_token_ids: get_tokens(ctok.as_ref(), i).map_err(|_| {
+                    anyhow!(
+                        "{}: row {}: `completion_token_ids` has a null or out-of-range id",
+                        path.display(),
+                        out.len() + 1
+                    )
+                })?,
                 finish_reason: get_str(fin.as_ref(), i),
-                num_completion_tokens: get_i64(ntok.as_ref(), i).map(|v| v as i32),
+                num_completion_tokens: narrow(get_i64(ntok.as_ref(), i), "num_completion_tokens")?,
                 cumulative_logprob: lp.as_ref().filter(|a| !a.is_null(i)).map(|a| a.value(i)),
                 seed: get_i64(seed.as_ref(), i),
                 model: get_str(model.as_ref(), i),
@@ -463,10 +482,20 @@ fn get_i64(a: Option<&Int64Array>, i: usize) -> Option<i64> {
     a.filter(|a| !a.is_null(i)).map(|a| a.value(i))
 }
 
-fn get_tokens(a: Option<&arrow_array::ListArray>, i: usize) -> Option<Vec<i32>> {
-    let a = a.filter(|a| !a.is_null(i))?;
+/// A row's token ids; `Err` when an id is null (or did not fit in int32 when cast).
+fn get_tokens(
+    a: Option<&arrow_array::ListArray>,
+    i: usize,
+) -> std::result::Result<Option<Vec<i32>>, ()> {
+    let Some(a) = a.filter(|a| !a.is_null(i)) else {
+        return Ok(None);
+    };
     let v = a.value(i);
-    Some(v.as_primitive::<Int32Type>().iter().flatten().collect())
+    let ids = v.as_primitive::<Int32Type>();
+    if ids.null_count() > 0 {
+        return Err(());
+    }
+    Ok(Some(ids.values().to_vec()))
 }
 
 #[cfg(test)]

@@ -34,6 +34,8 @@ pub fn plan(cfg: &DataConfig, workdir: &Path) -> Result<PlannedStage> {
             files.push((name, path));
         }
     }
+    // Gold answers of `boxed` sources are extracted by the verifier.
+    inputs.push(super::verifier_input());
     let config = serde_json::to_value(cfg)?;
     let key = stage_key("data", CODE_VERSION, &config, &inputs);
     Ok(PlannedStage {

@@ -27,7 +27,8 @@ use crate::data::{hub, load_source_with};
 use crate::store::{self, InputRef, Progress};
 use crate::verify::{grade, GradeOptions};
 
-/// Bump when the output for the same inputs changes, including any change to the verifier.
+/// Bump when the output for the same inputs changes. Verifier changes need no bump: its source
+/// text is an input of the key (see [`super::verifier_input`]).
 pub const CODE_VERSION: u32 = 1;
 pub const OUTPUT: &str = "sft.parquet";
 pub const GRADED_DIR: &str = "graded";
@@ -57,6 +58,7 @@ pub fn plan(
             hash: data.key.clone(),
         },
         input,
+        super::verifier_input(),
     ];
     let config = serde_json::to_value(cfg)?;
     let key = stage_key("filter", CODE_VERSION, &config, &inputs);
@@ -95,7 +97,8 @@ pub fn run(
         .first()
         .context("the filter has no completions file")?
         .1;
-    let rows = load_completions(cfg, config, path)?;
+    let (rows, load_counts) = load_completions(cfg, config, path)?;
+    check_token_bounds(cfg, &rows, path)?;
     let opts = GradeOptions {
         last_number_fallback: cfg.last_number_fallback,
         thinking: cfg.thinking,
@@ -148,8 +151,9 @@ pub fn run(
             rows.len()
         );
     }
-    let (kept, counts) = apply_rules(cfg, graded);
+    let (kept, mut counts) = apply_rules(cfg, graded);
     print_counts(&counts);
+    counts.extend(load_counts);
 
     // 3) commit the SFT file
     let batches = kept
@@ -177,14 +181,19 @@ fn part_path(dir: &Path, k: usize) -> PathBuf {
     dir.join(format!("part-{k:05}.parquet"))
 }
 
-/// Completions from our schema, or reference solutions from a dataset file.
-fn load_completions(cfg: &FilterConfig, config: &Config, path: &Path) -> Result<Vec<Completion>> {
+/// Completions from our schema, or reference solutions from a dataset file (with what loading
+/// that file skipped, as counts for the manifest).
+fn load_completions(
+    cfg: &FilterConfig,
+    config: &Config,
+    path: &Path,
+) -> Result<(Vec<Completion>, Vec<(String, u64)>)> {
     let c = cfg
         .completions
         .as_ref()
         .context("filter.completions is missing")?;
     if c.format == CompletionsFormat::Completions {
-        return read_completions(path);
+        return Ok((read_completions(path)?, Vec::new()));
     }
     let data = config.data.as_ref().context("no [data] section")?;
     let source = match &c.source {
@@ -192,9 +201,28 @@ fn load_completions(cfg: &FilterConfig, config: &Config, path: &Path) -> Result<
         None => data.sources.first(),
     }
     .context("filter.completions.source names no data source")?;
-    let field = c.completion_field.as_deref();
-    let (rows, _) = load_source_with(source, &[path.to_path_buf()], false, field)?;
-    Ok(rows
+    let field = c
+        .completion_field
+        .as_deref()
+        .context("filter.completions.completion_field is missing")?;
+    check_field_present(path, field)?;
+    let (rows, rep) = load_source_with(
+        source,
+        &[path.to_path_buf()],
+        data.skip_bad_rows,
+        Some(field),
+    )?;
+    if rep.bad_rows > 0 {
+        println!("    completions: skipped {} bad rows", rep.bad_rows);
+        for ex in &rep.bad_examples {
+            println!("      skipped: {ex}");
+        }
+    }
+    let counts = vec![
+        ("completions.bad_rows".to_string(), rep.bad_rows),
+        ("completions.duplicate_ids".to_string(), rep.duplicates),
+    ];
+    let rows = rows
         .into_iter()
         .map(|(p, text)| Completion {
             problem_id: p.problem_id,
@@ -211,7 +239,52 @@ fn load_completions(cfg: &FilterConfig, config: &Config, path: &Path) -> Result<
             sampling_hash: None,
             grade: None,
         })
-        .collect())
+        .collect();
+    Ok((rows, counts))
+}
+
+/// The completion field must exist in the file's first record: a typo would otherwise grade
+/// every row as having no answer.
+fn check_field_present(path: &Path, field: &str) -> Result<()> {
+    let first = crate::data::records::read_records(path)?.find_map(|r| r.ok());
+    if let Some(rec) = first {
+        if !rec.fields.contains_key(field) {
+            let have: Vec<String> = rec.fields.keys().cloned().collect();
+            let hint = crate::config::closest(field, &have)
+                .map(|c| format!("; did you mean `{c}`?"))
+                .unwrap_or_default();
+            bail!(
+                "{}:{}: no field `{field}` (filter.completions.completion_field){hint} (fields: {})",
+                path.display(),
+                rec.row,
+                have.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Token bounds need token counts: fail up front instead of silently not applying them.
+fn check_token_bounds(cfg: &FilterConfig, rows: &[Completion], path: &Path) -> Result<()> {
+    if cfg.min_completion_tokens.is_none() && cfg.max_completion_tokens.is_none() {
+        return Ok(());
+    }
+    if let Some(r) = rows.iter().find(|r| completion_tokens(r).is_none()) {
+        bail!(
+            "filter.min/max_completion_tokens is set, but {} has rows without token counts \
+             (problem {}): use min/max_completion_chars for text without tokens",
+            path.display(),
+            r.problem_id
+        );
+    }
+    Ok(())
+}
+
+/// `num_completion_tokens`, else the length of `completion_token_ids`.
+fn completion_tokens(r: &Completion) -> Option<u64> {
+    r.num_completion_tokens
+        .map(|n| n.max(0) as u64)
+        .or_else(|| r.completion_token_ids.as_ref().map(|t| t.len() as u64))
 }
 
 fn grade_row(c: &Completion, gold: &HashMap<&str, &str>, opts: &GradeOptions) -> Completion {
@@ -244,6 +317,7 @@ pub fn apply_rules(
     graded: Vec<Completion>,
 ) -> (Vec<Completion>, Vec<(String, u64)>) {
     let mut removed: Vec<(&'static str, u64)> = [
+        "ungraded",
         "unknown_problem",
         "truncated",
         "no_answer",
@@ -262,7 +336,13 @@ pub fn apply_rules(
     let input_rows = graded.len() as u64;
     let mut kept = Vec::new();
     for row in graded {
-        let Some(g) = &row.grade else { continue };
+        let Some(g) = &row.grade else {
+            // Graded parts always carry a grade; count rather than lose a row silently.
+            if let Some((_, n)) = removed.iter_mut().find(|(name, _)| *name == "ungraded") {
+                *n += 1;
+            }
+            continue;
+        };
         match reasons.iter_mut().find(|(r, _)| *r == g.reason) {
             Some((_, n)) => *n += 1,
             None => reasons.push((g.reason.clone(), 1)),
@@ -305,7 +385,7 @@ fn drop_rule(
         return Some("incorrect");
     }
     let chars = row.completion.chars().count() as u64;
-    let tokens = row.num_completion_tokens.map(|n| n.max(0) as u64);
+    let tokens = completion_tokens(row);
     let below = |n: Option<u64>, lo: Option<u64>| matches!((n, lo), (Some(n), Some(lo)) if n < lo);
     let above = |n: Option<u64>, hi: Option<u64>| matches!((n, hi), (Some(n), Some(hi)) if n > hi);
     if below(tokens, cfg.min_completion_tokens) || below(Some(chars), cfg.min_completion_chars) {

@@ -65,9 +65,17 @@ pub enum StageState {
     NotStarted,
 }
 
+/// A stage is done when its manifest exists and every output it lists is there with its size.
 pub fn stage_state(dir: &Path) -> Result<StageState> {
     if let Some(m) = store::read_manifest(dir)? {
-        return Ok(StageState::Done(Box::new(m)));
+        let intact = m
+            .outputs
+            .iter()
+            .all(|o| std::fs::metadata(dir.join(&o.path)).is_ok_and(|md| md.len() == o.bytes));
+        if intact {
+            return Ok(StageState::Done(Box::new(m)));
+        }
+        return Ok(StageState::Partial(store::read_progress(dir)));
     }
     if dir.exists() {
         return Ok(StageState::Partial(store::read_progress(dir)));
@@ -106,7 +114,9 @@ impl Plan {
     }
 }
 
-/// The key of a stage: a hash over everything that determines its output.
+/// The key of a stage: a hash over everything that determines its output. File locations are
+/// left out (their content hashes are inputs), so a moved file or another spelling of its path
+/// keeps the cache.
 pub fn stage_key(
     name: &str,
     code_version: u32,
@@ -117,9 +127,42 @@ pub fn stage_key(
     store::hash_json(&serde_json::json!({
         "stage": name,
         "code_version": code_version,
-        "config": config,
+        "config": without_locations(config),
         "inputs": hashes,
     }))
+}
+
+fn without_locations(v: &serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(k, _)| k.as_str() != "location")
+                .map(|(k, v)| (k.clone(), without_locations(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(without_locations).collect()),
+        other => other.clone(),
+    }
+}
+
+/// The verifier's source, compiled in: stages whose output depends on it take this as an input,
+/// so any change to the verifier re-runs them.
+const VERIFIER_SOURCES: [&str; 5] = [
+    include_str!("../verify/mod.rs"),
+    include_str!("../verify/extract.rs"),
+    include_str!("../verify/normalize.rs"),
+    include_str!("../verify/equiv.rs"),
+    include_str!("../verify/expr.rs"),
+];
+
+/// The verifier as a stage input.
+pub fn verifier_input() -> InputRef {
+    InputRef {
+        name: "verifier".into(),
+        location: "built in".into(),
+        hash: store::hash_json(&serde_json::json!(VERIFIER_SOURCES)),
+    }
 }
 
 /// A file input: its content hash and size.
@@ -147,6 +190,7 @@ pub struct PlanRecord {
 pub struct PlanRecordStage {
     pub name: String,
     pub key: String,
+    /// The stage folder's name under `<workdir>/stages/`.
     pub dir: String,
 }
 
@@ -169,6 +213,7 @@ pub fn run(cfg: &Config, target: &Target, force: &[String]) -> Result<()> {
         }
     }
     let wd = WorkDir::lock(&cfg.workdir)?;
+    store::clear_trash(&wd.root)?;
     let plan = Plan::build(cfg, &wd.root)?;
     let last = match target {
         Target::All => plan.stages.len(),
@@ -185,6 +230,11 @@ pub fn run(cfg: &Config, target: &Target, force: &[String]) -> Result<()> {
             ),
         },
     };
+    for f in force {
+        if plan.get(f).is_none() {
+            bail!("--force {f}: stage `{f}` is not in {}", cfg.origin);
+        }
+    }
     let first_forced = plan
         .stages
         .iter()
@@ -199,7 +249,11 @@ pub fn run(cfg: &Config, target: &Target, force: &[String]) -> Result<()> {
                 .map(|s| PlanRecordStage {
                     name: s.name.to_string(),
                     key: s.key.clone(),
-                    dir: s.dir.display().to_string(),
+                    dir: s
+                        .dir
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
                 })
                 .collect(),
         },
@@ -209,8 +263,7 @@ pub fn run(cfg: &Config, target: &Target, force: &[String]) -> Result<()> {
     for (i, stage) in plan.stages.iter().enumerate().take(last) {
         let forced = first_forced.is_some_and(|f| i >= f);
         if forced && stage.dir.exists() {
-            std::fs::remove_dir_all(&stage.dir)
-                .with_context(|| format!("cannot clear {}", stage.dir.display()))?;
+            store::discard_dir(&stage.dir)?;
         }
         if let StageState::Done(m) = stage_state(&stage.dir)? {
             println!(
@@ -220,6 +273,12 @@ pub fn run(cfg: &Config, target: &Target, force: &[String]) -> Result<()> {
                 crate::bytes::format_bytes(m.bytes())
             );
             continue;
+        }
+        // A manifest whose outputs are damaged no longer marks the stage done.
+        let stale = stage.dir.join(store::MANIFEST);
+        if stale.exists() {
+            std::fs::remove_file(&stale)
+                .with_context(|| format!("cannot remove {}", stale.display()))?;
         }
         run_stage(cfg, &plan, stage)?;
     }

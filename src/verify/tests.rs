@@ -462,41 +462,24 @@ fn data_path(file: &str) -> std::path::PathBuf {
         .join(file)
 }
 
-/// One string field of a JSON line; enough for the shared data files (no serde here).
+/// One field of a JSON line as text (numbers printed), e.g. AMC's `27.0`.
 fn json_field(line: &str, key: &str) -> Option<String> {
-    let pat = format!("\"{key}\": ");
-    let start = line.find(&pat)? + pat.len();
-    let rest = line.get(start..)?;
-    if !rest.starts_with('"') {
-        let end = rest.find([',', '}'])?;
-        return Some(rest.get(..end)?.trim().to_string());
+    let v: serde_json::Value = serde_json::from_str(line).ok()?;
+    match v.get(key)? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
     }
-    let mut out = String::new();
-    let mut chars = rest.get(1..)?.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => return Some(out),
-            '\\' => match chars.next()? {
-                'n' => out.push('\n'),
-                't' => out.push('\t'),
-                'r' => out.push('\r'),
-                'u' => {
-                    let hex: String = chars.by_ref().take(4).collect();
-                    out.push(
-                        char::from_u32(u32::from_str_radix(&hex, 16).ok()?).unwrap_or('\u{fffd}'),
-                    );
-                }
-                other => out.push(other),
-            },
-            c => out.push(c),
-        }
-    }
-    None
 }
 
 fn read_pairs(file: &str, completion_key: &str) -> Option<Vec<(String, String)>> {
     let path = data_path(file);
     let Ok(text) = std::fs::read_to_string(&path) else {
+        if std::env::var("SELFDISTILL_REQUIRE_SHARED").is_ok_and(|v| v == "1") {
+            panic!(
+                "{} is missing and SELFDISTILL_REQUIRE_SHARED=1",
+                path.display()
+            );
+        }
         println!("note: {} missing, skipping", path.display());
         return None;
     };

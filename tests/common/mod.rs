@@ -17,6 +17,11 @@ pub fn shared(rel: &str) -> Option<PathBuf> {
     if p.exists() {
         Some(p)
     } else {
+        assert!(
+            !std::env::var("SELFDISTILL_REQUIRE_SHARED").is_ok_and(|v| v == "1"),
+            "{} is missing and SELFDISTILL_REQUIRE_SHARED=1",
+            p.display()
+        );
         eprintln!("skipped: {} is missing", p.display());
         None
     }
