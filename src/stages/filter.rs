@@ -17,7 +17,9 @@ use std::sync::LazyLock;
 use anyhow::{bail, Context, Result};
 use regex::Regex;
 
-use super::{file_input, output_file, stage_key, Estimate, Plan, PlannedStage, StageOutput};
+use super::{
+    file_input, output_file, stage_key, Counts, Estimate, Plan, PlannedStage, StageOutput,
+};
 use crate::config::{CompletionsFormat, Config, Dedup, FilterConfig};
 use crate::data::schema::{
     completions_batch, completions_schema, read_completions, read_problems, sft_batch, sft_schema,
@@ -187,7 +189,7 @@ fn load_completions(
     cfg: &FilterConfig,
     config: &Config,
     path: &Path,
-) -> Result<(Vec<Completion>, Vec<(String, u64)>)> {
+) -> Result<(Vec<Completion>, Counts)> {
     let c = cfg
         .completions
         .as_ref()
@@ -312,10 +314,7 @@ fn grade_row(c: &Completion, gold: &HashMap<&str, &str>, opts: &GradeOptions) ->
 }
 
 /// The rules, in order. Returns the kept rows (input order) and what each rule removed.
-pub fn apply_rules(
-    cfg: &FilterConfig,
-    graded: Vec<Completion>,
-) -> (Vec<Completion>, Vec<(String, u64)>) {
+pub fn apply_rules(cfg: &FilterConfig, graded: Vec<Completion>) -> (Vec<Completion>, Counts) {
     let mut removed: Vec<(&'static str, u64)> = [
         "ungraded",
         "unknown_problem",

@@ -50,10 +50,13 @@ pub struct Plan {
     pub stages: Vec<PlannedStage>,
 }
 
+/// Named counts, in the order a stage reports them (rules, reasons, skipped rows).
+pub type Counts = Vec<(String, u64)>;
+
 /// What a finished stage reports to the runner, which adds timing and writes the manifest.
 pub struct StageOutput {
     pub outputs: Vec<OutputFile>,
-    pub counts: Vec<(String, u64)>,
+    pub counts: Counts,
     pub rows: u64,
 }
 
