@@ -20,7 +20,10 @@ pub struct VerifyBenchArgs {
     /// GSM8K JSONL (`answer` ends in `#### N`); skipped when missing.
     #[arg(long, default_value = "../shared/data/gsm8k_test.jsonl")]
     pub gsm8k: PathBuf,
-    /// How long to run the throughput loop.
+    /// Mismatched pairs are also counted over shifts 1..SHIFTS (500: every pair).
+    #[arg(long, default_value_t = 500)]
+    pub shifts: usize,
+    /// How long to run the throughput loops.
     #[arg(long, default_value_t = 3.0)]
     pub seconds: f64,
 }
@@ -74,30 +77,59 @@ pub fn verify(args: &VerifyBenchArgs) -> Result<()> {
         }
     }
     println!(
-        "MATH-500 mismatched pairs: {}/{} judged correct = {:.2}%",
+        "MATH-500 mismatched pairs (solution i vs answer i+1): {}/{} judged correct = {:.3}%",
         accepted.len(),
         pairs,
         100.0 * accepted.len() as f64 / pairs.max(1) as f64
     );
     for a in accepted.iter().take(10) {
-        println!("  false accept: {a}");
+        println!("  accepted: {a}");
+    }
+    // Every shift: each solution against every other problem's (different) answer.
+    let (mut all_pairs, mut all_accepted) = (0u64, 0u64);
+    for shift in 1..args.shifts.min(n) {
+        for i in 0..n {
+            let (sol, own) = &math[i];
+            let (_, other) = &math[(i + shift) % n];
+            if strip(own) != strip(other) {
+                all_pairs += 1;
+                all_accepted += grade(sol, other, &opts).correct as u64;
+            }
+        }
+    }
+    if all_pairs > 0 {
+        println!(
+            "MATH-500 mismatched pairs over shifts 1..{}: {all_accepted}/{all_pairs} judged correct = {:.3}%",
+            args.shifts.min(n),
+            100.0 * all_accepted as f64 / all_pairs as f64
+        );
     }
 
-    // Throughput on one core: extract + equivalence per check.
-    let budget = Duration::from_secs_f64(args.seconds.max(0.1));
-    let t0 = Instant::now();
-    let mut checks = 0u64;
-    while t0.elapsed() < budget {
-        for (sol, gold) in &math {
-            std::hint::black_box(grade(sol, gold, &opts));
+    // Throughput on one core: extract + equivalence per check, on matching pairs (the common
+    // case for a good model) and on mismatched pairs (every comparison tier runs).
+    let budget = Duration::from_secs_f64(args.seconds.max(0.1) / 2.0);
+    let mismatched: Vec<(&str, &str)> = (0..n)
+        .map(|i| (math[i].0.as_str(), math[(i + 1) % n].1.as_str()))
+        .collect();
+    let matching: Vec<(&str, &str)> = math.iter().map(|(s, g)| (s.as_str(), g.as_str())).collect();
+    for (name, pairs) in [
+        ("reference pairs", &matching),
+        ("mismatched pairs", &mismatched),
+    ] {
+        let t0 = Instant::now();
+        let mut checks = 0u64;
+        while t0.elapsed() < budget {
+            for (sol, gold) in pairs.iter() {
+                std::hint::black_box(grade(sol, gold, &opts));
+            }
+            checks += pairs.len() as u64;
         }
-        checks += n as u64;
+        let secs = t0.elapsed().as_secs_f64();
+        println!(
+            "throughput ({name}): {checks} checks in {secs:.2}s = {:.0} checks/s on one core",
+            checks as f64 / secs
+        );
     }
-    let secs = t0.elapsed().as_secs_f64();
-    println!(
-        "throughput: {checks} checks in {secs:.2}s = {:.0} checks/s on one core",
-        checks as f64 / secs
-    );
     Ok(())
 }
 
