@@ -11,6 +11,7 @@ pub mod cmd;
 pub mod config;
 pub mod data;
 pub mod fault;
+pub mod model;
 pub mod stages;
 pub mod store;
 pub mod verify;

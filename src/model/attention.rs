@@ -1,0 +1,95 @@
+//! The attention interface the model calls, and the contiguous causal backend (prefill, training,
+//! full-recompute references).
+//!
+//! The model hands each layer's rotated queries, keys and values for the tokens of this step to an
+//! [`AttentionBackend`]; the backend decides what they attend to: the sequence's own tokens
+//! ([`CausalAttention`]) or a paged KV cache (the sampler's backend). Built from differentiable
+//! ops only, so training through it gives every parameter a gradient. Knows nothing of weights.
+
+use candle_core::{DType, Device, Result, Tensor, D};
+
+/// One layer's attention over this step's tokens.
+///
+/// ```text
+/// q: (T, Hq, D)   k, v: (T, Hkv, D)   ->   (T, Hq, D)
+/// ```
+/// `T` is all tokens of the step, sequences laid end to end.
+pub trait AttentionBackend {
+    fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor>;
+}
+
+/// Causal attention within each sequence of a packed step; no cache.
+#[derive(Debug, Clone)]
+pub struct CausalAttention {
+    /// Lengths of the sequences laid end to end in the step.
+    pub seq_lens: Vec<usize>,
+}
+
+impl CausalAttention {
+    pub fn new(seq_lens: Vec<usize>) -> Self {
+        CausalAttention { seq_lens }
+    }
+}
+
+impl AttentionBackend for CausalAttention {
+    fn attend(&mut self, _layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        let mut outs = Vec::with_capacity(self.seq_lens.len());
+        let mut start = 0;
+        for &len in &self.seq_lens {
+            let q = q.narrow(0, start, len)?;
+            let k = k.narrow(0, start, len)?;
+            let v = v.narrow(0, start, len)?;
+            let mask = causal_mask(len, len, 0, q.device())?;
+            outs.push(attend_one(&q, &k, &v, Some(&mask))?);
+            start += len;
+        }
+        Tensor::cat(&outs, 0)
+    }
+}
+
+/// Attention of `q` (Lq, Hq, D) over `k`, `v` (Lk, Hkv, D) with an additive `mask` (Lq, Lk).
+/// Grouped-query heads share their KV head. Returns (Lq, Hq, D).
+pub fn attend_one(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    let (_, hq, d) = q.dims3()?;
+    let (_, hkv, _) = k.dims3()?;
+    // (L, H, D) -> (H, L, D)
+    let q = q.transpose(0, 1)?.contiguous()?;
+    let k = repeat_kv(&k.transpose(0, 1)?.contiguous()?, hq / hkv)?;
+    let v = repeat_kv(&v.transpose(0, 1)?.contiguous()?, hq / hkv)?;
+    let scale = 1.0 / (d as f64).sqrt();
+    // (H, Lq, D) x (H, D, Lk) -> (H, Lq, Lk)
+    let mut scores = (q.matmul(&k.t()?)? * scale)?;
+    if let Some(m) = mask {
+        scores = scores.broadcast_add(m)?;
+    }
+    let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
+    // (H, Lq, Lk) x (H, Lk, D) -> (H, Lq, D) -> (Lq, H, D)
+    probs.matmul(&v)?.transpose(0, 1)?.contiguous()
+}
+
+/// (Hkv, L, D) -> (Hkv * n_rep, L, D), each KV head repeated for its query heads.
+pub fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
+    if n_rep == 1 {
+        return Ok(x.clone());
+    }
+    let (hkv, l, d) = x.dims3()?;
+    x.unsqueeze(1)?
+        .expand((hkv, n_rep, l, d))?
+        .reshape((hkv * n_rep, l, d))
+}
+
+/// Additive mask (Lq, Lk): query i (at absolute position `offset + i`) sees keys `0..=offset+i`.
+pub fn causal_mask(lq: usize, lk: usize, offset: usize, device: &Device) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..lq)
+        .flat_map(|i| {
+            (0..lk).map(move |j| {
+                if j <= offset + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
+        .collect();
+    Tensor::from_vec(mask, (lq, lk), device)?.to_dtype(DType::F32)
+}

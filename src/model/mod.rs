@@ -1,0 +1,195 @@
+//! Hugging Face checkpoints as they come: config, weights (single file or shards with the index),
+//! tokenizer, chat template and EOS ids, from a local folder or a hub id.
+//!
+//! [`Checkpoint::open`] finds the files; [`Checkpoint::load_transformer`] builds the model on a
+//! device, computing in f32 on CPU whatever the stored dtype. The model owns no cache and knows
+//! nothing of scheduling or config files.
+
+pub mod attention;
+pub mod config;
+pub mod tokenizer;
+pub mod transformer;
+
+#[cfg(test)]
+mod tests;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use candle_core::{DType, Device};
+use candle_nn::VarBuilder;
+use serde_json::Value;
+
+pub use config::{Family, ModelConfig};
+pub use tokenizer::{ChatTemplate, Message, TextTokenizer};
+pub use transformer::Transformer;
+
+/// The files of one checkpoint, all local.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    /// A local folder, or the snapshot folder a hub id resolved to.
+    pub dir: PathBuf,
+    pub config: ModelConfig,
+    pub weights: Vec<PathBuf>,
+}
+
+impl Checkpoint {
+    /// A local folder, or a hub id (`Qwen/Qwen3-4B`, `hf://Qwen/Qwen3-4B`) fetched through the
+    /// Hugging Face cache (offline: the cache only, with an error saying what to download).
+    pub fn open(name: &str) -> Result<Checkpoint> {
+        let local = Path::new(name);
+        let dir = if local.is_dir() {
+            local.to_path_buf()
+        } else if local.exists() {
+            bail!("{name} is a file; give the checkpoint's folder");
+        } else {
+            hub_snapshot(name.strip_prefix("hf://").unwrap_or(name))?
+        };
+        let config = ModelConfig::load(&dir.join("config.json"))?;
+        let weights = weight_files(&dir)?;
+        Ok(Checkpoint {
+            dir,
+            config,
+            weights,
+        })
+    }
+
+    /// Builds the model with `dtype` activations on `device`.
+    pub fn load_transformer(&self, device: &Device, dtype: DType) -> Result<Transformer> {
+        // SAFETY: the safetensors files are memory-mapped read-only; like every mmap user we rely
+        // on nobody truncating a checkpoint while it is loaded.
+        let vb = unsafe { VarBuilder::from_mmaped_safetensors(&self.weights, dtype, device) }
+            .with_context(|| format!("cannot map the weights of {}", self.dir.display()))?;
+        Transformer::new(&self.config, vb)
+            .with_context(|| format!("{} does not match its config.json", self.dir.display()))
+    }
+
+    pub fn tokenizer(&self) -> Result<TextTokenizer> {
+        TextTokenizer::from_file(&self.dir.join("tokenizer.json"))
+    }
+
+    pub fn chat_template(&self) -> Result<ChatTemplate> {
+        ChatTemplate::from_dir(&self.dir)
+    }
+
+    /// End-of-sequence ids: `generation_config.json`'s `eos_token_id` (an id or a list), else
+    /// `config.json`'s.
+    pub fn eos_token_ids(&self) -> Result<Vec<u32>> {
+        for file in ["generation_config.json", "config.json"] {
+            let p = self.dir.join(file);
+            let Ok(text) = std::fs::read_to_string(&p) else {
+                continue;
+            };
+            let v: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", p.display()))?;
+            match v.get("eos_token_id") {
+                Some(Value::Number(n)) => return Ok(vec![id(n)?]),
+                Some(Value::Array(a)) => {
+                    return a
+                        .iter()
+                        .map(|x| {
+                            x.as_u64()
+                                .map(|n| n as u32)
+                                .context("eos_token_id: not an id")
+                        })
+                        .collect()
+                }
+                _ => continue,
+            }
+        }
+        Ok(Vec::new())
+    }
+}
+
+fn id(n: &serde_json::Number) -> Result<u32> {
+    n.as_u64()
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| anyhow!("eos_token_id {n} is not a token id"))
+}
+
+/// `model.safetensors`, or the shards named by `model.safetensors.index.json`.
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    let index = dir.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index).with_context(|| {
+        format!(
+            "{} has neither model.safetensors nor model.safetensors.index.json",
+            dir.display()
+        )
+    })?;
+    let v: Value =
+        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", index.display()))?;
+    let map = v
+        .get("weight_map")
+        .and_then(Value::as_object)
+        .with_context(|| format!("{}: no weight_map", index.display()))?;
+    let mut files: Vec<String> = map
+        .values()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect();
+    files.sort();
+    files.dedup();
+    let paths: Vec<PathBuf> = files.iter().map(|f| dir.join(f)).collect();
+    if let Some(missing) = paths.iter().find(|p| !p.exists()) {
+        bail!(
+            "{} names {}, which is missing",
+            index.display(),
+            missing.display()
+        );
+    }
+    Ok(paths)
+}
+
+/// Downloads (or finds in the cache) the files of a hub model and returns its snapshot folder.
+fn hub_snapshot(id: &str) -> Result<PathBuf> {
+    use hf_hub::api::sync::ApiBuilder;
+    let how = format!(
+        "no local folder `{id}` and the hub cannot be reached: on a machine with internet run \
+         `hf download {id} --local-dir DIR` and pass --model DIR"
+    );
+    let cache = hf_hub::Cache::from_env();
+    let cached = cache.model(id.to_string());
+    let offline = std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| v == "1");
+    let get = |file: &str| -> Result<PathBuf> {
+        if let Some(p) = cached.get(file) {
+            return Ok(p);
+        }
+        if offline {
+            bail!("{file} of {id} is not in the cache and HF_HUB_OFFLINE=1: {how}");
+        }
+        let api = ApiBuilder::from_env()
+            .build()
+            .map_err(|e| anyhow!("cannot start the hub client ({e}): {how}"))?;
+        api.model(id.to_string())
+            .get(file)
+            .map_err(|e| anyhow!("cannot download {file} of {id} ({e}): {how}"))
+    };
+    let config = get("config.json")?;
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        get(f)?;
+    }
+    for f in ["generation_config.json", "chat_template.jinja"] {
+        let _ = get(f); // optional files
+    }
+    let dir = config
+        .parent()
+        .context("a cached file has a folder")?
+        .to_path_buf();
+    if get("model.safetensors").is_err() {
+        let index = get("model.safetensors.index.json")?;
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&index)?)?;
+        if let Some(map) = v.get("weight_map").and_then(Value::as_object) {
+            let mut shards: Vec<&str> = map.values().filter_map(Value::as_str).collect();
+            shards.sort();
+            shards.dedup();
+            for s in shards {
+                get(s)?;
+            }
+        }
+    }
+    Ok(dir)
+}

@@ -1,0 +1,233 @@
+//! The decoder-only transformer shared by Qwen3 and Llama: one forward for prefill, decode and
+//! training, parameterised by an attention backend. The model owns no cache.
+//!
+//! Built from differentiable candle ops (RMS norm, RoPE and softmax written out rather than the
+//! fused kernels, which record no backward pass). Tensor names mirror the Hugging Face checkpoint
+//! (`model.layers.N.self_attn.q_proj.weight`, ...). Knows nothing of scheduling or configs files.
+
+use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_nn::{Embedding, Linear, VarBuilder};
+
+use super::attention::AttentionBackend;
+use super::config::{Family, ModelConfig};
+
+/// RMS norm: `x / sqrt(mean(x^2) + eps) * w`, over the last dim.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn new(size: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+        Ok(RmsNorm {
+            weight: vb.get(size, "weight")?,
+            eps,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+        let x = x.broadcast_div(&(ms + self.eps)?.sqrt()?)?;
+        x.broadcast_mul(&self.weight)
+    }
+}
+
+/// RoPE tables, (max_positions, D/2) each, gathered by position per token.
+#[derive(Debug, Clone)]
+struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    fn new(cfg: &ModelConfig, device: &Device) -> Result<Self> {
+        let d = cfg.head_dim;
+        let inv_freq: Vec<f32> = (0..d / 2)
+            .map(|i| {
+                let f = 1.0 / cfg.rope_theta.powf(2.0 * i as f64 / d as f64);
+                scale_frequency(f, cfg) as f32
+            })
+            .collect();
+        let n = cfg.max_position_embeddings;
+        let inv = Tensor::from_vec(inv_freq, (1, d / 2), device)?;
+        let t = Tensor::arange(0u32, n as u32, device)?
+            .to_dtype(DType::F32)?
+            .reshape((n, 1))?;
+        let freqs = t.matmul(&inv)?; // (n, D/2)
+        Ok(Rope {
+            cos: freqs.cos()?,
+            sin: freqs.sin()?,
+        })
+    }
+
+    /// x: (T, H, D), positions: (T,) u32 -> rotated x (the Hugging Face `rotate_half` layout).
+    fn apply(&self, x: &Tensor, positions: &Tensor) -> Result<Tensor> {
+        let cos = self.cos.index_select(positions, 0)?; // (T, D/2)
+        let sin = self.sin.index_select(positions, 0)?;
+        let cos = Tensor::cat(&[&cos, &cos], D::Minus1)?.unsqueeze(1)?; // (T, 1, D)
+        let sin = Tensor::cat(&[&sin, &sin], D::Minus1)?.unsqueeze(1)?;
+        let half = x.dim(D::Minus1)? / 2;
+        let x1 = x.narrow(D::Minus1, 0, half)?;
+        let x2 = x.narrow(D::Minus1, half, half)?;
+        let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+        x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
+    }
+}
+
+/// Llama 3.1 frequency scaling (identity without it).
+fn scale_frequency(freq: f64, cfg: &ModelConfig) -> f64 {
+    let Some(s) = cfg.rope_scaling else {
+        return freq;
+    };
+    let wavelen = 2.0 * std::f64::consts::PI / freq;
+    let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+    let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+    if wavelen < high_wavelen {
+        freq
+    } else if wavelen > low_wavelen {
+        freq / s.factor
+    } else {
+        let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
+            / (s.high_freq_factor - s.low_freq_factor);
+        (1.0 - smooth) * freq / s.factor + smooth * freq
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Layer {
+    input_norm: RmsNorm,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    /// Qwen3's per-head RMS norms on queries and keys.
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    post_norm: RmsNorm,
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+fn linear(i: usize, o: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
+    if bias {
+        candle_nn::linear(i, o, vb)
+    } else {
+        candle_nn::linear_no_bias(i, o, vb)
+    }
+}
+
+impl Layer {
+    fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let attn = vb.pp("self_attn");
+        let mlp = vb.pp("mlp");
+        let qk_norm = cfg.family == Family::Qwen3;
+        let b = cfg.attention_bias;
+        Ok(Layer {
+            input_norm: RmsNorm::new(h, cfg.rms_norm_eps, vb.pp("input_layernorm"))?,
+            q_proj: linear(h, cfg.num_heads * d, b, attn.pp("q_proj"))?,
+            k_proj: linear(h, cfg.num_kv_heads * d, b, attn.pp("k_proj"))?,
+            v_proj: linear(h, cfg.num_kv_heads * d, b, attn.pp("v_proj"))?,
+            o_proj: linear(cfg.num_heads * d, h, false, attn.pp("o_proj"))?,
+            q_norm: qk_norm
+                .then(|| RmsNorm::new(d, cfg.rms_norm_eps, attn.pp("q_norm")))
+                .transpose()?,
+            k_norm: qk_norm
+                .then(|| RmsNorm::new(d, cfg.rms_norm_eps, attn.pp("k_norm")))
+                .transpose()?,
+            post_norm: RmsNorm::new(h, cfg.rms_norm_eps, vb.pp("post_attention_layernorm"))?,
+            gate_proj: candle_nn::linear_no_bias(h, cfg.intermediate_size, mlp.pp("gate_proj"))?,
+            up_proj: candle_nn::linear_no_bias(h, cfg.intermediate_size, mlp.pp("up_proj"))?,
+            down_proj: candle_nn::linear_no_bias(cfg.intermediate_size, h, mlp.pp("down_proj"))?,
+        })
+    }
+}
+
+/// Qwen3 / Llama decoder.
+#[derive(Debug, Clone)]
+pub struct Transformer {
+    cfg: ModelConfig,
+    embed: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    rope: Rope,
+}
+
+impl Transformer {
+    /// Builds the model from a var builder rooted at the checkpoint's top level.
+    pub fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let m = vb.pp("model");
+        let embed = candle_nn::embedding(cfg.vocab_size, cfg.hidden_size, m.pp("embed_tokens"))?;
+        let layers = (0..cfg.num_layers)
+            .map(|i| Layer::new(cfg, m.pp("layers").pp(i)))
+            .collect::<Result<Vec<_>>>()?;
+        let lm_head = if cfg.tie_word_embeddings {
+            Linear::new(embed.embeddings().clone(), None)
+        } else {
+            candle_nn::linear_no_bias(cfg.hidden_size, cfg.vocab_size, vb.pp("lm_head"))?
+        };
+        Ok(Transformer {
+            cfg: cfg.clone(),
+            embed,
+            layers,
+            norm: RmsNorm::new(cfg.hidden_size, cfg.rms_norm_eps, m.pp("norm"))?,
+            lm_head,
+            rope: Rope::new(cfg, vb.device())?,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Final hidden states (T, hidden) for `tokens` (T,) u32 at `positions` (T,) u32.
+    pub fn forward_hidden(
+        &self,
+        tokens: &Tensor,
+        positions: &Tensor,
+        attn: &mut dyn AttentionBackend,
+    ) -> Result<Tensor> {
+        let (hq, hkv, d) = (self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim);
+        let t = tokens.dim(0)?;
+        let mut x = self.embed.forward(tokens)?; // (T, hidden)
+        for (i, l) in self.layers.iter().enumerate() {
+            // 1. attention block
+            let h = l.input_norm.forward(&x)?;
+            let mut q = l.q_proj.forward(&h)?.reshape((t, hq, d))?; // (T, Hq, D)
+            let mut k = l.k_proj.forward(&h)?.reshape((t, hkv, d))?; // (T, Hkv, D)
+            let v = l.v_proj.forward(&h)?.reshape((t, hkv, d))?;
+            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                q = qn.forward(&q)?;
+                k = kn.forward(&k)?;
+            }
+            let q = self.rope.apply(&q, positions)?;
+            let k = self.rope.apply(&k, positions)?;
+            let a = attn.attend(i, &q, &k, &v)?.reshape((t, hq * d))?;
+            x = (x + l.o_proj.forward(&a)?)?;
+            // 2. MLP block (SwiGLU)
+            let h = l.post_norm.forward(&x)?;
+            let g = candle_nn::ops::silu(&l.gate_proj.forward(&h)?)?;
+            let u = l.up_proj.forward(&h)?;
+            x = (x + l.down_proj.forward(&(g * u)?)?)?;
+        }
+        self.norm.forward(&x)
+    }
+
+    /// Logits (N, vocab) for hidden rows (N, hidden).
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.lm_head.forward(hidden)
+    }
+
+    /// Logits for every token: (T, vocab).
+    pub fn forward(
+        &self,
+        tokens: &Tensor,
+        positions: &Tensor,
+        attn: &mut dyn AttentionBackend,
+    ) -> Result<Tensor> {
+        self.logits(&self.forward_hidden(tokens, positions, attn)?)
+    }
+}
