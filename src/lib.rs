@@ -12,6 +12,7 @@ pub mod config;
 pub mod data;
 pub mod fault;
 pub mod model;
+pub mod sampler;
 pub mod stages;
 pub mod store;
 pub mod verify;

@@ -1,0 +1,917 @@
+//! Next-token sampling for one sequence's logits on CPU (vLLM semantics) and a deterministic per-sample RNG; it knows nothing of the model, the tokenizer or the scheduler.
+//!
+//! [`sample`] turns one logits row (vocab-sized `&[f32]`) into a [`Sampled`] token. Processing
+//! order, as in vLLM: repetition penalty → frequency/presence penalties → `min_new_tokens`
+//! masking → temperature → top-k → top-p → min-p → softmax → one inverse-CDF draw.
+//!
+//! Decisions (callers rely on these):
+//! - **RNG.** [`SampleRng`] is per sequence, seeded from (run seed, problem id, sample index)
+//!   only, and [`sample`] advances it by exactly one draw per call — greedy calls included — so
+//!   draw *n* always belongs to generated token *n*. A sample's token stream therefore depends
+//!   only on its seed triple and its own logits, never on batch composition.
+//! - **Logprob.** [`Sampled::logprob`] is the log-probability of the chosen token under
+//!   `log_softmax` of the *raw* logits (before penalties, temperature and truncation), like
+//!   vLLM's raw logprobs. Summed over a completion it is our Parquet `cumulative_logprob`.
+//! - **Greedy.** `temperature < GREEDY_TEMPERATURE_EPS` (1e-5, vLLM's epsilon; also NaN or
+//!   negative) is greedy: argmax after penalties and masking, ties broken by lowest token id.
+//!   top-k keeps exactly `k` tokens, ties at the cut broken by lowest token id.
+//! - **Degenerate input never panics.** NaN logits count as `-inf`, `+inf` as `f32::MAX`. If no
+//!   token survives processing (every logit `-inf`), the token is the argmax of the raw logits
+//!   (lowest id; token 0 if those are all `-inf` or the row is empty) and its logprob is `-inf`
+//!   when the raw row has no finite mass. Token ids outside the vocab are ignored.
+//! - **`ignore_eos`.** While `min_new_tokens` is not reached, `stop_token_ids` are masked, and the
+//!   EOS ids too unless `ignore_eos` (then EOS ends nothing, as in vLLM's stop-id set).
+//! - **Allocation.** [`Scratch`] owns every buffer; after the first call at a given vocab size the
+//!   decode loop allocates nothing per token. Reuse one `Scratch` per worker thread.
+
+use serde::{Deserialize, Serialize};
+use std::cmp::Ordering;
+
+/// Temperatures below this are greedy (vLLM's `_SAMPLING_EPS`); dividing by them overflows f32.
+pub const GREEDY_TEMPERATURE_EPS: f32 = 1e-5;
+
+/// Per-request sampling settings (vLLM/OpenAI semantics). `Default` is greedy decoding.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SamplingParams {
+    /// Softmax temperature; 0 (below [`GREEDY_TEMPERATURE_EPS`]) means greedy argmax.
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens; 0 = off.
+    pub top_k: usize,
+    /// Keep the smallest most-likely prefix with probability mass ≥ `top_p`; 1.0 = off.
+    pub top_p: f32,
+    /// Drop tokens with probability below `min_p` × the top probability; 0 = off.
+    pub min_p: f32,
+    /// HF/vLLM repetition penalty over prompt ∪ generated tokens; 1.0 = off.
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token generated at least once; 0 = off.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence from the logit of generated tokens; 0 = off.
+    pub frequency_penalty: f32,
+    /// Hard cap on generated tokens (enforced by the caller).
+    pub max_new_tokens: usize,
+    /// EOS and stop token ids are masked until this many tokens were generated.
+    pub min_new_tokens: usize,
+    /// Extra token ids that end a completion (checked by the caller).
+    pub stop_token_ids: Vec<u32>,
+    /// Strings that end a completion; see [`stop_string_hit`].
+    pub stop_strings: Vec<String>,
+    /// Keep generating past EOS (EOS is then not masked by `min_new_tokens`).
+    pub ignore_eos: bool,
+    /// Run seed, the first part of every [`SampleRng`] seed triple.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            max_new_tokens: 2048,
+            min_new_tokens: 0,
+            stop_token_ids: Vec::new(),
+            stop_strings: Vec::new(),
+            ignore_eos: false,
+            seed: 0,
+        }
+    }
+}
+
+fn require(ok: bool, message: impl FnOnce() -> String) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(message())
+    }
+}
+
+impl SamplingParams {
+    /// Checks every field's range; the error names the offending field and its value.
+    pub fn validate(&self) -> Result<(), String> {
+        let t = self.temperature;
+        require(t.is_finite() && t >= 0.0, || {
+            format!("temperature must be a finite number >= 0 (0 = greedy), got {t}")
+        })?;
+        let p = self.top_p;
+        require(p > 0.0 && p <= 1.0, || {
+            format!("top_p must be in (0, 1] (1 = off), got {p}")
+        })?;
+        let m = self.min_p;
+        require((0.0..=1.0).contains(&m), || {
+            format!("min_p must be in [0, 1] (0 = off), got {m}")
+        })?;
+        let r = self.repetition_penalty;
+        require(r.is_finite() && r > 0.0, || {
+            format!("repetition_penalty must be a finite number > 0 (1 = off), got {r}")
+        })?;
+        self.validate_additive_penalties()?;
+        self.validate_lengths()
+    }
+
+    fn validate_additive_penalties(&self) -> Result<(), String> {
+        let presence = self.presence_penalty;
+        require(presence.is_finite(), || {
+            format!("presence_penalty must be a finite number (0 = off), got {presence}")
+        })?;
+        let frequency = self.frequency_penalty;
+        require(frequency.is_finite(), || {
+            format!("frequency_penalty must be a finite number (0 = off), got {frequency}")
+        })
+    }
+
+    fn validate_lengths(&self) -> Result<(), String> {
+        require(self.max_new_tokens >= 1, || {
+            "max_new_tokens must be >= 1, got 0".to_string()
+        })?;
+        let (min, max) = (self.min_new_tokens, self.max_new_tokens);
+        require(min <= max, || {
+            format!("min_new_tokens ({min}) must be <= max_new_tokens ({max})")
+        })?;
+        require(self.stop_strings.iter().all(|s| !s.is_empty()), || {
+            "stop_strings must not contain an empty string".to_string()
+        })
+    }
+
+    /// Whether these settings decode greedily (see [`GREEDY_TEMPERATURE_EPS`]).
+    pub fn is_greedy(&self) -> bool {
+        !(self.temperature >= GREEDY_TEMPERATURE_EPS)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deterministic RNG
+// ---------------------------------------------------------------------------------------------
+
+const FNV1A_64_OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV1A_64_PRIME: u64 = 0x0000_0100_0000_01b3;
+const SPLITMIX64_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// FNV-1a 64 of `bytes`, continuing from `hash` (start from [`FNV1A_64_OFFSET_BASIS`]).
+fn fnv1a_64(hash: u64, bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(hash, |h, &b| (h ^ u64::from(b)).wrapping_mul(FNV1A_64_PRIME))
+}
+
+/// SplitMix64's output finalizer (a bijective 64-bit mixer).
+fn splitmix64_mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// SplitMix64 generator for one sample (one sequence). Stable across runs, platforms and
+/// releases: changing the seeding or the generator changes every sampled dataset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleRng {
+    state: u64,
+}
+
+impl SampleRng {
+    /// Seeds from FNV-1a 64 over `run_seed` (8 bytes LE), `problem_id`'s byte length (8 bytes
+    /// LE, so ids cannot run into the index), `problem_id`'s UTF-8 bytes and `sample_index`
+    /// (4 bytes LE), passed through the SplitMix64 finalizer.
+    pub fn new(run_seed: u64, problem_id: &str, sample_index: u32) -> Self {
+        let id_len = problem_id.len() as u64;
+        let mut hash = fnv1a_64(FNV1A_64_OFFSET_BASIS, &run_seed.to_le_bytes());
+        hash = fnv1a_64(hash, &id_len.to_le_bytes());
+        hash = fnv1a_64(hash, problem_id.as_bytes());
+        hash = fnv1a_64(hash, &sample_index.to_le_bytes());
+        Self {
+            state: splitmix64_mix(hash),
+        }
+    }
+
+    /// Next 64 random bits (standard SplitMix64 step).
+    pub fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(SPLITMIX64_GAMMA);
+        splitmix64_mix(self.state)
+    }
+
+    /// Uniform in [0, 1) with 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        const INV_2_POW_53: f64 = 1.0 / (1u64 << 53) as f64;
+        (self.next_u64() >> 11) as f64 * INV_2_POW_53
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sampling
+// ---------------------------------------------------------------------------------------------
+
+/// One sampled token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    /// `log_softmax(raw logits)[token]`: before penalties, temperature and truncation.
+    pub logprob: f32,
+}
+
+/// Reusable buffers for [`sample`]; they grow to the vocab size once and are then reused, so
+/// decoding allocates nothing per token. Between calls `generated_counts` is all zero and
+/// `seen` all false (each call resets exactly the entries it touched).
+#[derive(Debug, Default)]
+pub struct Scratch {
+    /// The processed logits row.
+    logits: Vec<f32>,
+    /// Surviving candidate token ids.
+    candidates: Vec<u32>,
+    /// Unnormalized probabilities of `candidates`, same order.
+    weights: Vec<f64>,
+    /// Per-token occurrence counts in the generated tokens.
+    generated_counts: Vec<u32>,
+    /// Per-token "in prompt ∪ generated" flags.
+    seen: Vec<bool>,
+}
+
+impl Scratch {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Samples the next token from one logits row. Draws exactly one uniform from `rng` per call
+/// (greedy too). `eos_token_ids` are the model's EOS ids (masked under `min_new_tokens`). Never
+/// panics; see the module docs for degenerate inputs.
+pub fn sample(
+    logits: &[f32],
+    params: &SamplingParams,
+    prompt_tokens: &[u32],
+    generated: &[u32],
+    eos_token_ids: &[u32],
+    rng: &mut SampleRng,
+    scratch: &mut Scratch,
+) -> Sampled {
+    let uniform = rng.next_f64();
+    scratch.logits.clear();
+    scratch.logits.extend(logits.iter().map(|&l| sanitize(l)));
+    apply_penalties(scratch, params, prompt_tokens, generated);
+    if generated.len() < params.min_new_tokens {
+        mask_stop_tokens(&mut scratch.logits, params, eos_token_ids);
+    }
+    let chosen = if params.is_greedy() {
+        argmax(&scratch.logits)
+    } else {
+        sample_processed(scratch, params, uniform)
+    };
+    let token = chosen.or_else(|| argmax(logits)).unwrap_or(0);
+    Sampled {
+        token,
+        logprob: raw_logprob(logits, token),
+    }
+}
+
+/// NaN → `-inf`, `+inf` → `f32::MAX` (so softmax stays defined); everything else unchanged.
+fn sanitize(logit: f32) -> f32 {
+    if logit.is_nan() {
+        f32::NEG_INFINITY
+    } else if logit == f32::INFINITY {
+        f32::MAX
+    } else {
+        logit
+    }
+}
+
+fn logit_at(logits: &[f32], token: u32) -> f32 {
+    logits
+        .get(token as usize)
+        .map_or(f32::NEG_INFINITY, |&l| sanitize(l))
+}
+
+/// Lowest token id with the largest logit (NaN counts as `-inf`); `None` if all are `-inf`.
+fn argmax(logits: &[f32]) -> Option<u32> {
+    let mut best: Option<(u32, f32)> = None;
+    for (token, &raw) in (0u32..).zip(logits) {
+        let logit = sanitize(raw);
+        let better = match best {
+            None => logit > f32::NEG_INFINITY,
+            Some((_, best_logit)) => logit > best_logit,
+        };
+        if better {
+            best = Some((token, logit));
+        }
+    }
+    best.map(|(token, _)| token)
+}
+
+/// `log_softmax(logits)[token]` computed in f64; `-inf` if the row has no finite mass.
+fn raw_logprob(logits: &[f32], token: u32) -> f32 {
+    let max = logits
+        .iter()
+        .map(|&l| sanitize(l))
+        .fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY {
+        return f32::NEG_INFINITY;
+    }
+    let max = f64::from(max);
+    let sum_exp: f64 = logits
+        .iter()
+        .map(|&l| (f64::from(sanitize(l)) - max).exp())
+        .sum();
+    (f64::from(logit_at(logits, token)) - max - sum_exp.ln()) as f32
+}
+
+fn apply_penalties(scratch: &mut Scratch, params: &SamplingParams, prompt: &[u32], gen: &[u32]) {
+    let vocab = scratch.logits.len();
+    if params.repetition_penalty != 1.0 {
+        grow_to(&mut scratch.seen, vocab);
+        let penalty = params.repetition_penalty;
+        apply_repetition_penalty(&mut scratch.logits, &mut scratch.seen, penalty, prompt, gen);
+    }
+    if params.presence_penalty != 0.0 || params.frequency_penalty != 0.0 {
+        grow_to(&mut scratch.generated_counts, vocab);
+        let counts = &mut scratch.generated_counts;
+        apply_presence_frequency(&mut scratch.logits, counts, params, gen);
+    }
+}
+
+fn grow_to<T: Default + Clone>(buffer: &mut Vec<T>, len: usize) {
+    if buffer.len() < len {
+        buffer.resize(len, T::default());
+    }
+}
+
+/// HF/vLLM: each token in prompt ∪ generated, once: logit > 0 → logit / p, else logit × p.
+fn apply_repetition_penalty(
+    logits: &mut [f32],
+    seen: &mut [bool],
+    penalty: f32,
+    prompt: &[u32],
+    generated: &[u32],
+) {
+    for &token in prompt.iter().chain(generated) {
+        if let Some(flag) = seen.get_mut(token as usize) {
+            *flag = true;
+        }
+    }
+    for &token in prompt.iter().chain(generated) {
+        let Some(flag) = seen.get_mut(token as usize) else {
+            continue;
+        };
+        if !std::mem::take(flag) {
+            continue; // already penalized (or never marked)
+        }
+        if let Some(logit) = logits.get_mut(token as usize) {
+            let penalized = if *logit > 0.0 {
+                *logit / penalty
+            } else {
+                *logit * penalty
+            };
+            *logit = sanitize(penalized);
+        }
+    }
+}
+
+/// OpenAI/vLLM over generated tokens: logit -= presence × (count > 0) + frequency × count.
+fn apply_presence_frequency(
+    logits: &mut [f32],
+    counts: &mut [u32],
+    params: &SamplingParams,
+    generated: &[u32],
+) {
+    for &token in generated {
+        if let Some(count) = counts.get_mut(token as usize) {
+            *count = count.saturating_add(1);
+        }
+    }
+    for &token in generated {
+        let Some(count) = counts.get_mut(token as usize) else {
+            continue;
+        };
+        let count = std::mem::take(count);
+        if count == 0 {
+            continue; // already penalized
+        }
+        if let Some(logit) = logits.get_mut(token as usize) {
+            let penalty = params.presence_penalty + params.frequency_penalty * count as f32;
+            *logit = sanitize(*logit - penalty);
+        }
+    }
+}
+
+/// `min_new_tokens` not reached: stop ids (and EOS ids unless `ignore_eos`) become `-inf`.
+fn mask_stop_tokens(logits: &mut [f32], params: &SamplingParams, eos_token_ids: &[u32]) {
+    let eos: &[u32] = if params.ignore_eos { &[] } else { eos_token_ids };
+    for &token in params.stop_token_ids.iter().chain(eos) {
+        if let Some(logit) = logits.get_mut(token as usize) {
+            *logit = f32::NEG_INFINITY;
+        }
+    }
+}
+
+/// Temperature → top-k → top-p → min-p → draw; `None` if no token has finite logit.
+fn sample_processed(scratch: &mut Scratch, params: &SamplingParams, uniform: f64) -> Option<u32> {
+    let Scratch {
+        logits,
+        candidates,
+        weights,
+        ..
+    } = scratch;
+    for logit in logits.iter_mut() {
+        *logit = sanitize(*logit / params.temperature);
+    }
+    candidates.clear();
+    candidates.extend(
+        (0u32..)
+            .zip(logits.iter())
+            .filter(|(_, &l)| l > f32::NEG_INFINITY)
+            .map(|(token, _)| token),
+    );
+    if params.top_k > 0 {
+        keep_top_k(logits, candidates, params.top_k);
+    }
+    if params.top_p < 1.0 {
+        keep_top_p(logits, candidates, weights, params.top_p);
+    }
+    if params.min_p > 0.0 {
+        keep_min_p(logits, candidates, params.min_p);
+    }
+    draw(logits, candidates, weights, uniform)
+}
+
+/// Higher logit first, then lower token id (a total order: candidates are never NaN).
+fn by_logit_desc(logits: &[f32]) -> impl Fn(&u32, &u32) -> Ordering + '_ {
+    move |&a, &b| {
+        let (la, lb) = (logit_at(logits, a), logit_at(logits, b));
+        lb.partial_cmp(&la)
+            .unwrap_or(Ordering::Equal)
+            .then(a.cmp(&b))
+    }
+}
+
+/// Keeps exactly the `top_k` best candidates (partial selection, no full sort).
+fn keep_top_k(logits: &[f32], candidates: &mut Vec<u32>, top_k: usize) {
+    if top_k >= candidates.len() {
+        return;
+    }
+    candidates.select_nth_unstable_by(top_k - 1, by_logit_desc(logits));
+    candidates.truncate(top_k);
+}
+
+/// Sorts the candidates and keeps the smallest prefix with probability mass ≥ `top_p`
+/// (at least one token).
+fn keep_top_p(logits: &[f32], candidates: &mut Vec<u32>, weights: &mut Vec<f64>, top_p: f32) {
+    candidates.sort_unstable_by(by_logit_desc(logits));
+    let total = fill_weights(logits, candidates, weights);
+    let target_mass = f64::from(top_p) * total;
+    let mut cumulative = 0.0;
+    let mut keep = candidates.len();
+    for (rank, &weight) in weights.iter().enumerate() {
+        cumulative += weight;
+        if cumulative >= target_mass {
+            keep = rank + 1;
+            break;
+        }
+    }
+    candidates.truncate(keep.max(1));
+}
+
+/// Drops candidates whose probability is below `min_p` × the top probability (min_p > 1 acts
+/// as 1: only the top logit's ties survive).
+fn keep_min_p(logits: &[f32], candidates: &mut Vec<u32>, min_p: f32) {
+    let max = f64::from(max_logit(logits, candidates));
+    let min_ratio = f64::from(min_p.min(1.0));
+    candidates.retain(|&token| (f64::from(logit_at(logits, token)) - max).exp() >= min_ratio);
+}
+
+fn max_logit(logits: &[f32], candidates: &[u32]) -> f32 {
+    candidates
+        .iter()
+        .map(|&token| logit_at(logits, token))
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// `weights[i] = exp(logit(candidates[i]) - max)` in f64; returns their sum.
+fn fill_weights(logits: &[f32], candidates: &[u32], weights: &mut Vec<f64>) -> f64 {
+    let max = f64::from(max_logit(logits, candidates));
+    weights.clear();
+    weights.extend(
+        candidates
+            .iter()
+            .map(|&token| (f64::from(logit_at(logits, token)) - max).exp()),
+    );
+    weights.iter().sum()
+}
+
+/// Inverse-CDF draw over the softmax of the candidates with one uniform in [0, 1).
+fn draw(logits: &[f32], candidates: &[u32], weights: &mut Vec<f64>, uniform: f64) -> Option<u32> {
+    let total = fill_weights(logits, candidates, weights);
+    let target = uniform * total;
+    let mut cumulative = 0.0;
+    let mut last_positive = None;
+    for (&token, &weight) in candidates.iter().zip(weights.iter()) {
+        if weight <= 0.0 {
+            continue;
+        }
+        cumulative += weight;
+        last_positive = Some(token);
+        if target < cumulative {
+            return Some(token);
+        }
+    }
+    last_positive // rounding put `target` at the very end of the CDF
+}
+
+/// Byte index in `text_tail` where the earliest-starting stop string begins, if any; the caller
+/// truncates the completion there. Empty stop strings are ignored.
+pub fn stop_string_hit(text_tail: &str, stop_strings: &[String]) -> Option<usize> {
+    stop_strings
+        .iter()
+        .filter(|stop| !stop.is_empty())
+        .filter_map(|stop| text_tail.find(stop.as_str()))
+        .min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits_from_probs(probs: &[f64]) -> Vec<f32> {
+        probs.iter().map(|p| p.ln() as f32).collect()
+    }
+
+    fn sample_plain(logits: &[f32], params: &SamplingParams, rng: &mut SampleRng) -> Sampled {
+        let mut scratch = Scratch::new();
+        sample(logits, params, &[], &[], &[], rng, &mut scratch)
+    }
+
+    /// Empirical token frequencies over `draws` samples from one fixed logits row.
+    fn frequencies(logits: &[f32], params: &SamplingParams, draws: usize) -> Vec<f64> {
+        let mut rng = SampleRng::new(7, "freq", 0);
+        let mut scratch = Scratch::new();
+        let mut counts = vec![0usize; logits.len()];
+        for _ in 0..draws {
+            let s = sample(logits, params, &[], &[], &[], &mut rng, &mut scratch);
+            counts[s.token as usize] += 1;
+        }
+        counts.iter().map(|&c| c as f64 / draws as f64).collect()
+    }
+
+    fn assert_close(actual: &[f64], expected: &[f64], tolerance: f64) {
+        assert_eq!(actual.len(), expected.len());
+        for (i, (a, e)) in actual.iter().zip(expected).enumerate() {
+            assert!(
+                (a - e).abs() < tolerance,
+                "token {i}: got {a}, want {e} (all: {actual:?})"
+            );
+        }
+    }
+
+    fn random_params(temperature: f32) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            ..SamplingParams::default()
+        }
+    }
+
+    /// Processed logits after penalties (and masking) only.
+    fn processed(
+        logits: &[f32],
+        params: &SamplingParams,
+        prompt: &[u32],
+        generated: &[u32],
+        scratch: &mut Scratch,
+    ) -> Vec<f32> {
+        scratch.logits.clear();
+        scratch.logits.extend_from_slice(logits);
+        apply_penalties(scratch, params, prompt, generated);
+        scratch.logits.clone()
+    }
+
+    #[test]
+    fn greedy_picks_argmax_lowest_id_on_ties() {
+        let mut rng = SampleRng::new(1, "p", 0);
+        let params = SamplingParams::default();
+        assert_eq!(sample_plain(&[0.1, 3.0, -1.0, 2.9], &params, &mut rng).token, 1);
+        assert_eq!(sample_plain(&[0.1, 3.0, 3.0, 2.9], &params, &mut rng).token, 1);
+        assert_eq!(sample_plain(&[-5.0, -4.0, -4.5], &params, &mut rng).token, 1);
+    }
+
+    #[test]
+    fn every_call_draws_exactly_once_greedy_included() {
+        let mut rng = SampleRng::new(1, "p", 0);
+        let mut reference = rng.clone();
+        let _ = sample_plain(&[1.0, 2.0], &SamplingParams::default(), &mut rng);
+        let _ = sample_plain(&[1.0, 2.0], &random_params(1.0), &mut rng);
+        reference.next_u64();
+        reference.next_u64();
+        assert_eq!(rng, reference);
+    }
+
+    #[test]
+    fn temperature_one_frequencies_match_softmax() {
+        let probs = [0.1, 0.2, 0.3, 0.4];
+        let freq = frequencies(&logits_from_probs(&probs), &random_params(1.0), 50_000);
+        assert_close(&freq, &probs, 0.01);
+        let chi_square: f64 = freq
+            .iter()
+            .zip(&probs)
+            .map(|(f, p)| 50_000.0 * (f - p).powi(2) / p)
+            .sum();
+        assert!(chi_square < 16.27, "chi-square {chi_square} (3 dof, p=0.001)");
+    }
+
+    #[test]
+    fn temperature_half_sharpens_to_squared_probs() {
+        let probs = [0.1, 0.2, 0.3, 0.4];
+        let squared_sum: f64 = probs.iter().map(|p| p * p).sum();
+        let expected: Vec<f64> = probs.iter().map(|p| p * p / squared_sum).collect();
+        let freq = frequencies(&logits_from_probs(&probs), &random_params(0.5), 50_000);
+        assert_close(&freq, &expected, 0.01);
+    }
+
+    #[test]
+    fn top_k_one_equals_greedy() {
+        let mut greedy_rng = SampleRng::new(3, "k", 0);
+        let mut top1_rng = SampleRng::new(3, "k", 1);
+        let top1 = SamplingParams {
+            top_k: 1,
+            ..random_params(1.3)
+        };
+        for step in 0..200u32 {
+            let logits: Vec<f32> = (0..50u32)
+                .map(|i| ((i * 7919 + step * 104_729) % 101) as f32 / 10.0)
+                .collect();
+            let greedy = sample_plain(&logits, &SamplingParams::default(), &mut greedy_rng);
+            assert_eq!(sample_plain(&logits, &top1, &mut top1_rng).token, greedy.token);
+        }
+    }
+
+    #[test]
+    fn top_k_renormalizes_over_the_k_best() {
+        let probs = [0.1, 0.4, 0.2, 0.3];
+        let params = SamplingParams {
+            top_k: 2,
+            ..random_params(1.0)
+        };
+        let freq = frequencies(&logits_from_probs(&probs), &params, 50_000);
+        assert_close(&freq, &[0.0, 4.0 / 7.0, 0.0, 3.0 / 7.0], 0.01);
+        assert_eq!(freq[0] + freq[2], 0.0);
+    }
+
+    #[test]
+    fn top_p_keeps_smallest_prefix_reaching_p() {
+        let probs = [0.15, 0.5, 0.05, 0.3];
+        let params = SamplingParams {
+            top_p: 0.75,
+            ..random_params(1.0)
+        };
+        let freq = frequencies(&logits_from_probs(&probs), &params, 50_000);
+        assert_eq!(freq[0] + freq[2], 0.0, "excluded tokens were drawn: {freq:?}");
+        assert_close(&freq, &[0.0, 0.625, 0.0, 0.375], 0.01);
+        let tiny = SamplingParams {
+            top_p: 0.4,
+            ..random_params(1.0)
+        };
+        let freq = frequencies(&logits_from_probs(&probs), &tiny, 2_000);
+        assert_eq!(freq[1], 1.0, "top_p below the top mass keeps only the top token");
+    }
+
+    #[test]
+    fn min_p_drops_tokens_below_fraction_of_top() {
+        let probs = [0.5, 0.3, 0.15, 0.05];
+        let params = SamplingParams {
+            min_p: 0.2,
+            ..random_params(1.0)
+        };
+        let freq = frequencies(&logits_from_probs(&probs), &params, 50_000);
+        assert_eq!(freq[3], 0.0, "token below min_p x max was drawn: {freq:?}");
+        assert_close(&freq, &[0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0], 0.01);
+    }
+
+    #[test]
+    fn repetition_penalty_divides_positive_multiplies_negative_once() {
+        let params = SamplingParams {
+            repetition_penalty: 2.0,
+            ..SamplingParams::default()
+        };
+        let logits = [2.0, -2.0, 1.0, 0.5, 4.0];
+        let mut scratch = Scratch::new();
+        let out = processed(&logits, &params, &[0, 0, 99], &[1, 1, 4], &mut scratch);
+        assert_eq!(out, vec![1.0, -4.0, 1.0, 0.5, 2.0]);
+        assert!(scratch.seen.iter().all(|&flag| !flag), "seen flags not reset");
+        let mut rng = SampleRng::new(0, "r", 0);
+        let picked = sample(&logits, &params, &[4], &[], &[], &mut rng, &mut scratch);
+        assert_eq!(picked.token, 0, "penalized 4.0 -> 2.0 ties 2.0, lowest id wins");
+    }
+
+    #[test]
+    fn presence_and_frequency_penalize_generated_only() {
+        let params = SamplingParams {
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..SamplingParams::default()
+        };
+        let logits = [1.0, 1.0, 1.0, 1.0];
+        let mut scratch = Scratch::new();
+        let out = processed(&logits, &params, &[0, 3], &[2, 2, 2, 1, 7], &mut scratch);
+        assert_eq!(out, vec![1.0, 0.25, -0.25, 1.0]);
+        assert!(scratch.generated_counts.iter().all(|&c| c == 0), "counts not reset");
+        let again = processed(&logits, &params, &[], &[2], &mut scratch);
+        assert_eq!(again, vec![1.0, 1.0, 0.25, 1.0]);
+    }
+
+    #[test]
+    fn min_new_tokens_masks_eos_and_stop_ids() {
+        let eos = [0u32];
+        let logits = [5.0, 4.0, 3.0, 1.0];
+        let params = SamplingParams {
+            min_new_tokens: 2,
+            stop_token_ids: vec![1],
+            ..SamplingParams::default()
+        };
+        let mut rng = SampleRng::new(0, "m", 0);
+        let mut scratch = Scratch::new();
+        let mut step = |generated: &[u32], params: &SamplingParams| {
+            sample(&logits, params, &[], generated, &eos, &mut rng, &mut scratch).token
+        };
+        assert_eq!(step(&[], &params), 2);
+        assert_eq!(step(&[2], &params), 2);
+        assert_eq!(step(&[2, 2], &params), 0, "min reached: EOS allowed again");
+        let ignore = SamplingParams {
+            ignore_eos: true,
+            ..params.clone()
+        };
+        assert_eq!(step(&[], &ignore), 0, "ignore_eos: EOS is not a stop, not masked");
+        let random = SamplingParams {
+            temperature: 1.0,
+            ..params
+        };
+        for _ in 0..500 {
+            assert!(step(&[3], &random) >= 2);
+        }
+    }
+
+    #[test]
+    fn same_seed_triple_same_stream_other_triples_differ() {
+        let params = random_params(1.0);
+        let stream = |seed: u64, problem: &str, index: u32| -> Vec<u32> {
+            let mut rng = SampleRng::new(seed, problem, index);
+            let mut scratch = Scratch::new();
+            let mut generated = Vec::new();
+            for step in 0..64u32 {
+                let logits: Vec<f32> = (0..32u32).map(|i| ((i * 31 + step) % 7) as f32).collect();
+                let s = sample(&logits, &params, &[], &generated, &[], &mut rng, &mut scratch);
+                generated.push(s.token);
+            }
+            generated
+        };
+        assert_eq!(stream(42, "gsm8k/17", 3), stream(42, "gsm8k/17", 3));
+        assert_ne!(stream(42, "gsm8k/17", 3), stream(42, "gsm8k/17", 4));
+        assert_ne!(stream(42, "gsm8k/17", 3), stream(42, "gsm8k/18", 3));
+        assert_ne!(stream(42, "gsm8k/17", 3), stream(43, "gsm8k/17", 3));
+    }
+
+    #[test]
+    fn rng_matches_published_vectors_and_is_pinned() {
+        assert_eq!(fnv1a_64(FNV1A_64_OFFSET_BASIS, b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a_64(FNV1A_64_OFFSET_BASIS, b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a_64(FNV1A_64_OFFSET_BASIS, b"foobar"), 0x8594_4171_f739_67e8);
+        let mut splitmix_seed_0 = SampleRng { state: 0 };
+        assert_eq!(splitmix_seed_0.next_u64(), 0xe220_a839_7b1d_cdaf);
+        assert_eq!(splitmix_seed_0.next_u64(), 0x6e78_9e6a_a1b9_65f4);
+        let mut rng = SampleRng::new(1234, "math/42", 7);
+        let first: Vec<u64> = (0..2).map(|_| rng.next_u64()).collect();
+        assert_eq!(first, PINNED_STREAM.to_vec(), "seeding changed: datasets would change");
+        assert_ne!(SampleRng::new(1, "ab", 0), SampleRng::new(1, "a", 0));
+    }
+
+    const PINNED_STREAM: [u64; 2] = [0, 0];
+
+    #[test]
+    fn next_f64_is_in_unit_interval_with_mean_half() {
+        let mut rng = SampleRng::new(9, "u", 0);
+        let draws: Vec<f64> = (0..100_000).map(|_| rng.next_f64()).collect();
+        assert!(draws.iter().all(|&u| (0.0..1.0).contains(&u)));
+        let mean = draws.iter().sum::<f64>() / draws.len() as f64;
+        assert!((mean - 0.5).abs() < 0.005, "mean {mean}");
+    }
+
+    #[test]
+    fn logprob_is_raw_log_softmax_of_chosen_token() {
+        let logits = [1.0f32, 2.0, 0.5, -1.0, 3.0];
+        let max = 3.0f64;
+        let lse = max + logits.iter().map(|&l| (f64::from(l) - max).exp()).sum::<f64>().ln();
+        let params = SamplingParams {
+            temperature: 0.7,
+            top_k: 3,
+            repetition_penalty: 1.5,
+            presence_penalty: 0.3,
+            ..SamplingParams::default()
+        };
+        let mut rng = SampleRng::new(5, "lp", 0);
+        let mut scratch = Scratch::new();
+        for _ in 0..200 {
+            let s = sample(&logits, &params, &[4], &[1], &[], &mut rng, &mut scratch);
+            let want = (f64::from(logits[s.token as usize]) - lse) as f32;
+            assert!((s.logprob - want).abs() < 1e-6, "{} vs {want}", s.logprob);
+        }
+    }
+
+    #[test]
+    fn degenerate_logits_do_not_panic() {
+        let nan = f32::NAN;
+        let (ninf, inf) = (f32::NEG_INFINITY, f32::INFINITY);
+        for params in [SamplingParams::default(), random_params(1.0)] {
+            let mut rng = SampleRng::new(0, "d", 0);
+            let s = sample_plain(&[nan, 1.0, nan], &params, &mut rng);
+            assert_eq!(s.token, 1);
+            assert!((s.logprob - 0.0).abs() < 1e-6);
+            let s = sample_plain(&[ninf, ninf, ninf], &params, &mut rng);
+            assert_eq!((s.token, s.logprob), (0, ninf));
+            assert_eq!(sample_plain(&[nan, nan], &params, &mut rng).token, 0);
+            assert_eq!(sample_plain(&[], &params, &mut rng).token, 0);
+            let s = sample_plain(&[1.0, inf, 2.0, inf], &params, &mut rng);
+            assert!(s.token == 1 || s.token == 3, "{s:?}");
+            assert!((s.logprob - (0.5f32).ln()).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn fully_masked_row_falls_back_to_raw_argmax() {
+        let params = SamplingParams {
+            min_new_tokens: 1,
+            temperature: 0.8,
+            ..SamplingParams::default()
+        };
+        let logits = [f32::NEG_INFINITY, 2.0, f32::NEG_INFINITY];
+        let mut rng = SampleRng::new(0, "f", 0);
+        let mut scratch = Scratch::new();
+        let s = sample(&logits, &params, &[], &[], &[1], &mut rng, &mut scratch);
+        assert_eq!((s.token, s.logprob), (1, 0.0));
+    }
+
+    #[test]
+    fn invalid_params_and_odd_ids_do_not_panic() {
+        let logits = [0.3f32, -0.2, 1.5, 0.0];
+        let odd = [
+            SamplingParams { temperature: f32::NAN, ..SamplingParams::default() },
+            SamplingParams { temperature: -1.0, ..SamplingParams::default() },
+            SamplingParams { top_p: 0.0, ..random_params(1.0) },
+            SamplingParams { top_p: f32::NAN, min_p: f32::NAN, ..random_params(1.0) },
+            SamplingParams { min_p: 3.0, top_k: 100, ..random_params(1.0) },
+            SamplingParams { temperature: 1e-30, ..random_params(1.0) },
+            SamplingParams { repetition_penalty: 0.0, ..random_params(1.0) },
+            SamplingParams { repetition_penalty: f32::NAN, frequency_penalty: f32::INFINITY, ..random_params(1.0) },
+            SamplingParams { min_new_tokens: 9, stop_token_ids: vec![u32::MAX], ..random_params(1.0) },
+        ];
+        let mut rng = SampleRng::new(0, "odd", 0);
+        let mut scratch = Scratch::new();
+        for params in &odd {
+            let gen = [2, u32::MAX, 1];
+            let s = sample(&logits, params, &[u32::MAX, 0], &gen, &[u32::MAX], &mut rng, &mut scratch);
+            assert!((s.token as usize) < logits.len(), "{params:?} -> {s:?}");
+        }
+        let bigger: Vec<f32> = (0..100).map(|i| i as f32 / 100.0).collect();
+        let params = SamplingParams { repetition_penalty: 1.2, presence_penalty: 1.0, ..random_params(1.0) };
+        let _ = sample(&bigger, &params, &[99, 50], &[98], &[], &mut rng, &mut scratch);
+        let s = sample(&logits, &params, &[99, 3], &[98, 3], &[], &mut rng, &mut scratch);
+        assert!((s.token as usize) < logits.len());
+        assert!(scratch.seen.iter().all(|&f| !f) && scratch.generated_counts.iter().all(|&c| c == 0));
+    }
+
+    #[test]
+    fn stop_string_hit_finds_earliest_start() {
+        let stops = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(stop_string_hit("no stop here", &stops(&["</s>"])), None);
+        assert_eq!(stop_string_hit("x = 4</s>tail", &stops(&["</s>"])), Some(5));
+        assert_eq!(stop_string_hit("ab END cd STOP", &stops(&["STOP", "END"])), Some(3));
+        assert_eq!(stop_string_hit("abcd", &stops(&["cd", "bcd"])), Some(1));
+        assert_eq!(stop_string_hit("é→∑ stop", &stops(&["stop"])), Some(8));
+        assert_eq!(stop_string_hit("aaa", &stops(&["", "aa"])), Some(0));
+        assert_eq!(stop_string_hit("abc", &stops(&[""])), None);
+        assert_eq!(stop_string_hit("", &stops(&["x"])), None);
+        assert_eq!(stop_string_hit("Question:", &stops(&["Question:"])), Some(0));
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        assert_eq!(SamplingParams::default().validate(), Ok(()));
+        let cases: Vec<(SamplingParams, &str)> = vec![
+            (SamplingParams { temperature: -0.1, ..Default::default() }, "temperature"),
+            (SamplingParams { temperature: f32::NAN, ..Default::default() }, "temperature"),
+            (SamplingParams { top_p: 0.0, ..Default::default() }, "top_p"),
+            (SamplingParams { top_p: 1.5, ..Default::default() }, "top_p"),
+            (SamplingParams { min_p: -0.1, ..Default::default() }, "min_p"),
+            (SamplingParams { min_p: 1.1, ..Default::default() }, "min_p"),
+            (SamplingParams { repetition_penalty: 0.0, ..Default::default() }, "repetition_penalty"),
+            (SamplingParams { repetition_penalty: -1.0, ..Default::default() }, "repetition_penalty"),
+            (SamplingParams { presence_penalty: f32::NAN, ..Default::default() }, "presence_penalty"),
+            (SamplingParams { frequency_penalty: f32::INFINITY, ..Default::default() }, "frequency_penalty"),
+            (SamplingParams { max_new_tokens: 0, ..Default::default() }, "max_new_tokens"),
+            (SamplingParams { min_new_tokens: 10, max_new_tokens: 5, ..Default::default() }, "min_new_tokens"),
+            (SamplingParams { stop_strings: vec![String::new()], ..Default::default() }, "stop_strings"),
+        ];
+        for (params, field) in cases {
+            let message = params.validate().expect_err(field);
+            assert!(message.starts_with(field), "{field}: {message}");
+        }
+        let ok = SamplingParams { temperature: 0.7, top_p: 0.95, top_k: 20, min_p: 0.05, ..Default::default() };
+        assert_eq!(ok.validate(), Ok(()));
+    }
+}

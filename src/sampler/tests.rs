@@ -1,0 +1,333 @@
+//! Greedy decoding through the paged cache (chunked prefill, mixed prefill/decode steps, prefix
+//! sharing with copy on write, preemption by recompute) gives the tokens of a full recompute at
+//! every step: on the tiny-qwen3 fixture and on a random tiny Llama with one KV head, a head_dim
+//! unlike hidden/heads and untied embeddings, with block size 4 so blocks fill and spill.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+
+use super::block_pool::{BlockPool, BlockTable};
+use super::kv_cache::{KvCache, PagedAttention, SeqStep};
+use crate::model::attention::CausalAttention;
+use crate::model::{Checkpoint, ModelConfig, Transformer};
+
+/// Argmax and the top-1/top-2 gap of each next-token distribution, by full recompute.
+fn reference_greedy(model: &Transformer, prompt: &[u32], steps: usize) -> Vec<(u32, f32)> {
+    let mut seq = prompt.to_vec();
+    let mut out = Vec::new();
+    for _ in 0..steps {
+        let logits = full_last_logits(model, &seq);
+        let (best, gap) = argmax_gap(&logits);
+        out.push((best, gap));
+        seq.push(best);
+    }
+    out
+}
+
+fn full_last_logits(model: &Transformer, seq: &[u32]) -> Vec<f32> {
+    let dev = Device::Cpu;
+    let tokens = Tensor::new(seq, &dev).unwrap();
+    let pos: Vec<u32> = (0..seq.len() as u32).collect();
+    let pos = Tensor::new(pos.as_slice(), &dev).unwrap();
+    let mut attn = CausalAttention::new(vec![seq.len()]);
+    let h = model.forward_hidden(&tokens, &pos, &mut attn).unwrap();
+    let last = h.get(seq.len() - 1).unwrap().unsqueeze(0).unwrap();
+    model
+        .logits(&last)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+fn argmax_gap(logits: &[f32]) -> (u32, f32) {
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    (idx[0] as u32, logits[idx[0]] - logits[idx[1]])
+}
+
+struct Seq {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    table: BlockTable,
+    num_computed: usize,
+    /// Forced next tokens (teacher forcing), used before greedy choices.
+    forced: Vec<u32>,
+}
+
+impl Seq {
+    fn new(prompt: &[u32]) -> Seq {
+        Seq {
+            tokens: prompt.to_vec(),
+            prompt_len: prompt.len(),
+            table: BlockTable::default(),
+            num_computed: 0,
+            forced: Vec::new(),
+        }
+    }
+    fn generated(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+}
+
+/// One engine step under the vLLM rule: each sequence gets up to `chunk` of its uncomputed
+/// tokens; sequences whose tokens are all computed after the step sample one more.
+fn step(
+    model: &Transformer,
+    cache: &mut KvCache,
+    pool: &mut BlockPool,
+    seqs: &mut [Seq],
+    chunk: usize,
+    steps: usize,
+) {
+    let bs = cache.block_size;
+    let mut sched = Vec::new();
+    for (i, s) in seqs.iter_mut().enumerate() {
+        if s.generated().len() >= steps {
+            continue;
+        }
+        let n = (s.tokens.len() - s.num_computed).min(chunk);
+        let cow = s
+            .table
+            .reserve(pool, s.num_computed, n, bs)
+            .expect("pool large enough");
+        if let Some(c) = cow {
+            cache.copy_block(c.src, c.dst);
+        }
+        sched.push((i, n));
+    }
+    if sched.is_empty() {
+        return;
+    }
+    let mut toks = Vec::new();
+    let mut pos = Vec::new();
+    for &(i, n) in &sched {
+        let s = &seqs[i];
+        toks.extend_from_slice(&s.tokens[s.num_computed..s.num_computed + n]);
+        pos.extend((s.num_computed..s.num_computed + n).map(|p| p as u32));
+    }
+    let dev = Device::Cpu;
+    let hidden = {
+        let mut attn = PagedAttention {
+            cache,
+            seqs: sched
+                .iter()
+                .map(|&(i, n)| SeqStep {
+                    block_table: &seqs[i].table,
+                    start_pos: seqs[i].num_computed,
+                    num_new: n,
+                })
+                .collect(),
+        };
+        model
+            .forward_hidden(
+                &Tensor::new(toks.as_slice(), &dev).unwrap(),
+                &Tensor::new(pos.as_slice(), &dev).unwrap(),
+                &mut attn,
+            )
+            .unwrap()
+    };
+    let mut row = 0;
+    for &(i, n) in &sched {
+        row += n;
+        let s = &mut seqs[i];
+        s.num_computed += n;
+        if s.num_computed == s.tokens.len() {
+            let h = hidden.get(row - 1).unwrap().unsqueeze(0).unwrap();
+            let logits: Vec<f32> = model
+                .logits(&h)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let next = if s.forced.is_empty() {
+                argmax_gap(&logits).0
+            } else {
+                s.forced.remove(0)
+            };
+            s.tokens.push(next);
+        }
+    }
+}
+
+/// Compares greedy tokens while the reference's choice is clear (top-2 gap above 1e-4).
+fn assert_same(got: &[u32], want: &[(u32, f32)], what: &str) {
+    for (k, (&g, &(w, gap))) in got.iter().zip(want).enumerate() {
+        if gap < 1e-4 {
+            return;
+        }
+        assert_eq!(g, w, "{what}: step {k} differs (gap {gap})");
+    }
+}
+
+fn check_model(model: &Transformer, prompts: &[Vec<u32>], steps: usize) {
+    let cfg = model.config().clone();
+    let refs: Vec<_> = prompts
+        .iter()
+        .map(|p| reference_greedy(model, p, steps))
+        .collect();
+    let bs = 4;
+    let mut pool = BlockPool::new(256);
+    let mut cache = KvCache::new(&cfg, bs, 256);
+    let mut seqs: Vec<Seq> = prompts.iter().map(|p| Seq::new(p)).collect();
+    // A forked sample of prompt 0 that is forced off the greedy path at its first token.
+    let forced_first = {
+        let logits = full_last_logits(model, &prompts[0]);
+        let mut idx: Vec<usize> = (0..logits.len()).collect();
+        idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        idx[1] as u32
+    };
+    let mut forked = false;
+    for t in 0..200 {
+        // Fork sequence 0 once its prompt is in the cache (prefix sharing, copy on write).
+        if !forked && seqs[0].num_computed >= seqs[0].prompt_len {
+            let s0 = &seqs[0];
+            let mut f = Seq {
+                tokens: s0.tokens[..s0.prompt_len].to_vec(),
+                prompt_len: s0.prompt_len,
+                table: s0.table.fork(&mut pool),
+                num_computed: s0.prompt_len,
+                forced: vec![forced_first],
+            };
+            // The forked sequence re-reads the last prompt token to get its own logits.
+            f.num_computed -= 1;
+            seqs.push(f);
+            forked = true;
+        }
+        // Preempt sequence 1 midway: free its blocks, recompute prompt + generated tokens.
+        if t == 6 && seqs.len() > 1 {
+            let s = &mut seqs[1];
+            s.table.free(&mut pool);
+            s.num_computed = 0;
+        }
+        step(model, &mut cache, &mut pool, &mut seqs, 5, steps);
+        if seqs.iter().all(|s| s.generated().len() >= steps) {
+            break;
+        }
+    }
+    for (i, s) in seqs.iter().enumerate().take(prompts.len()) {
+        assert_eq!(s.generated().len(), steps, "sequence {i} did not finish");
+        assert_same(s.generated(), &refs[i], &format!("prompt {i}"));
+    }
+    let f = seqs.last().unwrap();
+    let mut forced_prompt = prompts[0].clone();
+    forced_prompt.push(forced_first);
+    let want = reference_greedy(model, &forced_prompt, steps - 1);
+    assert_eq!(f.generated()[0], forced_first);
+    assert_same(&f.generated()[1..], &want, "forked sample");
+    for s in seqs.iter_mut() {
+        s.table.free(&mut pool);
+    }
+    assert_eq!(pool.num_free(), 256, "every block returns to the pool");
+}
+
+#[test]
+fn paged_greedy_equals_full_recompute_on_the_fixture() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-qwen3");
+    if !dir.exists() {
+        assert!(!std::env::var("SELFDISTILL_REQUIRE_SHARED").is_ok_and(|v| v == "1"));
+        return;
+    }
+    let model = Checkpoint::open(dir.to_str().unwrap())
+        .unwrap()
+        .load_transformer(&Device::Cpu, DType::F32)
+        .unwrap();
+    let prompts = vec![
+        vec![
+            41, 273, 317, 435, 295, 82, 220, 16, 21, 358, 220, 18, 358, 220, 19, 277, 220,
+        ],
+        vec![87],
+        vec![308, 434, 82, 86, 265, 305, 365, 65, 78],
+    ];
+    check_model(&model, &prompts, 12);
+}
+
+/// Deterministic pseudo-random weights (SplitMix64), scaled like an initialised model.
+fn random_weights(cfg: &ModelConfig, seed: u64) -> HashMap<String, Tensor> {
+    let mut state = seed;
+    let mut next = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((z ^ (z >> 31)) >> 11) as f32 / (1u64 << 53) as f32 * 2.0 - 1.0
+    };
+    let mut w = HashMap::new();
+    let mut put = |name: String, shape: &[usize], scale: f32, offset: f32| {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| offset + scale * next()).collect();
+        w.insert(name, Tensor::from_vec(v, shape, &Device::Cpu).unwrap());
+    };
+    let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+    put(
+        "model.embed_tokens.weight".into(),
+        &[cfg.vocab_size, h],
+        1.0,
+        0.0,
+    );
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}");
+        put(format!("{p}.input_layernorm.weight"), &[h], 0.1, 1.0);
+        put(
+            format!("{p}.post_attention_layernorm.weight"),
+            &[h],
+            0.1,
+            1.0,
+        );
+        put(
+            format!("{p}.self_attn.q_proj.weight"),
+            &[cfg.num_heads * d, h],
+            0.3,
+            0.0,
+        );
+        put(
+            format!("{p}.self_attn.k_proj.weight"),
+            &[cfg.num_kv_heads * d, h],
+            0.3,
+            0.0,
+        );
+        put(
+            format!("{p}.self_attn.v_proj.weight"),
+            &[cfg.num_kv_heads * d, h],
+            0.3,
+            0.0,
+        );
+        put(
+            format!("{p}.self_attn.o_proj.weight"),
+            &[h, cfg.num_heads * d],
+            0.3,
+            0.0,
+        );
+        put(format!("{p}.mlp.gate_proj.weight"), &[i, h], 0.3, 0.0);
+        put(format!("{p}.mlp.up_proj.weight"), &[i, h], 0.3, 0.0);
+        put(format!("{p}.mlp.down_proj.weight"), &[h, i], 0.3, 0.0);
+    }
+    put("model.norm.weight".into(), &[h], 0.1, 1.0);
+    put("lm_head.weight".into(), &[cfg.vocab_size, h], 0.3, 0.0);
+    w
+}
+
+#[test]
+fn paged_greedy_equals_full_recompute_on_a_random_mqa_llama() {
+    let cfg = ModelConfig::parse(
+        r#"{"model_type": "llama", "hidden_size": 48, "intermediate_size": 96,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 20,
+        "vocab_size": 97, "rms_norm_eps": 1e-5, "max_position_embeddings": 256,
+        "tie_word_embeddings": false, "rope_theta": 10000.0, "hidden_act": "silu"}"#,
+    )
+    .unwrap();
+    let vb = VarBuilder::from_tensors(random_weights(&cfg, 7), DType::F32, &Device::Cpu);
+    let model = Transformer::new(&cfg, vb).unwrap();
+    let prompts = vec![
+        (0..13).map(|i| (i * 7 % 97) as u32).collect(),
+        vec![5, 9, 3],
+        (0..22).map(|i| (i * 11 % 97) as u32).collect(),
+        vec![1, 2, 3, 4],
+    ];
+    check_model(&model, &prompts, 16);
+}
