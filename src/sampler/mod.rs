@@ -6,6 +6,7 @@
 
 pub mod block_pool;
 pub mod kv_cache;
+pub mod scheduler;
 
 #[cfg(test)]
 mod tests;

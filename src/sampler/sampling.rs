@@ -1,4 +1,7 @@
-//! Next-token sampling for one sequence's logits on CPU (vLLM semantics) and a deterministic per-sample RNG; it knows nothing of the model, the tokenizer or the scheduler.
+//! Next-token sampling (vLLM semantics) and a per-sample deterministic RNG; knows no model/tokenizer/scheduler.
+//!
+//! It sees one sequence's logits row on CPU, token ids and [`SamplingParams`]; batching, stopping
+//! and detokenizing are the caller's job.
 //!
 //! [`sample`] turns one logits row (vocab-sized `&[f32]`) into a [`Sampled`] token. Processing
 //! order, as in vLLM: repetition penalty → frequency/presence penalties → `min_new_tokens`
@@ -139,7 +142,7 @@ impl SamplingParams {
 
     /// Whether these settings decode greedily (see [`GREEDY_TEMPERATURE_EPS`]).
     pub fn is_greedy(&self) -> bool {
-        !(self.temperature >= GREEDY_TEMPERATURE_EPS)
+        self.temperature.is_nan() || self.temperature < GREEDY_TEMPERATURE_EPS
     }
 }
 
@@ -153,9 +156,9 @@ const SPLITMIX64_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// FNV-1a 64 of `bytes`, continuing from `hash` (start from [`FNV1A_64_OFFSET_BASIS`]).
 fn fnv1a_64(hash: u64, bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(hash, |h, &b| (h ^ u64::from(b)).wrapping_mul(FNV1A_64_PRIME))
+    bytes.iter().fold(hash, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(FNV1A_64_PRIME)
+    })
 }
 
 /// SplitMix64's output finalizer (a bijective 64-bit mixer).
@@ -396,7 +399,11 @@ fn apply_presence_frequency(
 
 /// `min_new_tokens` not reached: stop ids (and EOS ids unless `ignore_eos`) become `-inf`.
 fn mask_stop_tokens(logits: &mut [f32], params: &SamplingParams, eos_token_ids: &[u32]) {
-    let eos: &[u32] = if params.ignore_eos { &[] } else { eos_token_ids };
+    let eos: &[u32] = if params.ignore_eos {
+        &[]
+    } else {
+        eos_token_ids
+    };
     for &token in params.stop_token_ids.iter().chain(eos) {
         if let Some(logit) = logits.get_mut(token as usize) {
             *logit = f32::NEG_INFINITY;
@@ -587,9 +594,18 @@ mod tests {
     fn greedy_picks_argmax_lowest_id_on_ties() {
         let mut rng = SampleRng::new(1, "p", 0);
         let params = SamplingParams::default();
-        assert_eq!(sample_plain(&[0.1, 3.0, -1.0, 2.9], &params, &mut rng).token, 1);
-        assert_eq!(sample_plain(&[0.1, 3.0, 3.0, 2.9], &params, &mut rng).token, 1);
-        assert_eq!(sample_plain(&[-5.0, -4.0, -4.5], &params, &mut rng).token, 1);
+        assert_eq!(
+            sample_plain(&[0.1, 3.0, -1.0, 2.9], &params, &mut rng).token,
+            1
+        );
+        assert_eq!(
+            sample_plain(&[0.1, 3.0, 3.0, 2.9], &params, &mut rng).token,
+            1
+        );
+        assert_eq!(
+            sample_plain(&[-5.0, -4.0, -4.5], &params, &mut rng).token,
+            1
+        );
     }
 
     #[test]
@@ -613,7 +629,10 @@ mod tests {
             .zip(&probs)
             .map(|(f, p)| 50_000.0 * (f - p).powi(2) / p)
             .sum();
-        assert!(chi_square < 16.27, "chi-square {chi_square} (3 dof, p=0.001)");
+        assert!(
+            chi_square < 16.27,
+            "chi-square {chi_square} (3 dof, p=0.001)"
+        );
     }
 
     #[test]
@@ -638,7 +657,10 @@ mod tests {
                 .map(|i| ((i * 7919 + step * 104_729) % 101) as f32 / 10.0)
                 .collect();
             let greedy = sample_plain(&logits, &SamplingParams::default(), &mut greedy_rng);
-            assert_eq!(sample_plain(&logits, &top1, &mut top1_rng).token, greedy.token);
+            assert_eq!(
+                sample_plain(&logits, &top1, &mut top1_rng).token,
+                greedy.token
+            );
         }
     }
 
@@ -662,14 +684,21 @@ mod tests {
             ..random_params(1.0)
         };
         let freq = frequencies(&logits_from_probs(&probs), &params, 50_000);
-        assert_eq!(freq[0] + freq[2], 0.0, "excluded tokens were drawn: {freq:?}");
+        assert_eq!(
+            freq[0] + freq[2],
+            0.0,
+            "excluded tokens were drawn: {freq:?}"
+        );
         assert_close(&freq, &[0.0, 0.625, 0.0, 0.375], 0.01);
         let tiny = SamplingParams {
             top_p: 0.4,
             ..random_params(1.0)
         };
         let freq = frequencies(&logits_from_probs(&probs), &tiny, 2_000);
-        assert_eq!(freq[1], 1.0, "top_p below the top mass keeps only the top token");
+        assert_eq!(
+            freq[1], 1.0,
+            "top_p below the top mass keeps only the top token"
+        );
     }
 
     #[test]
@@ -694,10 +723,16 @@ mod tests {
         let mut scratch = Scratch::new();
         let out = processed(&logits, &params, &[0, 0, 99], &[1, 1, 4], &mut scratch);
         assert_eq!(out, vec![1.0, -4.0, 1.0, 0.5, 2.0]);
-        assert!(scratch.seen.iter().all(|&flag| !flag), "seen flags not reset");
+        assert!(
+            scratch.seen.iter().all(|&flag| !flag),
+            "seen flags not reset"
+        );
         let mut rng = SampleRng::new(0, "r", 0);
         let picked = sample(&logits, &params, &[4], &[], &[], &mut rng, &mut scratch);
-        assert_eq!(picked.token, 0, "penalized 4.0 -> 2.0 ties 2.0, lowest id wins");
+        assert_eq!(
+            picked.token, 0,
+            "penalized 4.0 -> 2.0 ties 2.0, lowest id wins"
+        );
     }
 
     #[test]
@@ -711,7 +746,10 @@ mod tests {
         let mut scratch = Scratch::new();
         let out = processed(&logits, &params, &[0, 3], &[2, 2, 2, 1, 7], &mut scratch);
         assert_eq!(out, vec![1.0, 0.25, -0.25, 1.0]);
-        assert!(scratch.generated_counts.iter().all(|&c| c == 0), "counts not reset");
+        assert!(
+            scratch.generated_counts.iter().all(|&c| c == 0),
+            "counts not reset"
+        );
         let again = processed(&logits, &params, &[], &[2], &mut scratch);
         assert_eq!(again, vec![1.0, 1.0, 0.25, 1.0]);
     }
@@ -728,7 +766,16 @@ mod tests {
         let mut rng = SampleRng::new(0, "m", 0);
         let mut scratch = Scratch::new();
         let mut step = |generated: &[u32], params: &SamplingParams| {
-            sample(&logits, params, &[], generated, &eos, &mut rng, &mut scratch).token
+            sample(
+                &logits,
+                params,
+                &[],
+                generated,
+                &eos,
+                &mut rng,
+                &mut scratch,
+            )
+            .token
         };
         assert_eq!(step(&[], &params), 2);
         assert_eq!(step(&[2], &params), 2);
@@ -737,7 +784,11 @@ mod tests {
             ignore_eos: true,
             ..params.clone()
         };
-        assert_eq!(step(&[], &ignore), 0, "ignore_eos: EOS is not a stop, not masked");
+        assert_eq!(
+            step(&[], &ignore),
+            0,
+            "ignore_eos: EOS is not a stop, not masked"
+        );
         let random = SamplingParams {
             temperature: 1.0,
             ..params
@@ -756,7 +807,15 @@ mod tests {
             let mut generated = Vec::new();
             for step in 0..64u32 {
                 let logits: Vec<f32> = (0..32u32).map(|i| ((i * 31 + step) % 7) as f32).collect();
-                let s = sample(&logits, &params, &[], &generated, &[], &mut rng, &mut scratch);
+                let s = sample(
+                    &logits,
+                    &params,
+                    &[],
+                    &generated,
+                    &[],
+                    &mut rng,
+                    &mut scratch,
+                );
                 generated.push(s.token);
             }
             generated
@@ -771,17 +830,25 @@ mod tests {
     fn rng_matches_published_vectors_and_is_pinned() {
         assert_eq!(fnv1a_64(FNV1A_64_OFFSET_BASIS, b""), 0xcbf2_9ce4_8422_2325);
         assert_eq!(fnv1a_64(FNV1A_64_OFFSET_BASIS, b"a"), 0xaf63_dc4c_8601_ec8c);
-        assert_eq!(fnv1a_64(FNV1A_64_OFFSET_BASIS, b"foobar"), 0x8594_4171_f739_67e8);
+        assert_eq!(
+            fnv1a_64(FNV1A_64_OFFSET_BASIS, b"foobar"),
+            0x8594_4171_f739_67e8
+        );
         let mut splitmix_seed_0 = SampleRng { state: 0 };
         assert_eq!(splitmix_seed_0.next_u64(), 0xe220_a839_7b1d_cdaf);
         assert_eq!(splitmix_seed_0.next_u64(), 0x6e78_9e6a_a1b9_65f4);
         let mut rng = SampleRng::new(1234, "math/42", 7);
         let first: Vec<u64> = (0..2).map(|_| rng.next_u64()).collect();
-        assert_eq!(first, PINNED_STREAM.to_vec(), "seeding changed: datasets would change");
+        assert_eq!(
+            first,
+            PINNED_STREAM.to_vec(),
+            "seeding changed: datasets would change"
+        );
         assert_ne!(SampleRng::new(1, "ab", 0), SampleRng::new(1, "a", 0));
     }
 
-    const PINNED_STREAM: [u64; 2] = [0, 0];
+    /// `SampleRng::new(1234, "math/42", 7)`: its first two `next_u64` outputs.
+    const PINNED_STREAM: [u64; 2] = [0xe57e_4407_dc05_86eb, 0x57d4_ab09_5ee1_6ec1];
 
     #[test]
     fn next_f64_is_in_unit_interval_with_mean_half() {
@@ -796,7 +863,12 @@ mod tests {
     fn logprob_is_raw_log_softmax_of_chosen_token() {
         let logits = [1.0f32, 2.0, 0.5, -1.0, 3.0];
         let max = 3.0f64;
-        let lse = max + logits.iter().map(|&l| (f64::from(l) - max).exp()).sum::<f64>().ln();
+        let lse = max
+            + logits
+                .iter()
+                .map(|&l| (f64::from(l) - max).exp())
+                .sum::<f64>()
+                .ln();
         let params = SamplingParams {
             temperature: 0.7,
             top_k: 3,
@@ -850,29 +922,90 @@ mod tests {
     fn invalid_params_and_odd_ids_do_not_panic() {
         let logits = [0.3f32, -0.2, 1.5, 0.0];
         let odd = [
-            SamplingParams { temperature: f32::NAN, ..SamplingParams::default() },
-            SamplingParams { temperature: -1.0, ..SamplingParams::default() },
-            SamplingParams { top_p: 0.0, ..random_params(1.0) },
-            SamplingParams { top_p: f32::NAN, min_p: f32::NAN, ..random_params(1.0) },
-            SamplingParams { min_p: 3.0, top_k: 100, ..random_params(1.0) },
-            SamplingParams { temperature: 1e-30, ..random_params(1.0) },
-            SamplingParams { repetition_penalty: 0.0, ..random_params(1.0) },
-            SamplingParams { repetition_penalty: f32::NAN, frequency_penalty: f32::INFINITY, ..random_params(1.0) },
-            SamplingParams { min_new_tokens: 9, stop_token_ids: vec![u32::MAX], ..random_params(1.0) },
+            SamplingParams {
+                temperature: f32::NAN,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                temperature: -1.0,
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                top_p: 0.0,
+                ..random_params(1.0)
+            },
+            SamplingParams {
+                top_p: f32::NAN,
+                min_p: f32::NAN,
+                ..random_params(1.0)
+            },
+            SamplingParams {
+                min_p: 3.0,
+                top_k: 100,
+                ..random_params(1.0)
+            },
+            SamplingParams {
+                temperature: 1e-30,
+                ..random_params(1.0)
+            },
+            SamplingParams {
+                repetition_penalty: 0.0,
+                ..random_params(1.0)
+            },
+            SamplingParams {
+                repetition_penalty: f32::NAN,
+                frequency_penalty: f32::INFINITY,
+                ..random_params(1.0)
+            },
+            SamplingParams {
+                min_new_tokens: 9,
+                stop_token_ids: vec![u32::MAX],
+                ..random_params(1.0)
+            },
         ];
         let mut rng = SampleRng::new(0, "odd", 0);
         let mut scratch = Scratch::new();
         for params in &odd {
             let gen = [2, u32::MAX, 1];
-            let s = sample(&logits, params, &[u32::MAX, 0], &gen, &[u32::MAX], &mut rng, &mut scratch);
+            let s = sample(
+                &logits,
+                params,
+                &[u32::MAX, 0],
+                &gen,
+                &[u32::MAX],
+                &mut rng,
+                &mut scratch,
+            );
             assert!((s.token as usize) < logits.len(), "{params:?} -> {s:?}");
         }
         let bigger: Vec<f32> = (0..100).map(|i| i as f32 / 100.0).collect();
-        let params = SamplingParams { repetition_penalty: 1.2, presence_penalty: 1.0, ..random_params(1.0) };
-        let _ = sample(&bigger, &params, &[99, 50], &[98], &[], &mut rng, &mut scratch);
-        let s = sample(&logits, &params, &[99, 3], &[98, 3], &[], &mut rng, &mut scratch);
+        let params = SamplingParams {
+            repetition_penalty: 1.2,
+            presence_penalty: 1.0,
+            ..random_params(1.0)
+        };
+        let _ = sample(
+            &bigger,
+            &params,
+            &[99, 50],
+            &[98],
+            &[],
+            &mut rng,
+            &mut scratch,
+        );
+        let s = sample(
+            &logits,
+            &params,
+            &[99, 3],
+            &[98, 3],
+            &[],
+            &mut rng,
+            &mut scratch,
+        );
         assert!((s.token as usize) < logits.len());
-        assert!(scratch.seen.iter().all(|&f| !f) && scratch.generated_counts.iter().all(|&c| c == 0));
+        assert!(
+            scratch.seen.iter().all(|&f| !f) && scratch.generated_counts.iter().all(|&c| c == 0)
+        );
     }
 
     #[test]
@@ -880,38 +1013,129 @@ mod tests {
         let stops = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(stop_string_hit("no stop here", &stops(&["</s>"])), None);
         assert_eq!(stop_string_hit("x = 4</s>tail", &stops(&["</s>"])), Some(5));
-        assert_eq!(stop_string_hit("ab END cd STOP", &stops(&["STOP", "END"])), Some(3));
+        assert_eq!(
+            stop_string_hit("ab END cd STOP", &stops(&["STOP", "END"])),
+            Some(3)
+        );
         assert_eq!(stop_string_hit("abcd", &stops(&["cd", "bcd"])), Some(1));
-        assert_eq!(stop_string_hit("é→∑ stop", &stops(&["stop"])), Some(8));
+        assert_eq!(stop_string_hit("é→∑ stop", &stops(&["stop"])), Some(9));
         assert_eq!(stop_string_hit("aaa", &stops(&["", "aa"])), Some(0));
         assert_eq!(stop_string_hit("abc", &stops(&[""])), None);
         assert_eq!(stop_string_hit("", &stops(&["x"])), None);
-        assert_eq!(stop_string_hit("Question:", &stops(&["Question:"])), Some(0));
+        assert_eq!(
+            stop_string_hit("Question:", &stops(&["Question:"])),
+            Some(0)
+        );
     }
 
     #[test]
     fn validate_names_the_field() {
         assert_eq!(SamplingParams::default().validate(), Ok(()));
         let cases: Vec<(SamplingParams, &str)> = vec![
-            (SamplingParams { temperature: -0.1, ..Default::default() }, "temperature"),
-            (SamplingParams { temperature: f32::NAN, ..Default::default() }, "temperature"),
-            (SamplingParams { top_p: 0.0, ..Default::default() }, "top_p"),
-            (SamplingParams { top_p: 1.5, ..Default::default() }, "top_p"),
-            (SamplingParams { min_p: -0.1, ..Default::default() }, "min_p"),
-            (SamplingParams { min_p: 1.1, ..Default::default() }, "min_p"),
-            (SamplingParams { repetition_penalty: 0.0, ..Default::default() }, "repetition_penalty"),
-            (SamplingParams { repetition_penalty: -1.0, ..Default::default() }, "repetition_penalty"),
-            (SamplingParams { presence_penalty: f32::NAN, ..Default::default() }, "presence_penalty"),
-            (SamplingParams { frequency_penalty: f32::INFINITY, ..Default::default() }, "frequency_penalty"),
-            (SamplingParams { max_new_tokens: 0, ..Default::default() }, "max_new_tokens"),
-            (SamplingParams { min_new_tokens: 10, max_new_tokens: 5, ..Default::default() }, "min_new_tokens"),
-            (SamplingParams { stop_strings: vec![String::new()], ..Default::default() }, "stop_strings"),
+            (
+                SamplingParams {
+                    temperature: -0.1,
+                    ..Default::default()
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    temperature: f32::NAN,
+                    ..Default::default()
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    top_p: 0.0,
+                    ..Default::default()
+                },
+                "top_p",
+            ),
+            (
+                SamplingParams {
+                    top_p: 1.5,
+                    ..Default::default()
+                },
+                "top_p",
+            ),
+            (
+                SamplingParams {
+                    min_p: -0.1,
+                    ..Default::default()
+                },
+                "min_p",
+            ),
+            (
+                SamplingParams {
+                    min_p: 1.1,
+                    ..Default::default()
+                },
+                "min_p",
+            ),
+            (
+                SamplingParams {
+                    repetition_penalty: 0.0,
+                    ..Default::default()
+                },
+                "repetition_penalty",
+            ),
+            (
+                SamplingParams {
+                    repetition_penalty: -1.0,
+                    ..Default::default()
+                },
+                "repetition_penalty",
+            ),
+            (
+                SamplingParams {
+                    presence_penalty: f32::NAN,
+                    ..Default::default()
+                },
+                "presence_penalty",
+            ),
+            (
+                SamplingParams {
+                    frequency_penalty: f32::INFINITY,
+                    ..Default::default()
+                },
+                "frequency_penalty",
+            ),
+            (
+                SamplingParams {
+                    max_new_tokens: 0,
+                    ..Default::default()
+                },
+                "max_new_tokens",
+            ),
+            (
+                SamplingParams {
+                    min_new_tokens: 10,
+                    max_new_tokens: 5,
+                    ..Default::default()
+                },
+                "min_new_tokens",
+            ),
+            (
+                SamplingParams {
+                    stop_strings: vec![String::new()],
+                    ..Default::default()
+                },
+                "stop_strings",
+            ),
         ];
         for (params, field) in cases {
             let message = params.validate().expect_err(field);
             assert!(message.starts_with(field), "{field}: {message}");
         }
-        let ok = SamplingParams { temperature: 0.7, top_p: 0.95, top_k: 20, min_p: 0.05, ..Default::default() };
+        let ok = SamplingParams {
+            temperature: 0.7,
+            top_p: 0.95,
+            top_k: 20,
+            min_p: 0.05,
+            ..Default::default()
+        };
         assert_eq!(ok.validate(), Ok(()));
     }
 }
