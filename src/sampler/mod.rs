@@ -5,7 +5,9 @@
 //! sample stage build on them. Knows nothing of Parquet or stages.
 
 pub mod block_pool;
+pub mod engine;
 pub mod kv_cache;
+pub mod sampling;
 pub mod scheduler;
 
 #[cfg(test)]

@@ -302,7 +302,7 @@ fn argmax(logits: &[f32]) -> Option<u32> {
     best.map(|(token, _)| token)
 }
 
-/// `log_softmax(logits)[token]` computed in f64; `-inf` if the row has no finite mass.
+/// `log_softmax(logits)[token]` (f32 exponentials, f64 sum); `-inf` if the row has no finite mass.
 fn raw_logprob(logits: &[f32], token: u32) -> f32 {
     let max = logits
         .iter()
@@ -311,11 +311,11 @@ fn raw_logprob(logits: &[f32], token: u32) -> f32 {
     if max == f32::NEG_INFINITY {
         return f32::NEG_INFINITY;
     }
-    let max = f64::from(max);
     let sum_exp: f64 = logits
         .iter()
-        .map(|&l| (f64::from(sanitize(l)) - max).exp())
+        .map(|&l| f64::from((sanitize(l) - max).exp()))
         .sum();
+    let max = f64::from(max);
     (f64::from(logit_at(logits, token)) - max - sum_exp.ln()) as f32
 }
 
@@ -441,11 +441,12 @@ fn sample_processed(scratch: &mut Scratch, params: &SamplingParams, uniform: f64
     draw(logits, candidates, weights, uniform)
 }
 
-/// Higher logit first, then lower token id (a total order: candidates are never NaN).
+/// Higher logit first, then lower token id (a total order: candidates are in range, not NaN).
 fn by_logit_desc(logits: &[f32]) -> impl Fn(&u32, &u32) -> Ordering + '_ {
     move |&a, &b| {
-        let (la, lb) = (logit_at(logits, a), logit_at(logits, b));
-        lb.partial_cmp(&la)
+        let logit = |token: u32| logits.get(token as usize).copied();
+        logit(b)
+            .partial_cmp(&logit(a))
             .unwrap_or(Ordering::Equal)
             .then(a.cmp(&b))
     }
@@ -460,16 +461,22 @@ fn keep_top_k(logits: &[f32], candidates: &mut Vec<u32>, top_k: usize) {
     candidates.truncate(top_k);
 }
 
-/// Sorts the candidates and keeps the smallest prefix with probability mass ≥ `top_p`
-/// (at least one token).
+/// First prefix length top-p examines; it grows ×8 until the prefix holds the wanted mass.
+const TOP_P_FIRST_PREFIX_LEN: usize = 256;
+
+/// Keeps the smallest most-likely prefix with probability mass ≥ `top_p` (at least one token).
+/// Only a prefix holding that mass is sorted, not the whole vocab.
 fn keep_top_p(logits: &[f32], candidates: &mut Vec<u32>, weights: &mut Vec<f64>, top_p: f32) {
-    candidates.sort_unstable_by(by_logit_desc(logits));
+    let max = f64::from(max_logit(logits, candidates));
     let total = fill_weights(logits, candidates, weights);
     let target_mass = f64::from(top_p) * total;
+    let prefix_len = select_prefix_with_mass(logits, candidates, max, target_mass);
+    candidates.truncate(prefix_len);
+    candidates.sort_unstable_by(by_logit_desc(logits));
     let mut cumulative = 0.0;
     let mut keep = candidates.len();
-    for (rank, &weight) in weights.iter().enumerate() {
-        cumulative += weight;
+    for (rank, &token) in candidates.iter().enumerate() {
+        cumulative += weight(logits, token, max);
         if cumulative >= target_mass {
             keep = rank + 1;
             break;
@@ -478,12 +485,36 @@ fn keep_top_p(logits: &[f32], candidates: &mut Vec<u32>, weights: &mut Vec<f64>,
     candidates.truncate(keep.max(1));
 }
 
+/// Reorders `candidates` so that its first `n` entries are the `n` best (unsorted), for some
+/// `n` whose summed weight reaches `target_mass` (or all of them); returns `n`.
+fn select_prefix_with_mass(
+    logits: &[f32],
+    candidates: &mut [u32],
+    max: f64,
+    target_mass: f64,
+) -> usize {
+    let mut len = TOP_P_FIRST_PREFIX_LEN;
+    while len < candidates.len() {
+        candidates.select_nth_unstable_by(len - 1, by_logit_desc(logits));
+        let mass: f64 = candidates
+            .iter()
+            .take(len)
+            .map(|&token| weight(logits, token, max))
+            .sum();
+        if mass >= target_mass {
+            return len;
+        }
+        len = len.saturating_mul(8);
+    }
+    candidates.len()
+}
+
 /// Drops candidates whose probability is below `min_p` × the top probability (min_p > 1 acts
 /// as 1: only the top logit's ties survive).
 fn keep_min_p(logits: &[f32], candidates: &mut Vec<u32>, min_p: f32) {
     let max = f64::from(max_logit(logits, candidates));
     let min_ratio = f64::from(min_p.min(1.0));
-    candidates.retain(|&token| (f64::from(logit_at(logits, token)) - max).exp() >= min_ratio);
+    candidates.retain(|&token| weight(logits, token, max) >= min_ratio);
 }
 
 fn max_logit(logits: &[f32], candidates: &[u32]) -> f32 {
@@ -493,15 +524,16 @@ fn max_logit(logits: &[f32], candidates: &[u32]) -> f32 {
         .fold(f32::NEG_INFINITY, f32::max)
 }
 
-/// `weights[i] = exp(logit(candidates[i]) - max)` in f64; returns their sum.
+/// Unnormalized probability `exp(logit - max)`, in f64.
+fn weight(logits: &[f32], token: u32, max: f64) -> f64 {
+    (f64::from(logit_at(logits, token)) - max).exp()
+}
+
+/// `weights[i] = weight(candidates[i])` with the candidates' max logit; returns their sum.
 fn fill_weights(logits: &[f32], candidates: &[u32], weights: &mut Vec<f64>) -> f64 {
     let max = f64::from(max_logit(logits, candidates));
     weights.clear();
-    weights.extend(
-        candidates
-            .iter()
-            .map(|&token| (f64::from(logit_at(logits, token)) - max).exp()),
-    );
+    weights.extend(candidates.iter().map(|&token| weight(logits, token, max)));
     weights.iter().sum()
 }
 
@@ -699,6 +731,43 @@ mod tests {
             freq[1], 1.0,
             "top_p below the top mass keeps only the top token"
         );
+    }
+
+    /// Top-p by a full sort of the whole row, for comparison with the partial-selection path.
+    fn top_p_by_full_sort(logits: &[f32], top_p: f64) -> Vec<u32> {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let weight = |t: u32| (f64::from(logits[t as usize]) - f64::from(max)).exp();
+        let total: f64 = (0..logits.len() as u32).map(weight).sum();
+        let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+        order.sort_by(|&a, &b| {
+            logits[b as usize]
+                .total_cmp(&logits[a as usize])
+                .then(a.cmp(&b))
+        });
+        let mut cumulative = 0.0;
+        let keep = order.iter().position(|&t| {
+            cumulative += weight(t);
+            cumulative >= top_p * total
+        });
+        order.truncate(keep.map_or(logits.len(), |k| k + 1));
+        order.sort_unstable();
+        order
+    }
+
+    #[test]
+    fn top_p_partial_selection_matches_full_sort_on_large_rows() {
+        for (row, spread) in [(0u32, 0.5f32), (1, 3.0), (2, 20.0)] {
+            let logits: Vec<f32> = (0..5000u32)
+                .map(|i| ((i * 7919 + row * 31) % 4999) as f32 / 4999.0 * spread)
+                .collect();
+            for top_p in [0.01f32, 0.3, 0.9, 0.999] {
+                let mut candidates: Vec<u32> = (0..5000).collect();
+                keep_top_p(&logits, &mut candidates, &mut Vec::new(), top_p);
+                candidates.sort_unstable();
+                let want = top_p_by_full_sort(&logits, f64::from(top_p));
+                assert_eq!(candidates, want, "spread {spread}, top_p {top_p}");
+            }
+        }
     }
 
     #[test]

@@ -331,3 +331,163 @@ fn paged_greedy_equals_full_recompute_on_a_random_mqa_llama() {
     ];
     check_model(&model, &prompts, 16);
 }
+
+mod engine {
+    use super::super::engine::{Engine, EngineConfig, FinishReason, Request, Sample};
+    use super::super::sampling::SamplingParams;
+    use super::super::scheduler::SchedulerConfig;
+    use super::*;
+
+    fn fixture_model() -> Option<Transformer> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-qwen3");
+        if !dir.exists() {
+            assert!(!std::env::var("SELFDISTILL_REQUIRE_SHARED").is_ok_and(|v| v == "1"));
+            return None;
+        }
+        Some(
+            Checkpoint::open(dir.to_str().unwrap())
+                .unwrap()
+                .load_transformer(&Device::Cpu, DType::F32)
+                .unwrap(),
+        )
+    }
+
+    fn prompts() -> Vec<Vec<u32>> {
+        vec![
+            vec![
+                41, 273, 317, 435, 295, 82, 220, 16, 21, 358, 220, 18, 358, 220, 19, 277, 220,
+            ],
+            vec![87],
+            vec![308, 434, 82, 86, 265, 305, 365, 65, 78, 87, 293, 90],
+            vec![48, 84, 461, 392, 25, 417, 286],
+            vec![43, 317, 281, 69, 7, 87, 8, 277, 220, 18],
+        ]
+    }
+
+    fn run(
+        model: &Transformer,
+        params: SamplingParams,
+        max_num_seqs: usize,
+        num_blocks: usize,
+        n: u32,
+    ) -> (Vec<Sample>, u64) {
+        let cfg = EngineConfig {
+            scheduler: SchedulerConfig {
+                block_size: 4,
+                max_num_seqs,
+                max_num_batched_tokens: 24,
+            },
+            num_blocks,
+            params,
+            eos_token_ids: vec![482, 480],
+        };
+        let mut e = Engine::new(model, cfg).unwrap();
+        for (i, p) in prompts().into_iter().enumerate() {
+            e.add(Request {
+                problem_id: format!("p{i}"),
+                prompt: p,
+                n,
+            })
+            .unwrap();
+        }
+        let mut out = Vec::new();
+        while !e.is_idle() {
+            out.extend(e.step(None).unwrap());
+        }
+        out.sort_by_key(|a| (a.request, a.sample_index));
+        (out, e.preemptions())
+    }
+
+    fn sampling() -> SamplingParams {
+        SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            top_k: 50,
+            max_new_tokens: 20,
+            seed: 1234,
+            ..SamplingParams::default()
+        }
+    }
+
+    #[test]
+    fn seeded_samples_do_not_depend_on_batch_size_or_memory_pressure() {
+        let Some(model) = fixture_model() else { return };
+        let (one, _) = run(&model, sampling(), 1, 512, 3);
+        let (many, _) = run(&model, sampling(), 64, 512, 3);
+        let (tight, preempted) = run(&model, sampling(), 64, 24, 3);
+        assert_eq!(one.len(), 15);
+        assert!(preempted > 0, "the tight cache should force preemptions");
+        // Tokens are identical; log-probabilities agree to float noise (the batch shapes of the
+        // matmuls differ).
+        for other in [&many, &tight] {
+            assert_eq!(one.len(), other.len());
+            for (a, b) in one.iter().zip(other.iter()) {
+                assert_eq!(
+                    (&a.problem_id, a.sample_index, &a.tokens),
+                    (&b.problem_id, b.sample_index, &b.tokens)
+                );
+                assert!((a.cumulative_logprob - b.cumulative_logprob).abs() < 1e-3);
+            }
+        }
+        // Different sample indices of one problem differ (they have their own RNG streams).
+        assert_ne!(one[0].tokens, one[1].tokens);
+    }
+
+    #[test]
+    fn greedy_engine_matches_full_recompute_for_every_sample() {
+        let Some(model) = fixture_model() else { return };
+        let params = SamplingParams {
+            max_new_tokens: 12,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        };
+        let (out, _) = run(&model, params, 8, 64, 2);
+        for s in &out {
+            let want = reference_greedy(&model, &prompts()[s.request], 12);
+            assert_eq!(s.finish_reason, FinishReason::Length);
+            assert_same(
+                &s.tokens,
+                &want,
+                &format!("problem {} sample {}", s.request, s.sample_index),
+            );
+        }
+    }
+
+    #[test]
+    fn cancelling_a_request_saves_its_unfinished_samples() {
+        let Some(model) = fixture_model() else { return };
+        let cfg = EngineConfig {
+            scheduler: SchedulerConfig {
+                block_size: 4,
+                max_num_seqs: 2,
+                max_num_batched_tokens: 64,
+            },
+            num_blocks: 256,
+            params: SamplingParams {
+                max_new_tokens: 8,
+                ignore_eos: true,
+                ..sampling()
+            },
+            eos_token_ids: vec![482],
+        };
+        let mut e = Engine::new(&model, cfg).unwrap();
+        let r = e
+            .add(Request {
+                problem_id: "p".into(),
+                prompt: prompts()[0].clone(),
+                n: 6,
+            })
+            .unwrap();
+        let mut done = Vec::new();
+        while done.is_empty() {
+            done.extend(e.step(None).unwrap());
+        }
+        let saved = e.cancel(r);
+        while !e.is_idle() {
+            done.extend(e.step(None).unwrap());
+        }
+        assert_eq!(done.len() as u64 + saved, 6);
+        assert!(saved >= 3, "saved {saved}");
+        assert_eq!(e.stats.samples_cancelled, saved);
+    }
+}

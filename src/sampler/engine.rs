@@ -1,0 +1,376 @@
+//! The engine loop: requests in, finished samples out, one scheduler step at a time.
+//!
+//! 1) A request (one prompt, n samples) enters as one leader sequence: the prompt is prefilled
+//!    once. 2) When the leader's prompt is in the cache, its n-1 siblings are forked from it: they
+//!    share the prompt's blocks (the last partial block is copied on write) and recompute only the
+//!    last prompt token for their own logits. 3) Every step: the scheduler picks tokens under the
+//!    budget, block copies are made, the model runs one forward over all scheduled tokens through
+//!    the paged cache, and every sequence whose tokens are all computed samples one more token
+//!    with its own RNG, seeded by (run seed, problem id, sample index), so a sample's tokens do
+//!    not depend on what else is in the batch. 4) A sample ends on EOS or a stop id, a stop string,
+//!    or `max_new_tokens`.
+//!
+//! Knows nothing of Parquet, verification or problems beyond their ids: the caller grades
+//! finished samples and may [`Engine::cancel`] a request (the verifier in the loop).
+
+use anyhow::{bail, Result};
+use candle_core::{Device, Tensor};
+
+use super::kv_cache::{KvCache, PagedAttention, SeqStep};
+use super::sampling::{sample, stop_string_hit, SampleRng, SamplingParams, Scratch};
+use super::scheduler::{Scheduler, SchedulerConfig, SeqId, SeqState};
+use crate::model::Transformer;
+
+/// Why a sample ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// EOS, a stop token id or a stop string.
+    Stop,
+    /// `max_new_tokens` reached.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// One prompt to sample `n` times.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub problem_id: String,
+    pub prompt: Vec<u32>,
+    pub n: u32,
+}
+
+/// A finished sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub request: usize,
+    pub problem_id: String,
+    pub sample_index: u32,
+    /// Generated tokens (a stop token id or EOS that ended it included).
+    pub tokens: Vec<u32>,
+    pub finish_reason: FinishReason,
+    /// Sum of the chosen tokens' log-probabilities under the raw model distribution.
+    pub cumulative_logprob: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub scheduler: SchedulerConfig,
+    pub num_blocks: usize,
+    pub params: SamplingParams,
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// Counters for the end-of-run summary.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineStats {
+    pub steps: u64,
+    pub prompt_tokens_computed: u64,
+    pub generated_tokens: u64,
+    pub samples_cancelled: u64,
+}
+
+struct SeqMeta {
+    request: usize,
+    sample_index: u32,
+    prompt_len: usize,
+    tokens: Vec<u32>,
+    rng: SampleRng,
+    logprob: f64,
+    /// Siblings still to fork from this leader once its prompt is cached.
+    pending_forks: u32,
+    done: bool,
+}
+
+/// Turns text back from tokens, for stop strings.
+pub type Decoder<'a> = &'a dyn Fn(&[u32]) -> String;
+
+pub struct Engine<'m> {
+    model: &'m Transformer,
+    cfg: EngineConfig,
+    cache: KvCache,
+    sched: Scheduler,
+    seqs: Vec<SeqState>,
+    meta: Vec<SeqMeta>,
+    requests: Vec<Request>,
+    cancelled: Vec<bool>,
+    scratch: Scratch,
+    pub stats: EngineStats,
+}
+
+impl<'m> Engine<'m> {
+    pub fn new(model: &'m Transformer, cfg: EngineConfig) -> Result<Self> {
+        if let Err(e) = cfg.params.validate() {
+            bail!("sampling parameters: {e}");
+        }
+        let cache = KvCache::new(model.config(), cfg.scheduler.block_size, cfg.num_blocks);
+        let sched = Scheduler::new(cfg.scheduler, cfg.num_blocks);
+        Ok(Engine {
+            model,
+            cfg,
+            cache,
+            sched,
+            seqs: Vec::new(),
+            meta: Vec::new(),
+            requests: Vec::new(),
+            cancelled: Vec::new(),
+            scratch: Scratch::new(),
+            stats: EngineStats::default(),
+        })
+    }
+
+    /// Queues a request; returns its index.
+    pub fn add(&mut self, req: Request) -> Result<usize> {
+        let max_len = req.prompt.len() + self.cfg.params.max_new_tokens;
+        let capacity = self.cfg.num_blocks * self.cfg.scheduler.block_size;
+        if req.prompt.is_empty() {
+            bail!("problem {}: empty prompt", req.problem_id);
+        }
+        if max_len > capacity || max_len > self.model.config().max_position_embeddings {
+            bail!(
+                "problem {}: prompt ({}) + max_new_tokens ({}) exceeds the KV cache ({capacity} \
+                 tokens) or the model's context ({})",
+                req.problem_id,
+                req.prompt.len(),
+                self.cfg.params.max_new_tokens,
+                self.model.config().max_position_embeddings
+            );
+        }
+        let r = self.requests.len();
+        if req.n > 0 {
+            let id = self.new_seq(r, 0, &req.prompt, req.n - 1, Default::default());
+            self.sched.add(id);
+        }
+        self.requests.push(req);
+        self.cancelled.push(false);
+        Ok(r)
+    }
+
+    fn new_seq(
+        &mut self,
+        request: usize,
+        sample_index: u32,
+        prompt: &[u32],
+        pending_forks: u32,
+        state: SeqState,
+    ) -> SeqId {
+        let problem_id = self
+            .requests
+            .get(request)
+            .map(|r| r.problem_id.as_str())
+            .unwrap_or("");
+        let rng = SampleRng::new(self.cfg.params.seed, problem_id, sample_index);
+        let id = SeqId(self.seqs.len());
+        self.seqs.push(SeqState {
+            num_tokens: prompt.len(),
+            ..state
+        });
+        self.meta.push(SeqMeta {
+            request,
+            sample_index,
+            prompt_len: prompt.len(),
+            tokens: prompt.to_vec(),
+            rng,
+            logprob: 0.0,
+            pending_forks,
+            done: false,
+        });
+        id
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.sched.is_idle()
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.sched.num_running()
+    }
+
+    /// Share of KV blocks in use.
+    pub fn kv_usage(&self) -> f64 {
+        let p = &self.sched.pool;
+        1.0 - p.num_free() as f64 / p.num_blocks().max(1) as f64
+    }
+
+    pub fn preemptions(&self) -> u64 {
+        self.sched.total_preemptions
+    }
+
+    /// Stops every unfinished sample of `request` (its target is met); returns how many samples
+    /// will not be generated.
+    pub fn cancel(&mut self, request: usize) -> u64 {
+        let Some(c) = self.cancelled.get_mut(request) else {
+            return 0;
+        };
+        if *c {
+            return 0;
+        }
+        *c = true;
+        let mut saved = 0u64;
+        for i in 0..self.meta.len() {
+            let m = &mut self.meta[i];
+            if m.request != request || m.done {
+                continue;
+            }
+            saved += 1 + m.pending_forks as u64;
+            m.pending_forks = 0;
+            m.done = true;
+            self.sched.finish(SeqId(i), &mut self.seqs);
+        }
+        self.stats.samples_cancelled += saved;
+        saved
+    }
+
+    /// One engine step; returns the samples that finished in it.
+    pub fn step(&mut self, decode: Option<Decoder>) -> Result<Vec<Sample>> {
+        let step = self.sched.schedule(&mut self.seqs);
+        if step.scheduled.is_empty() {
+            if !self.sched.is_idle() {
+                bail!("the KV cache cannot hold even one sequence: give it more memory");
+            }
+            return Ok(Vec::new());
+        }
+        self.stats.steps += 1;
+        for c in &step.copies {
+            self.cache.copy_block(c.src, c.dst);
+        }
+        // 1. the batch: scheduled tokens of every sequence, end to end
+        let mut tokens = Vec::new();
+        let mut positions = Vec::new();
+        for &(id, n) in &step.scheduled {
+            let (s, m) = (&self.seqs[id.0], &self.meta[id.0]);
+            let range = s.num_computed..s.num_computed + n;
+            tokens.extend_from_slice(&m.tokens[range.clone()]);
+            positions.extend(range.clone().map(|p| p as u32));
+            self.stats.prompt_tokens_computed += range.filter(|&p| p < m.prompt_len).count() as u64;
+        }
+        // 2. forward through the paged cache
+        let dev = Device::Cpu;
+        let hidden = {
+            let seqs = &self.seqs;
+            let mut attn = PagedAttention {
+                cache: &mut self.cache,
+                seqs: step
+                    .scheduled
+                    .iter()
+                    .map(|&(id, n)| SeqStep {
+                        block_table: &seqs[id.0].block_table,
+                        start_pos: seqs[id.0].num_computed,
+                        num_new: n,
+                    })
+                    .collect(),
+            };
+            self.model.forward_hidden(
+                &Tensor::new(tokens.as_slice(), &dev)?,
+                &Tensor::new(positions.as_slice(), &dev)?,
+                &mut attn,
+            )?
+        };
+        // 3. advance, and pick the rows of sequences that now sample
+        let mut rows = Vec::new();
+        let mut samplers = Vec::new();
+        let mut end = 0u32;
+        for &(id, n) in &step.scheduled {
+            end += n as u32;
+            let s = &mut self.seqs[id.0];
+            s.num_computed += n;
+            if s.num_computed == s.num_tokens {
+                rows.push(end - 1);
+                samplers.push(id);
+            }
+        }
+        let mut finished = Vec::new();
+        if samplers.is_empty() {
+            return Ok(finished);
+        }
+        let picked = hidden.index_select(&Tensor::new(rows.as_slice(), &dev)?, 0)?;
+        let logits: Vec<Vec<f32>> = self.model.logits(&picked)?.to_vec2()?;
+        for (id, row) in samplers.into_iter().zip(logits) {
+            self.fork_siblings(id);
+            if let Some(done) = self.sample_one(id, &row, decode) {
+                finished.push(done);
+            }
+        }
+        Ok(finished)
+    }
+
+    /// Forks the leader's waiting siblings once its prompt is cached.
+    fn fork_siblings(&mut self, leader: SeqId) {
+        let (request, pending, prompt_len) = {
+            let m = &self.meta[leader.0];
+            (m.request, m.pending_forks, m.prompt_len)
+        };
+        if pending == 0 || self.seqs[leader.0].num_computed < prompt_len {
+            return;
+        }
+        self.meta[leader.0].pending_forks = 0;
+        let prompt = self.meta[leader.0].tokens[..prompt_len].to_vec();
+        // Highest index first, so that add_front leaves them in index order.
+        for k in (1..=pending).rev() {
+            let table = self.seqs[leader.0].block_table.fork(&mut self.sched.pool);
+            let state = SeqState {
+                num_computed: prompt_len - 1,
+                block_table: table,
+                ..SeqState::default()
+            };
+            let id = self.new_seq(request, k, &prompt, 0, state);
+            self.sched.add_front(id);
+        }
+    }
+
+    /// Samples one token for `id`; returns the sample when it ended.
+    fn sample_one(&mut self, id: SeqId, logits: &[f32], decode: Option<Decoder>) -> Option<Sample> {
+        let params = &self.cfg.params;
+        let m = &mut self.meta[id.0];
+        let (prompt, generated) = m.tokens.split_at(m.prompt_len);
+        let s = sample(
+            logits,
+            params,
+            prompt,
+            generated,
+            &self.cfg.eos_token_ids,
+            &mut m.rng,
+            &mut self.scratch,
+        );
+        m.tokens.push(s.token);
+        m.logprob += s.logprob as f64;
+        self.seqs[id.0].num_tokens += 1;
+        self.stats.generated_tokens += 1;
+        let n_gen = m.tokens.len() - m.prompt_len;
+        let is_stop_id = (!params.ignore_eos && self.cfg.eos_token_ids.contains(&s.token))
+            || params.stop_token_ids.contains(&s.token);
+        let mut reason =
+            (is_stop_id && n_gen >= params.min_new_tokens).then_some(FinishReason::Stop);
+        if reason.is_none() && !params.stop_strings.is_empty() {
+            if let Some(dec) = decode {
+                let text = dec(m.tokens.get(m.prompt_len..).unwrap_or(&[]));
+                if stop_string_hit(&text, &params.stop_strings).is_some() {
+                    reason = Some(FinishReason::Stop);
+                }
+            }
+        }
+        if reason.is_none() && n_gen >= params.max_new_tokens {
+            reason = Some(FinishReason::Length);
+        }
+        let reason = reason?;
+        m.done = true;
+        let sample = Sample {
+            request: m.request,
+            problem_id: self.requests[m.request].problem_id.clone(),
+            sample_index: m.sample_index,
+            tokens: m.tokens[m.prompt_len..].to_vec(),
+            finish_reason: reason,
+            cumulative_logprob: m.logprob,
+        };
+        // Siblings are forked before the leader's blocks go (see `step`).
+        self.sched.finish(id, &mut self.seqs);
+        Some(sample)
+    }
+}
