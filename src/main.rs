@@ -55,6 +55,8 @@ enum Command {
         #[arg(long)]
         workdir: Option<PathBuf>,
     },
+    /// Sample completions for the problems of a file and write the completions Parquet.
+    Sample(Box<cmd::sample::SampleArgs>),
     /// Grade any completions file (JSONL or Parquet) against gold answers with our verifier.
     Grade(cmd::grade::GradeArgs),
     /// Work with data files.
@@ -127,6 +129,7 @@ fn main() -> ExitCode {
             load_config(config, workdir).and_then(|cfg| cmd::preflight::run(&cfg))
         }
         Command::Grade(args) => cmd::grade::run(&args),
+        Command::Sample(args) => cmd::sample::run(&args),
         Command::Data {
             command: DataCommand::Inspect { file, rows },
         } => cmd::inspect::run(&file, rows),

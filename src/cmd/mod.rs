@@ -1,4 +1,5 @@
-//! Commands that are not pipeline stages: `grade`, `data inspect`, `status`, `preflight`, `bench`.
+//! Commands that are not pipeline stages: `grade`, `data inspect`, `status`, `preflight`, `bench`,
+//! `sample`.
 //!
 //! Each reads files or the work dir and prints; none of them writes a stage.
 
@@ -6,4 +7,5 @@ pub mod bench;
 pub mod grade;
 pub mod inspect;
 pub mod preflight;
+pub mod sample;
 pub mod status;

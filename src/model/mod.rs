@@ -42,6 +42,8 @@ impl Checkpoint {
             local.to_path_buf()
         } else if local.exists() {
             bail!("{name} is a file; give the checkpoint's folder");
+        } else if name.starts_with(['/', '.', '~']) || name.matches('/').count() > 1 {
+            bail!("no checkpoint folder {name}");
         } else {
             hub_snapshot(name.strip_prefix("hf://").unwrap_or(name))?
         };

@@ -6,6 +6,7 @@
 
 pub mod block_pool;
 pub mod engine;
+pub mod job;
 pub mod kv_cache;
 pub mod sampling;
 pub mod scheduler;

@@ -1,0 +1,424 @@
+//! A sampling job: problems in, a completions Parquet out, resumable.
+//!
+//! 1) Prompts are built from the problems (chat template, raw text, or a Jinja file with
+//!    `{{ problem }}`). 2) The engine samples `n` completions per problem; with gold answers, each
+//!    finished sample is graded, and with `target_correct = k` a problem stops being sampled once
+//!    k samples are correct. 3) Finished problems are committed in parts (every problem's samples
+//!    in one part, each part written whole) under `<output>.parts/`, so a killed run resumes
+//!    without duplicates or gaps: it skips the problems already committed, and every sample's
+//!    tokens depend only on (seed, problem id, sample index). 4) At the end the parts are joined,
+//!    in input order, into the output file (atomically).
+//!
+//! Knows nothing of stages or configs: the `pipeline sample` command and the sample stage call it.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+
+use super::engine::{Engine, EngineConfig, Request, Sample};
+use super::kv_cache::KvCache;
+use super::sampling::SamplingParams;
+use super::scheduler::SchedulerConfig;
+use crate::data::schema::{
+    completions_batch, completions_schema, read_completions, write_parquet_atomic, Completion,
+    Grade, Problem,
+};
+use crate::model::{ChatTemplate, Message, TextTokenizer, Transformer};
+use crate::verify::{grade, GradeOptions};
+
+/// How a problem becomes a prompt.
+#[derive(Debug, Clone)]
+pub enum PromptTemplate {
+    /// The checkpoint's chat template, with an optional system message.
+    Chat {
+        system: Option<String>,
+        enable_thinking: Option<bool>,
+    },
+    /// The problem text unchanged.
+    Raw,
+    /// A Jinja template with `{{ problem }}`.
+    File(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct JobConfig {
+    pub model_name: String,
+    pub n: u32,
+    pub params: SamplingParams,
+    pub block_size: usize,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub kv_cache_bytes: u64,
+    pub target_correct: Option<u32>,
+    /// Problems per committed part.
+    pub part_problems: usize,
+    pub grade: GradeOptions,
+}
+
+/// Figures for the end-of-run summary.
+#[derive(Debug, Clone, Default)]
+pub struct JobSummary {
+    pub problems: usize,
+    pub problems_resumed: usize,
+    pub samples: u64,
+    pub correct: u64,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    pub preemptions: u64,
+    pub samples_saved: u64,
+    pub seconds: f64,
+}
+
+/// Renders and tokenizes every problem's prompt.
+pub fn build_prompts(
+    problems: &[Problem],
+    template: &PromptTemplate,
+    chat: Option<&ChatTemplate>,
+    tok: &TextTokenizer,
+) -> Result<Vec<(String, Vec<u32>)>> {
+    problems
+        .iter()
+        .map(|p| {
+            let text = match template {
+                PromptTemplate::Raw => p.problem.clone(),
+                PromptTemplate::Chat {
+                    system,
+                    enable_thinking,
+                } => {
+                    let chat = chat.context("the checkpoint has no chat template")?;
+                    let mut msgs = Vec::new();
+                    if let Some(s) = system {
+                        msgs.push(Message::new("system", s));
+                    }
+                    msgs.push(Message::new("user", &p.problem));
+                    chat.render(&msgs, true, *enable_thinking)?
+                }
+                PromptTemplate::File(src) => {
+                    let env = minijinja::Environment::new();
+                    env.render_str(src, minijinja::context! { problem => p.problem.clone() })
+                        .with_context(|| format!("prompt template for {}", p.problem_id))?
+                }
+            };
+            let ids = tok.encode(&text)?;
+            Ok((text, ids))
+        })
+        .collect()
+}
+
+/// A hash naming everything that shapes the samples (for the `sampling_hash` column).
+pub fn sampling_hash(cfg: &JobConfig, template: &PromptTemplate) -> String {
+    let text = format!(
+        "{}|{}|{:?}|{:?}",
+        cfg.model_name, cfg.n, cfg.params, template
+    );
+    hex::encode(Sha256::digest(text.as_bytes()))
+        .get(..16)
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn parts_dir(output: &Path) -> PathBuf {
+    let mut s = output.as_os_str().to_owned();
+    s.push(".parts");
+    PathBuf::from(s)
+}
+
+/// Runs the job; `problems` and `prompts` are in input order.
+#[allow(clippy::too_many_arguments)]
+pub fn run(
+    model: &Transformer,
+    tok: &TextTokenizer,
+    eos: &[u32],
+    problems: &[Problem],
+    prompts: &[(String, Vec<u32>)],
+    cfg: &JobConfig,
+    template: &PromptTemplate,
+    output: &Path,
+) -> Result<JobSummary> {
+    let t0 = Instant::now();
+    let parts = parts_dir(output);
+    std::fs::create_dir_all(&parts)
+        .with_context(|| format!("cannot create {}", parts.display()))?;
+    let done = committed_problems(&parts)?;
+    let shash = sampling_hash(cfg, template);
+    let num_blocks = KvCache::blocks_for_budget(model.config(), cfg.block_size, cfg.kv_cache_bytes);
+    let tokens = num_blocks * cfg.block_size;
+    eprintln!(
+        "KV cache: {num_blocks} blocks of {} tokens = {tokens} tokens ({:.1} MiB), about {} \
+         sequences of {} tokens",
+        cfg.block_size,
+        cfg.kv_cache_bytes as f64 / (1 << 20) as f64,
+        tokens / (cfg.params.max_new_tokens + 256).max(1),
+        cfg.params.max_new_tokens + 256
+    );
+    let ecfg = EngineConfig {
+        scheduler: SchedulerConfig {
+            block_size: cfg.block_size,
+            max_num_seqs: cfg.max_num_seqs,
+            max_num_batched_tokens: cfg.max_num_batched_tokens,
+        },
+        num_blocks,
+        params: cfg.params.clone(),
+        eos_token_ids: eos.to_vec(),
+    };
+    let mut engine = Engine::new(model, ecfg)?;
+    let mut summary = JobSummary {
+        problems: problems.len(),
+        ..JobSummary::default()
+    };
+    let mut index_of_request = Vec::new();
+    for (i, (p, (_, ids))) in problems.iter().zip(prompts).enumerate() {
+        if done.contains(&p.problem_id) {
+            summary.problems_resumed += 1;
+            continue;
+        }
+        engine.add(Request {
+            problem_id: p.problem_id.clone(),
+            prompt: ids.clone(),
+            n: cfg.n,
+        })?;
+        index_of_request.push(i);
+    }
+    if summary.problems_resumed > 0 {
+        eprintln!(
+            "resuming: {} of {} problems already committed in {}",
+            summary.problems_resumed,
+            problems.len(),
+            parts.display()
+        );
+    }
+    let decode = |ids: &[u32]| tok.decode(ids).unwrap_or_default();
+    let mut pending: HashMap<usize, Vec<Completion>> = HashMap::new();
+    let mut finished_problems: Vec<usize> = Vec::new();
+    let mut correct_per_request: HashMap<usize, u32> = HashMap::new();
+    let mut remaining: HashMap<usize, u32> =
+        (0..index_of_request.len()).map(|r| (r, cfg.n)).collect();
+    let mut next_part = next_part_index(&parts)?;
+    let mut last_report = Instant::now();
+    while !engine.is_idle() {
+        let finished: Vec<Sample> = engine.step(Some(&decode))?;
+        for s in finished {
+            let pi = index_of_request[s.request];
+            let row = to_row(&s, &problems[pi], &prompts[pi], tok, cfg, &shash)?;
+            summary.samples += 1;
+            if row.grade.as_ref().is_some_and(|g| g.correct) {
+                summary.correct += 1;
+                let c = correct_per_request.entry(s.request).or_insert(0);
+                *c += 1;
+                if cfg.target_correct.is_some_and(|k| *c >= k) {
+                    let saved = engine.cancel(s.request);
+                    summary.samples_saved += saved;
+                    if let Some(r) = remaining.get_mut(&s.request) {
+                        *r = r.saturating_sub(saved as u32);
+                    }
+                }
+            }
+            pending.entry(s.request).or_default().push(row);
+            if let Some(r) = remaining.get_mut(&s.request) {
+                *r = r.saturating_sub(1);
+                if *r == 0 {
+                    finished_problems.push(s.request);
+                }
+            }
+        }
+        if finished_problems.len() >= cfg.part_problems {
+            commit_part(&parts, &mut next_part, &mut finished_problems, &mut pending)?;
+        }
+        if last_report.elapsed().as_secs_f64() > 5.0 {
+            report_progress(&engine, &summary, problems.len(), &remaining, t0);
+            last_report = Instant::now();
+        }
+    }
+    commit_part(&parts, &mut next_part, &mut finished_problems, &mut pending)?;
+    // Join the parts in input order (then sample index) into the output.
+    let order: HashMap<&str, usize> = problems
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.problem_id.as_str(), i))
+        .collect();
+    let mut rows = Vec::new();
+    for part in part_files(&parts)? {
+        rows.extend(read_completions(&part)?);
+    }
+    rows.sort_by_key(|r| (order.get(r.problem_id.as_str()).copied(), r.sample_index));
+    let graded = rows.iter().all(|r| r.grade.is_some());
+    let batches = rows
+        .chunks(crate::data::schema::ROW_GROUP_ROWS)
+        .map(|c| completions_batch(c, graded))
+        .collect::<Result<Vec<_>>>()?;
+    write_parquet_atomic(output, completions_schema(graded), &batches)?;
+    std::fs::remove_dir_all(&parts)
+        .with_context(|| format!("cannot remove {}", parts.display()))?;
+    summary.prompt_tokens = engine.stats.prompt_tokens_computed;
+    summary.generated_tokens = engine.stats.generated_tokens;
+    summary.preemptions = engine.preemptions();
+    summary.seconds = t0.elapsed().as_secs_f64();
+    Ok(summary)
+}
+
+fn to_row(
+    s: &Sample,
+    p: &Problem,
+    prompt: &(String, Vec<u32>),
+    tok: &TextTokenizer,
+    cfg: &JobConfig,
+    shash: &str,
+) -> Result<Completion> {
+    let text = tok.decode(&s.tokens)?;
+    // A stop string ends the completion where it starts.
+    let text = match super::sampling::stop_string_hit(&text, &cfg.params.stop_strings) {
+        Some(i) => text.get(..i).unwrap_or(&text).to_string(),
+        None => text,
+    };
+    let grade_row = (!p.gold_answer.is_empty()).then(|| {
+        let v = grade(&text, &p.gold_answer, &cfg.grade);
+        Grade {
+            gold_answer: p.gold_answer.clone(),
+            extracted_answer: v.extracted,
+            correct: v.correct,
+            reason: v.reason.as_str().to_string(),
+        }
+    });
+    Ok(Completion {
+        problem_id: s.problem_id.clone(),
+        sample_index: s.sample_index as i32,
+        prompt: prompt.0.clone(),
+        prompt_token_ids: Some(prompt.1.iter().map(|&t| t as i32).collect()),
+        completion: text,
+        completion_token_ids: Some(s.tokens.iter().map(|&t| t as i32).collect()),
+        finish_reason: Some(s.finish_reason.as_str().to_string()),
+        num_completion_tokens: Some(s.tokens.len() as i32),
+        cumulative_logprob: Some(s.cumulative_logprob),
+        seed: Some(cfg.params.seed as i64),
+        model: Some(cfg.model_name.clone()),
+        sampling_hash: Some(shash.to_string()),
+        grade: grade_row,
+    })
+}
+
+fn part_files(parts: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(parts)
+        .with_context(|| format!("cannot read {}", parts.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("part-"))
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn next_part_index(parts: &Path) -> Result<usize> {
+    Ok(part_files(parts)?.len())
+}
+
+/// Problem ids whose samples are already committed.
+fn committed_problems(parts: &Path) -> Result<HashSet<String>> {
+    let mut done = HashSet::new();
+    for p in part_files(parts)? {
+        for r in read_completions(&p)? {
+            done.insert(r.problem_id);
+        }
+    }
+    Ok(done)
+}
+
+fn commit_part(
+    parts: &Path,
+    next: &mut usize,
+    finished: &mut Vec<usize>,
+    pending: &mut HashMap<usize, Vec<Completion>>,
+) -> Result<()> {
+    if finished.is_empty() {
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    for r in finished.drain(..) {
+        rows.extend(pending.remove(&r).unwrap_or_default());
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let graded = rows.iter().all(|r| r.grade.is_some());
+    let batch = completions_batch(&rows, graded)?;
+    let path = parts.join(format!("part-{:06}.parquet", *next));
+    write_parquet_atomic(&path, completions_schema(graded), &[batch])?;
+    *next += 1;
+    crate::fault::point("sample.part");
+    Ok(())
+}
+
+fn report_progress(
+    engine: &Engine,
+    s: &JobSummary,
+    total: usize,
+    remaining: &HashMap<usize, u32>,
+    t0: Instant,
+) {
+    let open = remaining.values().filter(|r| **r > 0).count();
+    let done = total - open;
+    let secs = t0.elapsed().as_secs_f64();
+    let tps = engine.stats.generated_tokens as f64 / secs.max(1e-9);
+    let eta = if done > s.problems_resumed {
+        secs / (done - s.problems_resumed) as f64 * open as f64
+    } else {
+        f64::NAN
+    };
+    eprintln!(
+        "problems {done}/{total}  generated {} tok ({tps:.0} tok/s)  running {}  KV {:.0}%  \
+         ETA {eta:.0}s",
+        engine.stats.generated_tokens,
+        engine.num_running(),
+        100.0 * engine.kv_usage()
+    );
+}
+
+/// Which shard this process is: `--shard I/N`, else `SLURM_ARRAY_TASK_ID`/`SLURM_ARRAY_TASK_COUNT`,
+/// else `JOB_COMPLETION_INDEX` with `num_shards`.
+pub fn resolve_shard(
+    flag: Option<&str>,
+    num_shards: Option<usize>,
+) -> Result<Option<(usize, usize)>> {
+    let parse = |i: &str, n: &str, what: &str| -> Result<(usize, usize)> {
+        let i: usize = i
+            .trim()
+            .parse()
+            .with_context(|| format!("{what}: `{i}` is not a number"))?;
+        let n: usize = n
+            .trim()
+            .parse()
+            .with_context(|| format!("{what}: `{n}` is not a number"))?;
+        if n == 0 || i >= n {
+            bail!("{what}: shard {i} of {n} does not exist (shards are 0..{n})");
+        }
+        Ok((i, n))
+    };
+    if let Some(f) = flag {
+        let (i, n) = f.split_once('/').context("--shard takes I/N, e.g. 0/4")?;
+        return parse(i, n, "--shard").map(Some);
+    }
+    if let (Ok(i), Ok(n)) = (
+        std::env::var("SLURM_ARRAY_TASK_ID"),
+        std::env::var("SLURM_ARRAY_TASK_COUNT"),
+    ) {
+        return parse(&i, &n, "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT").map(Some);
+    }
+    if let Ok(i) = std::env::var("JOB_COMPLETION_INDEX") {
+        let n = num_shards.context("JOB_COMPLETION_INDEX is set: give --num-shards")?;
+        return parse(&i, &n.to_string(), "JOB_COMPLETION_INDEX").map(Some);
+    }
+    Ok(None)
+}
+
+/// Whether `problem_id` belongs to shard `i` of `n` (by a stable hash of the id).
+pub fn in_shard(problem_id: &str, shard: (usize, usize)) -> bool {
+    let h = Sha256::digest(problem_id.as_bytes());
+    let first: [u8; 8] = h.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]);
+    let v = u64::from_le_bytes(first);
+    (v % shard.1 as u64) as usize == shard.0
+}

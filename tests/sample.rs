@@ -1,0 +1,164 @@
+//! `pipeline sample` on the tiny-qwen3 fixture: the completions Parquet, seeded results that do
+//! not depend on batch size or sharding, and resume after a SIGKILL.
+
+mod common;
+
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+
+use common::*;
+use selfdistill::data::schema::{read_completions, Completion};
+
+fn problems(dir: &Path) -> PathBuf {
+    let p = dir.join("problems.jsonl");
+    let rows: Vec<String> = (0..20)
+        .map(|i| {
+            format!(
+                "{{\"problem\": \"What is {i} + {i}?\", \"answer\": \"{}\"}}",
+                2 * i
+            )
+        })
+        .collect();
+    std::fs::write(&p, rows.join("\n") + "\n").unwrap();
+    p
+}
+
+fn sample(dir: &Path, extra: &[&str], out: &str) -> std::process::Output {
+    let model = shared("fixtures/tiny-qwen3").unwrap();
+    let input = problems(dir);
+    let mut args = vec![
+        "sample",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--answer-field",
+        "answer",
+        "--prompt-template",
+        "raw",
+        "--n",
+        "2",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.95",
+        "--max-new-tokens",
+        "8",
+        "--seed",
+        "7",
+        "--kv-cache",
+        "4 MiB",
+        "--output",
+        out,
+    ];
+    args.extend_from_slice(extra);
+    bin().args(&args).current_dir(dir).output().unwrap()
+}
+
+fn key(rows: &[Completion]) -> Vec<(String, i32, Option<Vec<i32>>)> {
+    let mut v: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            (
+                r.problem_id.clone(),
+                r.sample_index,
+                r.completion_token_ids.clone(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn sample_writes_graded_completions_independent_of_batch_size_and_shards() {
+    if shared("fixtures/tiny-qwen3").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let o = sample(dir.path(), &["--max-num-seqs", "64"], "a.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("20 problems (0 resumed), 40 samples"),
+        "{}",
+        text(&o)
+    );
+    let a = read_completions(&dir.path().join("a.parquet")).unwrap();
+    assert_eq!(a.len(), 40);
+    assert!(a
+        .iter()
+        .all(|r| r.grade.is_some() && r.finish_reason.is_some()));
+    assert_eq!(a[0].sample_index, 0);
+    assert_eq!(a[1].sample_index, 1);
+    assert_eq!(a[0].prompt, "What is 0 + 0?");
+    assert!(!dir.path().join("a.parquet.parts").exists());
+
+    let o = sample(dir.path(), &["--max-num-seqs", "1"], "b.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    let b = read_completions(&dir.path().join("b.parquet")).unwrap();
+    assert_eq!(key(&a), key(&b));
+
+    let mut shards = Vec::new();
+    for i in 0..3 {
+        let out = format!("s{i}.parquet");
+        let o = sample(dir.path(), &["--shard", &format!("{i}/3")], &out);
+        assert!(o.status.success(), "{}", text(&o));
+        shards.extend(read_completions(&dir.path().join(out)).unwrap());
+    }
+    assert_eq!(key(&a), key(&shards));
+}
+
+#[test]
+fn sigkill_mid_run_then_resume_gives_the_uninterrupted_rows() {
+    if shared("fixtures/tiny-qwen3").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let o = sample(dir.path(), &[], "clean.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    let model = shared("fixtures/tiny-qwen3").unwrap();
+    let input = problems(dir.path());
+    let o = bin()
+        .args([
+            "sample",
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            input.to_str().unwrap(),
+            "--answer-field",
+            "answer",
+            "--prompt-template",
+            "raw",
+            "--n",
+            "2",
+            "--temperature",
+            "0.8",
+            "--top-p",
+            "0.95",
+            "--max-new-tokens",
+            "8",
+            "--seed",
+            "7",
+            "--kv-cache",
+            "4 MiB",
+            "--output",
+            "killed.parquet",
+        ])
+        .env(selfdistill::fault::ENV, "sample.part:1")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.signal(), Some(9), "{}", text(&o));
+    assert!(!dir.path().join("killed.parquet").exists());
+    let o = sample(dir.path(), &[], "killed.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        !text(&o).contains("(0 resumed)") && text(&o).contains(" resumed)"),
+        "{}",
+        text(&o)
+    );
+    let clean = read_completions(&dir.path().join("clean.parquet")).unwrap();
+    let resumed = read_completions(&dir.path().join("killed.parquet")).unwrap();
+    assert_eq!(key(&clean), key(&resumed));
+    assert_eq!(clean.len(), resumed.len());
+}
