@@ -44,6 +44,12 @@ pub struct SampleArgs {
     /// Passed to the chat template as `enable_thinking` (Qwen3); unset leaves it undefined.
     #[arg(long)]
     pub enable_thinking: Option<bool>,
+    /// Thinking budget: after this many generated tokens without `</think>`, append
+    /// --thinking-close-text and let the model answer within the rest of --max-new-tokens.
+    #[arg(long)]
+    pub max_thinking_tokens: Option<usize>,
+    #[arg(long, default_value = "\n</think>\n\n")]
+    pub thinking_close_text: String,
     /// Samples per problem (at most, with --target-correct).
     #[arg(long, default_value_t = 1)]
     pub n: u32,
@@ -188,7 +194,18 @@ pub fn run(a: &SampleArgs) -> Result<()> {
         Some(s) => crate::bytes::parse_bytes(s).map_err(|e| anyhow::anyhow!("--kv-cache: {e}"))?,
         None => needed.min(crate::cmd::preflight::available_memory_bytes().unwrap_or(4 << 30) / 4),
     };
+    let thinking = match a.max_thinking_tokens {
+        None => None,
+        Some(max_thinking_tokens) => Some(crate::sampler::engine::ThinkingBudget {
+            max_thinking_tokens,
+            think_end_id: tok
+                .token_id("</think>")
+                .context("--max-thinking-tokens: the tokenizer has no `</think>` token")?,
+            closing: tok.encode(&a.thinking_close_text.replace("\\n", "\n"))?,
+        }),
+    };
     let cfg = JobConfig {
+        thinking,
         model_name: a.model.clone(),
         n: a.n,
         params,

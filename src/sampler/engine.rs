@@ -28,6 +28,8 @@ pub enum FinishReason {
     Stop,
     /// `max_new_tokens` reached.
     Length,
+    /// Ended (EOS or stop) after the thinking budget forced `</think>` in.
+    ThinkingBudget,
 }
 
 impl FinishReason {
@@ -35,6 +37,7 @@ impl FinishReason {
         match self {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
+            FinishReason::ThinkingBudget => "thinking_budget",
         }
     }
 }
@@ -60,12 +63,23 @@ pub struct Sample {
     pub cumulative_logprob: f64,
 }
 
+/// A thinking model's budget: after `max_thinking_tokens` generated tokens without
+/// `think_end_id`, the `closing` tokens (e.g. "\n</think>\n\n") are appended and the model
+/// answers within what is left of `max_new_tokens`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ThinkingBudget {
+    pub max_thinking_tokens: usize,
+    pub think_end_id: u32,
+    pub closing: Vec<u32>,
+}
+
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     pub num_blocks: usize,
     pub params: SamplingParams,
     pub eos_token_ids: Vec<u32>,
+    pub thinking: Option<ThinkingBudget>,
 }
 
 /// Counters for the end-of-run summary.
@@ -87,6 +101,10 @@ struct SeqMeta {
     /// Siblings still to fork from this leader once its prompt is cached.
     pending_forks: u32,
     done: bool,
+    /// `</think>` seen or forced in.
+    thinking_closed: bool,
+    /// The thinking budget forced the closing text in.
+    thinking_forced: bool,
 }
 
 /// Turns text back from tokens, for stop strings.
@@ -181,6 +199,8 @@ impl<'m> Engine<'m> {
             logprob: 0.0,
             pending_forks,
             done: false,
+            thinking_closed: false,
+            thinking_forced: false,
         });
         id
     }
@@ -359,7 +379,28 @@ impl<'m> Engine<'m> {
         if reason.is_none() && n_gen >= params.max_new_tokens {
             reason = Some(FinishReason::Length);
         }
-        let reason = reason?;
+        if reason.is_none() {
+            if let Some(t) = &self.cfg.thinking {
+                if s.token == t.think_end_id {
+                    m.thinking_closed = true;
+                } else if !m.thinking_closed && n_gen >= t.max_thinking_tokens {
+                    // Force the closing text in; the next steps compute it like a prompt chunk.
+                    let room = params.max_new_tokens.saturating_sub(n_gen);
+                    let add = &t.closing[..t.closing.len().min(room)];
+                    m.tokens.extend_from_slice(add);
+                    self.seqs[id.0].num_tokens += add.len();
+                    m.thinking_closed = true;
+                    m.thinking_forced = true;
+                    if m.tokens.len() - m.prompt_len >= params.max_new_tokens {
+                        reason = Some(FinishReason::Length);
+                    }
+                }
+            }
+        }
+        let mut reason = reason?;
+        if reason == FinishReason::Stop && m.thinking_forced {
+            reason = FinishReason::ThinkingBudget;
+        }
         m.done = true;
         let sample = Sample {
             request: m.request,

@@ -56,6 +56,7 @@ pub struct JobConfig {
     /// Problems per committed part.
     pub part_problems: usize,
     pub grade: GradeOptions,
+    pub thinking: Option<super::engine::ThinkingBudget>,
 }
 
 /// Figures for the end-of-run summary.
@@ -146,13 +147,14 @@ pub fn run(
     let shash = sampling_hash(cfg, template);
     let num_blocks = KvCache::blocks_for_budget(model.config(), cfg.block_size, cfg.kv_cache_bytes);
     let tokens = num_blocks * cfg.block_size;
+    let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
+    let per_seq = longest + cfg.params.max_new_tokens;
     eprintln!(
-        "KV cache: {num_blocks} blocks of {} tokens = {tokens} tokens ({:.1} MiB), about {} \
-         sequences of {} tokens",
+        "KV cache: {num_blocks} blocks of {} tokens = {tokens} tokens ({:.1} MiB): room for {} \
+         sequences of the longest prompt plus max_new_tokens ({per_seq} tokens)",
         cfg.block_size,
         cfg.kv_cache_bytes as f64 / (1 << 20) as f64,
-        tokens / (cfg.params.max_new_tokens + 256).max(1),
-        cfg.params.max_new_tokens + 256
+        tokens / per_seq.max(1),
     );
     let ecfg = EngineConfig {
         scheduler: SchedulerConfig {
@@ -163,6 +165,7 @@ pub fn run(
         num_blocks,
         params: cfg.params.clone(),
         eos_token_ids: eos.to_vec(),
+        thinking: cfg.thinking.clone(),
     };
     let mut engine = Engine::new(model, ecfg)?;
     let mut summary = JobSummary {

@@ -380,6 +380,7 @@ mod engine {
             num_blocks,
             params,
             eos_token_ids: vec![482, 480],
+            thinking: None,
         };
         let mut e = Engine::new(model, cfg).unwrap();
         for (i, p) in prompts().into_iter().enumerate() {
@@ -469,6 +470,7 @@ mod engine {
                 ..sampling()
             },
             eos_token_ids: vec![482],
+            thinking: None,
         };
         let mut e = Engine::new(&model, cfg).unwrap();
         let r = e
@@ -489,5 +491,52 @@ mod engine {
         assert_eq!(done.len() as u64 + saved, 6);
         assert!(saved >= 3, "saved {saved}");
         assert_eq!(e.stats.samples_cancelled, saved);
+    }
+
+    #[test]
+    fn the_thinking_budget_forces_the_closing_text_in() {
+        let Some(model) = fixture_model() else { return };
+        let closing = vec![198, 484, 198, 198]; // "\n</think>\n\n"
+        let cfg = EngineConfig {
+            scheduler: SchedulerConfig {
+                block_size: 4,
+                max_num_seqs: 4,
+                max_num_batched_tokens: 64,
+            },
+            num_blocks: 128,
+            params: SamplingParams {
+                max_new_tokens: 14,
+                ignore_eos: true,
+                ..sampling()
+            },
+            eos_token_ids: vec![482],
+            thinking: Some(super::super::engine::ThinkingBudget {
+                max_thinking_tokens: 5,
+                think_end_id: 484,
+                closing: closing.clone(),
+            }),
+        };
+        let mut e = Engine::new(&model, cfg).unwrap();
+        e.add(Request {
+            problem_id: "p".into(),
+            prompt: prompts()[0].clone(),
+            n: 3,
+        })
+        .unwrap();
+        let mut out = Vec::new();
+        while !e.is_idle() {
+            out.extend(e.step(None).unwrap());
+        }
+        assert_eq!(out.len(), 3);
+        for s in &out {
+            assert_eq!(s.tokens.len(), 14);
+            if s.tokens[..5].contains(&484) {
+                continue; // closed on its own
+            }
+            assert_eq!(&s.tokens[5..9], closing.as_slice(), "{:?}", s.tokens);
+            assert_eq!(s.finish_reason, FinishReason::Length);
+        }
+        // After the forced text the model keeps answering with its own samples.
+        assert!(out.iter().any(|s| !s.tokens[9..].iter().all(|&t| t == 198)));
     }
 }
