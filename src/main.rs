@@ -57,6 +57,13 @@ enum Command {
     },
     /// Sample completions for the problems of a file and write the completions Parquet.
     Sample(Box<cmd::sample::SampleArgs>),
+    /// Join the outputs of a sharded `pipeline sample` run; refuses incomplete sets.
+    Merge {
+        #[arg(long)]
+        output: PathBuf,
+        /// The shard outputs (all N of them).
+        inputs: Vec<PathBuf>,
+    },
     /// Grade any completions file (JSONL or Parquet) against gold answers with our verifier.
     Grade(cmd::grade::GradeArgs),
     /// Work with data files.
@@ -130,6 +137,14 @@ fn main() -> ExitCode {
         }
         Command::Grade(args) => cmd::grade::run(&args),
         Command::Sample(args) => cmd::sample::run(&args),
+        Command::Merge { output, inputs } => selfdistill::sampler::job::merge(&inputs, &output)
+            .map(|n| {
+                println!(
+                    "merged {} shards, {n} rows -> {}",
+                    inputs.len(),
+                    output.display()
+                );
+            }),
         Command::Data {
             command: DataCommand::Inspect { file, rows },
         } => cmd::inspect::run(&file, rows),

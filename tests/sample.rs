@@ -98,14 +98,31 @@ fn sample_writes_graded_completions_independent_of_batch_size_and_shards() {
     let b = read_completions(&dir.path().join("b.parquet")).unwrap();
     assert_eq!(key(&a), key(&b));
 
-    let mut shards = Vec::new();
     for i in 0..3 {
         let out = format!("s{i}.parquet");
         let o = sample(dir.path(), &["--shard", &format!("{i}/3")], &out);
         assert!(o.status.success(), "{}", text(&o));
-        shards.extend(read_completions(&dir.path().join(out)).unwrap());
     }
-    assert_eq!(key(&a), key(&shards));
+    let merge = |files: &[&str]| {
+        let mut args = vec!["merge", "--output", "merged.parquet"];
+        args.extend_from_slice(files);
+        run(&args, dir.path())
+    };
+    let o = merge(&["s0.parquet", "s2.parquet"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("incomplete shard set: missing shard(s) 1 of 3"),
+        "{}",
+        text(&o)
+    );
+    let o = merge(&["s0.parquet", "s0.parquet", "s2.parquet"]);
+    assert!(text(&o).contains("shard 0/3 given twice"), "{}", text(&o));
+    let o = merge(&["s0.parquet", "s1.parquet", "s2.parquet"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let merged = read_completions(&dir.path().join("merged.parquet")).unwrap();
+    assert_eq!(key(&a), key(&merged));
+    let o = merge(&["s0.parquet", "s1.parquet", "a.parquet"]);
+    assert!(!o.status.success());
 }
 
 #[test]

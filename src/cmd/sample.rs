@@ -160,7 +160,8 @@ pub fn run(a: &SampleArgs) -> Result<()> {
             p.gold_answer.clear();
         }
     }
-    if let Some(shard) = job::resolve_shard(a.shard.as_deref(), a.num_shards)? {
+    let shard = job::resolve_shard(a.shard.as_deref(), a.num_shards)?;
+    if let Some(shard) = shard {
         problems.retain(|p| job::in_shard(&p.problem_id, shard));
         eprintln!("shard {}/{}: {} problems", shard.0, shard.1, problems.len());
     }
@@ -206,6 +207,7 @@ pub fn run(a: &SampleArgs) -> Result<()> {
     };
     let cfg = JobConfig {
         thinking,
+        shard: shard.unwrap_or((0, 1)),
         model_name: a.model.clone(),
         n: a.n,
         params,

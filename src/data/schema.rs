@@ -357,9 +357,30 @@ pub fn write_parquet_atomic(
     schema: SchemaRef,
     batches: &[RecordBatch],
 ) -> Result<u64> {
+    write_parquet_atomic_kv(path, schema, batches, &[])
+}
+
+/// [`write_parquet_atomic`] with file-level key/value metadata (e.g. a shard's identity).
+pub fn write_parquet_atomic_kv(
+    path: &Path,
+    schema: SchemaRef,
+    batches: &[RecordBatch],
+    kv: &[(String, String)],
+) -> Result<u64> {
+    let mut props = writer_properties()?;
+    if !kv.is_empty() {
+        props = props
+            .into_builder()
+            .set_key_value_metadata(Some(
+                kv.iter()
+                    .map(|(k, v)| parquet::file::metadata::KeyValue::new(k.clone(), v.clone()))
+                    .collect(),
+            ))
+            .build();
+    }
     commit_file(path, |tmp| {
         let f = File::create(tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-        let mut w = ArrowWriter::try_new(f, schema.clone(), Some(writer_properties()?))?;
+        let mut w = ArrowWriter::try_new(f, schema.clone(), Some(props.clone()))?;
         for b in batches {
             w.write(b)?;
         }
@@ -367,6 +388,23 @@ pub fn write_parquet_atomic(
         f.sync_all()?;
         Ok(())
     })
+}
+
+/// A Parquet file's key/value metadata.
+pub fn read_kv_metadata(path: &Path) -> Result<Vec<(String, String)>> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let f = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let r = SerializedFileReader::new(f)
+        .with_context(|| format!("{} is not a readable Parquet file", path.display()))?;
+    Ok(r.metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .map(|kv| {
+            kv.iter()
+                .map(|e| (e.key.clone(), e.value.clone().unwrap_or_default()))
+                .collect()
+        })
+        .unwrap_or_default())
 }
 
 // ---------------------------------------------------------------------------------------------

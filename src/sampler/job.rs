@@ -23,8 +23,8 @@ use super::kv_cache::KvCache;
 use super::sampling::SamplingParams;
 use super::scheduler::SchedulerConfig;
 use crate::data::schema::{
-    completions_batch, completions_schema, read_completions, write_parquet_atomic, Completion,
-    Grade, Problem,
+    completions_batch, completions_schema, read_completions, write_parquet_atomic,
+    write_parquet_atomic_kv, Completion, Grade, Problem,
 };
 use crate::model::{ChatTemplate, Message, TextTokenizer, Transformer};
 use crate::verify::{grade, GradeOptions};
@@ -57,7 +57,14 @@ pub struct JobConfig {
     pub part_problems: usize,
     pub grade: GradeOptions,
     pub thinking: Option<super::engine::ThinkingBudget>,
+    /// This run's shard `(i, n)`; `(0, 1)` for an unsharded run.
+    pub shard: (usize, usize),
 }
+
+/// Metadata keys of a completions file, read by `pipeline merge`.
+pub const META_SHARD: &str = "selfdistill.shard";
+pub const META_SAMPLING_HASH: &str = "selfdistill.sampling_hash";
+pub const META_PROBLEMS: &str = "selfdistill.problems";
 
 /// Figures for the end-of-run summary.
 #[derive(Debug, Clone, Default)]
@@ -252,7 +259,15 @@ pub fn run(
         .chunks(crate::data::schema::ROW_GROUP_ROWS)
         .map(|c| completions_batch(c, graded))
         .collect::<Result<Vec<_>>>()?;
-    write_parquet_atomic(output, completions_schema(graded), &batches)?;
+    let kv = vec![
+        (
+            META_SHARD.to_string(),
+            format!("{}/{}", cfg.shard.0, cfg.shard.1),
+        ),
+        (META_SAMPLING_HASH.to_string(), shash.clone()),
+        (META_PROBLEMS.to_string(), problems.len().to_string()),
+    ];
+    write_parquet_atomic_kv(output, completions_schema(graded), &batches, &kv)?;
     std::fs::remove_dir_all(&parts)
         .with_context(|| format!("cannot remove {}", parts.display()))?;
     summary.prompt_tokens = engine.stats.prompt_tokens_computed;
@@ -424,4 +439,77 @@ pub fn in_shard(problem_id: &str, shard: (usize, usize)) -> bool {
     let first: [u8; 8] = h.get(..8).and_then(|b| b.try_into().ok()).unwrap_or([0; 8]);
     let v = u64::from_le_bytes(first);
     (v % shard.1 as u64) as usize == shard.0
+}
+
+/// Joins the outputs of a sharded run (all N shards of one sampling hash, each once) into one
+/// completions file, rows ordered by problem id then sample index. Refuses incomplete sets.
+pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<usize> {
+    let mut seen: Vec<Option<PathBuf>> = Vec::new();
+    let mut hash: Option<String> = None;
+    let mut rows = Vec::new();
+    for p in inputs {
+        let kv: HashMap<String, String> = crate::data::schema::read_kv_metadata(p)?
+            .into_iter()
+            .collect();
+        let shard = kv
+            .get(META_SHARD)
+            .with_context(|| format!("{} was not written by `pipeline sample`", p.display()))?;
+        let (i, n) = shard
+            .split_once('/')
+            .and_then(|(i, n)| Some((i.parse::<usize>().ok()?, n.parse::<usize>().ok()?)))
+            .with_context(|| format!("{}: bad shard `{shard}`", p.display()))?;
+        let h = kv.get(META_SAMPLING_HASH).cloned().unwrap_or_default();
+        match &hash {
+            None => hash = Some(h),
+            Some(x) if *x != h => bail!(
+                "{} was sampled with other settings (sampling hash {h}, not {x})",
+                p.display()
+            ),
+            _ => {}
+        }
+        if seen.is_empty() {
+            seen = vec![None; n];
+        }
+        if n != seen.len() || i >= n {
+            bail!(
+                "{}: shard {i}/{n} does not belong to a set of {} shards",
+                p.display(),
+                seen.len()
+            );
+        }
+        if let Some(prev) = &seen[i] {
+            bail!(
+                "shard {i}/{n} given twice: {} and {}",
+                prev.display(),
+                p.display()
+            );
+        }
+        seen[i] = Some(p.clone());
+        rows.extend(read_completions(p)?);
+    }
+    let missing: Vec<String> = seen
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.is_none())
+        .map(|(i, _)| i.to_string())
+        .collect();
+    if seen.is_empty() || !missing.is_empty() {
+        bail!(
+            "incomplete shard set: missing shard(s) {} of {}",
+            missing.join(", "),
+            seen.len()
+        );
+    }
+    rows.sort_by(|a, b| (&a.problem_id, a.sample_index).cmp(&(&b.problem_id, b.sample_index)));
+    let graded = rows.iter().all(|r| r.grade.is_some());
+    let batches = rows
+        .chunks(crate::data::schema::ROW_GROUP_ROWS)
+        .map(|c| completions_batch(c, graded))
+        .collect::<Result<Vec<_>>>()?;
+    let kv = vec![
+        (META_SHARD.to_string(), "0/1".to_string()),
+        (META_SAMPLING_HASH.to_string(), hash.unwrap_or_default()),
+    ];
+    write_parquet_atomic_kv(output, completions_schema(graded), &batches, &kv)?;
+    Ok(rows.len())
 }
