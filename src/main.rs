@@ -93,6 +93,8 @@ enum DataCommand {
 enum BenchCommand {
     /// Verifier accuracy on reference solutions, false-accept rate, and checks per second.
     Verify(cmd::bench::VerifyBenchArgs),
+    /// Sampler prefill and decode tokens/s on a random model of a given shape.
+    Sample(cmd::bench_sample::SampleBenchArgs),
 }
 
 fn load_config(path: Option<PathBuf>, workdir: Option<PathBuf>) -> Result<Config> {
@@ -151,6 +153,9 @@ fn main() -> ExitCode {
         Command::Bench {
             command: BenchCommand::Verify(args),
         } => cmd::bench::verify(&args),
+        Command::Bench {
+            command: BenchCommand::Sample(args),
+        } => cmd::bench_sample::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,186 @@
+//! `pipeline bench sample`: the sampler's speed on a randomly initialised model of a given shape
+//! (no weights needed): prefill and decode tokens/s at several batch sizes, generation of fixed
+//! length (`ignore_eos`).
+//!
+//! A benchmark that prints figures, never a timed test. The whole batch's prompts fit one step's
+//! token budget, so the first step is the prefill (it also samples each sequence's first token);
+//! every later step is decode.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+
+use crate::model::{ModelConfig, Transformer};
+use crate::sampler::engine::{Engine, EngineConfig, Request};
+use crate::sampler::kv_cache::KvCache;
+use crate::sampler::sampling::SamplingParams;
+use crate::sampler::scheduler::SchedulerConfig;
+
+#[derive(Debug, clap::Args)]
+pub struct SampleBenchArgs {
+    /// `tiny` (the fixture's shapes), `20m` (a ~20M-parameter Qwen3), `qwen3-0.6b`.
+    #[arg(long, default_value = "20m")]
+    pub shape: String,
+    /// Batch sizes (comma-separated).
+    #[arg(long, default_value = "1,8,32,64")]
+    pub batch: String,
+    #[arg(long, default_value_t = 64)]
+    pub prompt_len: usize,
+    #[arg(long, default_value_t = 32)]
+    pub new_tokens: usize,
+}
+
+fn shape(name: &str) -> Result<ModelConfig> {
+    let (h, i, l, q, kv, d, v) = match name {
+        "tiny" => (64, 176, 2, 4, 2, 16, 485),
+        "20m" => (256, 768, 8, 8, 4, 32, 32000),
+        "qwen3-0.6b" => (1024, 3072, 28, 16, 8, 128, 151936),
+        other => bail!("--shape {other}: use tiny, 20m or qwen3-0.6b"),
+    };
+    let json = format!(
+        r#"{{"model_type": "qwen3", "hidden_size": {h}, "intermediate_size": {i},
+        "num_hidden_layers": {l}, "num_attention_heads": {q}, "num_key_value_heads": {kv},
+        "head_dim": {d}, "vocab_size": {v}, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096, "tie_word_embeddings": true, "rope_theta": 1000000.0}}"#
+    );
+    ModelConfig::parse(&json)
+}
+
+/// Random N(0, 0.02) weights with unit norms, named as in a checkpoint.
+pub fn random_model(cfg: &ModelConfig) -> Result<Transformer> {
+    let dev = Device::Cpu;
+    let mut w: HashMap<String, Tensor> = HashMap::new();
+    let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+    let mut put = |name: String, shape: &[usize], norm: bool| -> Result<()> {
+        let t = if norm {
+            Tensor::ones(shape, DType::F32, &dev)?
+        } else {
+            Tensor::randn(0f32, 0.02, shape, &dev)?
+        };
+        w.insert(name, t);
+        Ok(())
+    };
+    put(
+        "model.embed_tokens.weight".into(),
+        &[cfg.vocab_size, h],
+        false,
+    )?;
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}");
+        put(format!("{p}.input_layernorm.weight"), &[h], true)?;
+        put(format!("{p}.post_attention_layernorm.weight"), &[h], true)?;
+        put(format!("{p}.self_attn.q_norm.weight"), &[d], true)?;
+        put(format!("{p}.self_attn.k_norm.weight"), &[d], true)?;
+        put(
+            format!("{p}.self_attn.q_proj.weight"),
+            &[cfg.num_heads * d, h],
+            false,
+        )?;
+        put(
+            format!("{p}.self_attn.k_proj.weight"),
+            &[cfg.num_kv_heads * d, h],
+            false,
+        )?;
+        put(
+            format!("{p}.self_attn.v_proj.weight"),
+            &[cfg.num_kv_heads * d, h],
+            false,
+        )?;
+        put(
+            format!("{p}.self_attn.o_proj.weight"),
+            &[h, cfg.num_heads * d],
+            false,
+        )?;
+        put(format!("{p}.mlp.gate_proj.weight"), &[i, h], false)?;
+        put(format!("{p}.mlp.up_proj.weight"), &[i, h], false)?;
+        put(format!("{p}.mlp.down_proj.weight"), &[h, i], false)?;
+    }
+    put("model.norm.weight".into(), &[h], true)?;
+    let vb = VarBuilder::from_tensors(w, DType::F32, &dev);
+    Ok(Transformer::new(cfg, vb)?)
+}
+
+/// (prefill tokens/s, decode tokens/s) for `batch` requests of `prompt_len` tokens generating
+/// `new` tokens each.
+fn timed_run(
+    model: &Transformer,
+    batch: usize,
+    prompt_len: usize,
+    new: usize,
+) -> Result<(f64, f64)> {
+    let cfg = model.config();
+    let block_size = 16;
+    let per_seq = (prompt_len + new).div_ceil(block_size) + 1;
+    let ecfg = EngineConfig {
+        scheduler: SchedulerConfig {
+            block_size,
+            max_num_seqs: batch,
+            max_num_batched_tokens: (batch * prompt_len).max(batch),
+        },
+        num_blocks: per_seq * batch,
+        params: SamplingParams {
+            max_new_tokens: new,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        },
+        eos_token_ids: Vec::new(),
+        thinking: None,
+    };
+    let mut e = Engine::new(model, ecfg)?;
+    for b in 0..batch {
+        let prompt: Vec<u32> = (0..prompt_len)
+            .map(|t| ((b * 7919 + t * 104_729) % cfg.vocab_size) as u32)
+            .collect();
+        e.add(Request {
+            problem_id: format!("bench/{b}"),
+            prompt,
+            n: 1,
+        })?;
+    }
+    let t0 = Instant::now();
+    e.step(None)?;
+    let prefill_s = t0.elapsed().as_secs_f64();
+    let first = e.stats.generated_tokens;
+    let t1 = Instant::now();
+    while !e.is_idle() {
+        e.step(None)?;
+    }
+    let decode_s = t1.elapsed().as_secs_f64();
+    Ok((
+        (batch * prompt_len) as f64 / prefill_s.max(1e-9),
+        (e.stats.generated_tokens - first) as f64 / decode_s.max(1e-9),
+    ))
+}
+
+pub fn run(a: &SampleBenchArgs) -> Result<()> {
+    let cfg = shape(&a.shape)?;
+    let batches: Vec<usize> = a
+        .batch
+        .split(',')
+        .map(|b| b.trim().parse::<usize>())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| anyhow::anyhow!("--batch {}: {e}", a.batch))?;
+    let model = random_model(&cfg)?;
+    println!(
+        "shape {} ({:.1}M parameters, f32, {} threads), prompt {} tokens, {} new tokens, KV {} \
+         bytes/token",
+        a.shape,
+        cfg.num_params() as f64 / 1e6,
+        rayon::current_num_threads(),
+        a.prompt_len,
+        a.new_tokens,
+        KvCache::bytes_per_token(&cfg)
+    );
+    println!(
+        "{:>6} {:>14} {:>14}",
+        "batch", "prefill tok/s", "decode tok/s"
+    );
+    for &b in &batches {
+        let (prefill, decode) = timed_run(&model, b, a.prompt_len, a.new_tokens + 1)?;
+        println!("{b:>6} {prefill:>14.1} {decode:>14.1}");
+    }
+    Ok(())
+}
