@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bytes::parse_bytes;
 use crate::data::source::{AnswerExtract, FieldMap, Location, SourceFormat, SourceSpec};
+use crate::sampler::job::SampleSettings;
 
 /// A config error, already phrased for a person: it names the file and, where known, line and key.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +29,7 @@ struct RawConfig {
     #[serde(default)]
     run: RawRun,
     data: Option<RawData>,
+    sample: Option<SampleSettings>,
     filter: Option<RawFilter>,
 }
 
@@ -164,6 +166,7 @@ pub struct Config {
     pub workdir: PathBuf,
     pub disk_budget_bytes: Option<u64>,
     pub data: Option<DataConfig>,
+    pub sample: Option<SampleSettings>,
     pub filter: Option<FilterConfig>,
 }
 
@@ -210,10 +213,20 @@ impl Config {
             .data
             .map(|d| validate_data(d, base, origin))
             .transpose()?;
+        let sample = raw
+            .sample
+            .map(|s| validate_sample(s, base, origin))
+            .transpose()?;
         let filter = raw
             .filter
-            .map(|f| validate_filter(f, base, origin))
+            .map(|f| validate_filter(f, base, origin, sample.is_some()))
             .transpose()?;
+        if sample.is_some() && data.is_none() {
+            return Err(err(
+                "sample",
+                "the sampler samples the problems of the data stage: add a [data] section".into(),
+            ));
+        }
         if filter.is_some() && data.is_none() {
             return Err(err(
                 "filter",
@@ -229,6 +242,7 @@ impl Config {
             workdir,
             disk_budget_bytes,
             data,
+            sample,
             filter,
         })
     }
@@ -293,14 +307,46 @@ fn validate_data(d: RawData, base: &Path, origin: &str) -> Result<DataConfig, Co
     })
 }
 
-fn validate_filter(f: RawFilter, base: &Path, origin: &str) -> Result<FilterConfig, ConfigError> {
+/// Range checks, and local paths (model folder, prompt template file) made relative to the
+/// config's folder when they exist there.
+fn validate_sample(
+    mut s: SampleSettings,
+    base: &Path,
+    origin: &str,
+) -> Result<SampleSettings, ConfigError> {
+    s.validate()
+        .map_err(|e| ConfigError(format!("{origin}: `sample.{e}")))?;
+    let local = base.join(&s.model);
+    if local.exists() {
+        s.model = local.display().to_string();
+    }
+    if !matches!(s.prompt_template.as_str(), "chat" | "raw") {
+        let p = resolve(base, &s.prompt_template);
+        if !p.exists() {
+            return Err(ConfigError(format!(
+                "{origin}: `sample.prompt_template`: `{}` is not chat, raw or an existing file",
+                s.prompt_template
+            )));
+        }
+        s.prompt_template = p.display().to_string();
+    }
+    Ok(s)
+}
+
+fn validate_filter(
+    f: RawFilter,
+    base: &Path,
+    origin: &str,
+    has_sample: bool,
+) -> Result<FilterConfig, ConfigError> {
     let err = |key: &str, msg: &str| ConfigError(format!("{origin}: `filter.{key}`: {msg}"));
     let completions = match f.completions {
+        None if has_sample => None,
         None => {
             return Err(err(
                 "completions",
-                "missing: there is no sample stage in this build yet, so the filter needs \
-                 completions from a file ([filter.completions] path = ...)",
+                "missing: the filter reads the sample stage's completions, or a file \
+                 ([filter.completions] path = ...); add one of them",
             ))
         }
         Some(c) => {

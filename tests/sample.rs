@@ -179,3 +179,61 @@ fn sigkill_mid_run_then_resume_gives_the_uninterrupted_rows() {
     assert_eq!(key(&clean), key(&resumed));
     assert_eq!(clean.len(), resumed.len());
 }
+
+#[test]
+fn run_all_samples_then_filters_and_caches_every_stage() {
+    let Some(model) = shared("fixtures/tiny-qwen3") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let input = problems(dir.path());
+    let cfg = format!(
+        r#"[run]
+workdir = "work"
+[[data.sources]]
+name = "toy"
+format = "mapped"
+path = "{}"
+problem_field = "problem"
+answer_field = "answer"
+limit = 6
+[sample]
+model = "{}"
+prompt_template = "raw"
+n = 2
+temperature = 0.8
+max_new_tokens = 8
+seed = 3
+[filter]
+max_per_problem = 1
+"#,
+        input.display(),
+        model.display()
+    );
+    std::fs::write(dir.path().join("p.toml"), &cfg).unwrap();
+    let o = run(&["run", "all", "--config", "p.toml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert!(out.contains("==> sample"), "{out}");
+    assert!(out.contains("6 problems (0 resumed), 12 samples"), "{out}");
+    assert!(out.contains("input_rows            12"), "{out}");
+    let o = run(&["run", "all", "--config", "p.toml"], dir.path());
+    let out = text(&o);
+    assert!(out.contains("--> sample cached"), "{out}");
+    assert!(out.contains("--> filter cached"), "{out}");
+    let o = run(&["status", "--workdir", "work"], dir.path());
+    assert_eq!(text(&o).matches(" done ").count(), 3, "{}", text(&o));
+    // A misspelled sampling key names the closest one.
+    std::fs::write(
+        dir.path().join("p.toml"),
+        cfg.replace("temperature", "temprature"),
+    )
+    .unwrap();
+    let o = run(&["run", "all", "--config", "p.toml"], dir.path());
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("did you mean `temperature`?"),
+        "{}",
+        text(&o)
+    );
+}

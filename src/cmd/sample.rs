@@ -7,14 +7,10 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device};
 
 use crate::data::source::{AnswerExtract, FieldMap, Location, SourceFormat, SourceSpec};
 use crate::data::{hub, load_source};
-use crate::model::Checkpoint;
-use crate::sampler::job::{self, JobConfig, PromptTemplate};
-use crate::sampler::sampling::SamplingParams;
-use crate::verify::GradeOptions;
+use crate::sampler::job::{self, SampleSettings};
 
 #[derive(Debug, clap::Args)]
 pub struct SampleArgs {
@@ -130,26 +126,45 @@ fn source_spec(a: &SampleArgs) -> Result<SourceSpec> {
     })
 }
 
+impl SampleArgs {
+    fn settings(&self) -> SampleSettings {
+        SampleSettings {
+            model: self.model.clone(),
+            prompt_template: self.prompt_template.clone(),
+            system: self.system.clone(),
+            enable_thinking: self.enable_thinking,
+            n: self.n,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            max_new_tokens: self.max_new_tokens,
+            min_new_tokens: self.min_new_tokens,
+            stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+            seed: self.seed,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            kv_cache: self.kv_cache.clone(),
+            block_size: self.block_size,
+            target_correct: self.target_correct,
+            max_thinking_tokens: self.max_thinking_tokens,
+            thinking_close_text: self.thinking_close_text.clone(),
+        }
+    }
+}
+
 pub fn run(a: &SampleArgs) -> Result<()> {
     if a.target_correct.is_some() && a.answer_field.is_none() && a.format == "mapped" {
         bail!("--target-correct needs gold answers: give --answer-field");
     }
-    let params = SamplingParams {
-        temperature: a.temperature,
-        top_k: a.top_k,
-        top_p: a.top_p,
-        min_p: a.min_p,
-        max_new_tokens: a.max_new_tokens,
-        min_new_tokens: a.min_new_tokens,
-        stop_strings: a.stop.clone(),
-        ignore_eos: a.ignore_eos,
-        seed: a.seed,
-        ..SamplingParams::default()
-    };
-    params.validate().map_err(|e| anyhow::anyhow!("--{e}"))?;
+    let settings = a.settings();
+    settings
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--{}", e.replacen('_', "-", 3)))?;
     let spec = source_spec(a)?;
     let files = hub::resolve(&spec.location)?;
-    // Without an answer field a mapped source has no gold: give it an empty one.
+    // Without an answer field a mapped source has no gold: load it with a stand-in, then clear.
     let mut spec_for_load = spec.clone();
     if spec_for_load.fields.answer.is_none() {
         spec_for_load.fields.answer = Some(a.problem_field.clone());
@@ -165,73 +180,12 @@ pub fn run(a: &SampleArgs) -> Result<()> {
         problems.retain(|p| job::in_shard(&p.problem_id, shard));
         eprintln!("shard {}/{}: {} problems", shard.0, shard.1, problems.len());
     }
-    let ck = Checkpoint::open(&a.model)?;
-    let tok = ck.tokenizer()?;
-    let template = match a.prompt_template.as_str() {
-        "chat" => PromptTemplate::Chat {
-            system: a.system.clone(),
-            enable_thinking: a.enable_thinking,
-        },
-        "raw" => PromptTemplate::Raw,
-        path => PromptTemplate::File(
-            std::fs::read_to_string(path)
-                .with_context(|| format!("--prompt-template {path}: not chat, raw or a file"))?,
-        ),
-    };
-    let chat = match &template {
-        PromptTemplate::Chat { .. } => Some(ck.chat_template()?),
-        _ => None,
-    };
-    let prompts = job::build_prompts(&problems, &template, chat.as_ref(), &tok)?;
-    let model = ck.load_transformer(&Device::Cpu, DType::F32)?;
-    // Default: what max_num_seqs sequences of the longest prompt plus max_new_tokens need,
-    // capped at a quarter of the available memory.
-    let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
-    let per_token = crate::sampler::kv_cache::KvCache::bytes_per_token(model.config()) as u64;
-    let needed = (a.max_num_seqs.min(problems.len() * a.n as usize).max(1)
-        * (longest + a.max_new_tokens + a.block_size)) as u64
-        * per_token;
-    let kv_cache_bytes = match &a.kv_cache {
-        Some(s) => crate::bytes::parse_bytes(s).map_err(|e| anyhow::anyhow!("--kv-cache: {e}"))?,
-        None => needed.min(crate::cmd::preflight::available_memory_bytes().unwrap_or(4 << 30) / 4),
-    };
-    let thinking = match a.max_thinking_tokens {
-        None => None,
-        Some(max_thinking_tokens) => Some(crate::sampler::engine::ThinkingBudget {
-            max_thinking_tokens,
-            think_end_id: tok
-                .token_id("</think>")
-                .context("--max-thinking-tokens: the tokenizer has no `</think>` token")?,
-            closing: tok.encode(&a.thinking_close_text.replace("\\n", "\n"))?,
-        }),
-    };
-    let cfg = JobConfig {
-        thinking,
-        shard: shard.unwrap_or((0, 1)),
-        model_name: a.model.clone(),
-        n: a.n,
-        params,
-        block_size: a.block_size,
-        max_num_seqs: a.max_num_seqs,
-        max_num_batched_tokens: a.max_num_batched_tokens,
-        kv_cache_bytes,
-        target_correct: a.target_correct,
-        part_problems: 8,
-        grade: GradeOptions {
-            thinking: a.enable_thinking == Some(true),
-            ..GradeOptions::default()
-        },
-    };
-    let s = job::run(
-        &model,
-        &tok,
-        &ck.eos_token_ids()?,
-        &problems,
-        &prompts,
-        &cfg,
-        &template,
-        &a.output,
-    )?;
+    let s = job::run_settings(&settings, &problems, shard.unwrap_or((0, 1)), &a.output)?;
+    print_summary(&s, &a.output);
+    Ok(())
+}
+
+pub fn print_summary(s: &job::JobSummary, output: &std::path::Path) {
     println!(
         "{} problems ({} resumed), {} samples, {} correct; prompt tokens {}, generated tokens {} \
          ({:.0} tok/s), preemptions {}, samples saved by target_correct {}, {:.1}s; wrote {}",
@@ -245,7 +199,6 @@ pub fn run(a: &SampleArgs) -> Result<()> {
         s.preemptions,
         s.samples_saved,
         s.seconds,
-        a.output.display()
+        output.display()
     );
-    Ok(())
 }

@@ -18,7 +18,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::engine::{Engine, EngineConfig, Request, Sample};
+use serde::{Deserialize, Serialize};
+
+use super::engine::{Engine, EngineConfig, Request, Sample, ThinkingBudget};
 use super::kv_cache::KvCache;
 use super::sampling::SamplingParams;
 use super::scheduler::SchedulerConfig;
@@ -65,6 +67,195 @@ pub struct JobConfig {
 pub const META_SHARD: &str = "selfdistill.shard";
 pub const META_SAMPLING_HASH: &str = "selfdistill.sampling_hash";
 pub const META_PROBLEMS: &str = "selfdistill.problems";
+
+fn d_chat() -> String {
+    "chat".into()
+}
+fn d_one() -> u32 {
+    1
+}
+fn d_top_p() -> f32 {
+    1.0
+}
+fn d_max_new() -> usize {
+    1024
+}
+fn d_seqs() -> usize {
+    64
+}
+fn d_budget() -> usize {
+    2048
+}
+fn d_block() -> usize {
+    16
+}
+fn d_close() -> String {
+    "\n</think>\n\n".into()
+}
+
+/// Everything a sampling run is configured with: the `[sample]` section of a pipeline config
+/// and the flags of `pipeline sample` (same names, same defaults).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SampleSettings {
+    /// A checkpoint folder or a hub id.
+    pub model: String,
+    /// `chat`, `raw`, or a Jinja file using `{{ problem }}`.
+    #[serde(default = "d_chat")]
+    pub prompt_template: String,
+    pub system: Option<String>,
+    pub enable_thinking: Option<bool>,
+    #[serde(default = "d_one")]
+    pub n: u32,
+    #[serde(default)]
+    pub temperature: f32,
+    #[serde(default = "d_top_p")]
+    pub top_p: f32,
+    #[serde(default)]
+    pub top_k: usize,
+    #[serde(default)]
+    pub min_p: f32,
+    #[serde(default = "d_max_new")]
+    pub max_new_tokens: usize,
+    #[serde(default)]
+    pub min_new_tokens: usize,
+    #[serde(default)]
+    pub stop: Vec<String>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default = "d_seqs")]
+    pub max_num_seqs: usize,
+    #[serde(default = "d_budget")]
+    pub max_num_batched_tokens: usize,
+    /// KV cache size ("4 GiB"); default: what the run needs, at most a quarter of free memory.
+    pub kv_cache: Option<String>,
+    #[serde(default = "d_block")]
+    pub block_size: usize,
+    pub target_correct: Option<u32>,
+    pub max_thinking_tokens: Option<usize>,
+    #[serde(default = "d_close")]
+    pub thinking_close_text: String,
+}
+
+impl SampleSettings {
+    pub fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            max_new_tokens: self.max_new_tokens,
+            min_new_tokens: self.min_new_tokens,
+            stop_strings: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+            seed: self.seed,
+            ..SamplingParams::default()
+        }
+    }
+
+    /// Range checks; the message starts with the offending field's name.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        self.params().validate()?;
+        for (name, v) in [
+            ("n", self.n as usize),
+            ("max_num_seqs", self.max_num_seqs),
+            ("max_num_batched_tokens", self.max_num_batched_tokens),
+            ("block_size", self.block_size),
+        ] {
+            if v == 0 {
+                return Err(format!("{name} must be at least 1"));
+            }
+        }
+        if let Some(s) = &self.kv_cache {
+            crate::bytes::parse_bytes(s).map_err(|e| format!("kv_cache: {e}"))?;
+        }
+        if self.target_correct == Some(0) {
+            return Err("target_correct must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// Loads the model and runs the job described by `s` over `problems` (gold answers, where not
+/// empty, are graded).
+pub fn run_settings(
+    s: &SampleSettings,
+    problems: &[Problem],
+    shard: (usize, usize),
+    output: &Path,
+) -> Result<JobSummary> {
+    s.validate()
+        .map_err(|e| anyhow::anyhow!("sample settings: {e}"))?;
+    let ck = crate::model::Checkpoint::open(&s.model)?;
+    let tok = ck.tokenizer()?;
+    let template = match s.prompt_template.as_str() {
+        "chat" => PromptTemplate::Chat {
+            system: s.system.clone(),
+            enable_thinking: s.enable_thinking,
+        },
+        "raw" => PromptTemplate::Raw,
+        path => PromptTemplate::File(std::fs::read_to_string(path).with_context(|| {
+            format!("prompt_template `{path}`: not chat, raw or a readable file")
+        })?),
+    };
+    let chat = match &template {
+        PromptTemplate::Chat { .. } => Some(ck.chat_template()?),
+        _ => None,
+    };
+    let prompts = build_prompts(problems, &template, chat.as_ref(), &tok)?;
+    let model = ck.load_transformer(&candle_core::Device::Cpu, candle_core::DType::F32)?;
+    // Default KV cache: what max_num_seqs sequences of the longest prompt plus max_new_tokens
+    // need, capped at a quarter of the available memory.
+    let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
+    let per_token = KvCache::bytes_per_token(model.config()) as u64;
+    let seqs = s.max_num_seqs.min(problems.len() * s.n as usize).max(1);
+    let needed = (seqs * (longest + s.max_new_tokens + s.block_size)) as u64 * per_token;
+    let kv_cache_bytes = match &s.kv_cache {
+        Some(text) => {
+            crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
+        }
+        None => needed.min(crate::cmd::preflight::available_memory_bytes().unwrap_or(4 << 30) / 4),
+    };
+    let thinking = match s.max_thinking_tokens {
+        None => None,
+        Some(max_thinking_tokens) => Some(ThinkingBudget {
+            max_thinking_tokens,
+            think_end_id: tok
+                .token_id("</think>")
+                .context("max_thinking_tokens: the tokenizer has no `</think>` token")?,
+            closing: tok.encode(&s.thinking_close_text.replace("\\n", "\n"))?,
+        }),
+    };
+    let cfg = JobConfig {
+        model_name: s.model.clone(),
+        n: s.n,
+        params: s.params(),
+        block_size: s.block_size,
+        max_num_seqs: s.max_num_seqs,
+        max_num_batched_tokens: s.max_num_batched_tokens,
+        kv_cache_bytes,
+        target_correct: s.target_correct,
+        part_problems: 8,
+        grade: GradeOptions {
+            thinking: s.enable_thinking == Some(true),
+            ..GradeOptions::default()
+        },
+        thinking,
+        shard,
+    };
+    run(
+        &model,
+        &tok,
+        &ck.eos_token_ids()?,
+        problems,
+        &prompts,
+        &cfg,
+        &template,
+        output,
+    )
+}
 
 /// Figures for the end-of-run summary.
 #[derive(Debug, Clone, Default)]

@@ -39,27 +39,35 @@ pub const UNKNOWN_PROBLEM: &str = "unknown_problem";
 
 pub fn plan(
     cfg: &FilterConfig,
-    _config: &Config,
     data: &PlannedStage,
+    sampled: Option<&PlannedStage>,
     workdir: &Path,
 ) -> Result<PlannedStage> {
-    let c = cfg
-        .completions
-        .as_ref()
-        .context("filter.completions is missing")?;
-    let files =
-        hub::resolve(&c.location).map_err(|e| anyhow::anyhow!("filter.completions: {e}"))?;
-    let [path] = files.as_slice() else {
-        bail!("filter.completions must name a single file");
+    let upstream = |name: &str, s: &PlannedStage| InputRef {
+        name: name.into(),
+        location: s.dir.display().to_string(),
+        hash: s.key.clone(),
     };
-    let (input, bytes) = file_input("completions", path)?;
+    let (completions, path, bytes) = match (&cfg.completions, sampled) {
+        (Some(c), _) => {
+            let files = hub::resolve(&c.location)
+                .map_err(|e| anyhow::anyhow!("filter.completions: {e}"))?;
+            let [path] = files.as_slice() else {
+                bail!("filter.completions must name a single file");
+            };
+            let (input, bytes) = file_input("completions", path)?;
+            (input, path.clone(), bytes)
+        }
+        (None, Some(s)) => (
+            upstream("completions", s),
+            s.dir.join(super::sample::OUTPUT),
+            s.estimate.disk_bytes,
+        ),
+        (None, None) => bail!("the filter needs [filter.completions] or a [sample] section"),
+    };
     let inputs = vec![
-        InputRef {
-            name: "problems".into(),
-            location: data.dir.display().to_string(),
-            hash: data.key.clone(),
-        },
-        input,
+        upstream("problems", data),
+        completions,
         super::verifier_input(),
     ];
     let config = serde_json::to_value(cfg)?;
@@ -71,7 +79,7 @@ pub fn plan(
         code_version: CODE_VERSION,
         config,
         inputs,
-        files: vec![("completions".into(), path.clone())],
+        files: vec![("completions".into(), path)],
         // Graded parts plus the SFT file, each about the size of the input; all rows in memory.
         estimate: Estimate {
             disk_bytes: bytes * 2,
@@ -190,10 +198,10 @@ fn load_completions(
     config: &Config,
     path: &Path,
 ) -> Result<(Vec<Completion>, Counts)> {
-    let c = cfg
-        .completions
-        .as_ref()
-        .context("filter.completions is missing")?;
+    let Some(c) = cfg.completions.as_ref() else {
+        // The sample stage's output.
+        return Ok((read_completions(path)?, Vec::new()));
+    };
     if c.format == CompletionsFormat::Completions {
         return Ok((read_completions(path)?, Vec::new()));
     }

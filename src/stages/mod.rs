@@ -8,6 +8,7 @@
 
 pub mod data;
 pub mod filter;
+pub mod sample;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -19,7 +20,7 @@ use crate::config::Config;
 use crate::store::{self, InputRef, Manifest, OutputFile, WorkDir};
 
 /// Every stage name, in pipeline order. A config's plan is the subsequence it configures.
-pub const STAGE_ORDER: &[&str] = &["data", "filter"];
+pub const STAGE_ORDER: &[&str] = &["data", "sample", "filter"];
 
 /// One stage of a plan, with everything that determines its output already resolved.
 #[derive(Debug, Clone)]
@@ -93,12 +94,20 @@ impl Plan {
         if let Some(d) = &cfg.data {
             stages.push(data::plan(d, workdir)?);
         }
+        if let Some(s) = &cfg.sample {
+            let data = stages
+                .iter()
+                .find(|s| s.name == "data")
+                .context("the sample stage needs the data stage")?;
+            stages.push(sample::plan(s, data, workdir)?);
+        }
         if let Some(f) = &cfg.filter {
-            let upstream = stages
+            let data = stages
                 .iter()
                 .find(|s| s.name == "data")
                 .context("the filter needs the data stage")?;
-            stages.push(filter::plan(f, cfg, upstream, workdir)?);
+            let sampled = stages.iter().find(|s| s.name == "sample");
+            stages.push(filter::plan(f, data, sampled, workdir)?);
         }
         if stages.is_empty() {
             bail!(
@@ -340,6 +349,11 @@ fn run_stage(cfg: &Config, plan: &Plan, stage: &PlannedStage) -> Result<()> {
     let t0 = Instant::now();
     let out = match stage.name {
         "data" => data::run(cfg.data.as_ref().context("no [data] section")?, stage)?,
+        "sample" => sample::run(
+            cfg.sample.as_ref().context("no [sample] section")?,
+            plan,
+            stage,
+        )?,
         "filter" => filter::run(
             cfg.filter.as_ref().context("no [filter] section")?,
             cfg,
