@@ -237,3 +237,37 @@ max_per_problem = 1
         text(&o)
     );
 }
+
+#[test]
+fn preflight_counts_the_kv_cache_and_the_context() {
+    let Some(model) = shared("fixtures/tiny-qwen3") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let input = problems(dir.path());
+    let cfg = |seqs: usize, new: usize| {
+        format!(
+            "[run]\nworkdir = \"work\"\n[[data.sources]]\nname = \"toy\"\nformat = \"mapped\"\n\
+             path = \"{}\"\nproblem_field = \"problem\"\nanswer_field = \"answer\"\n[sample]\n\
+             model = \"{}\"\nmax_num_seqs = {seqs}\nmax_new_tokens = {new}\n",
+            input.display(),
+            model.display()
+        )
+    };
+    std::fs::write(dir.path().join("ok.toml"), cfg(4, 100)).unwrap();
+    let o = run(&["preflight", "--config", "ok.toml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    // 10M sequences of 612 tokens at 8 KiB each: far more memory than any machine has.
+    std::fs::write(dir.path().join("big.toml"), cfg(10_000_000, 100)).unwrap();
+    let o = run(&["preflight", "--config", "big.toml"], dir.path());
+    assert!(!o.status.success());
+    assert!(text(&o).contains("of memory but"), "{}", text(&o));
+    std::fs::write(dir.path().join("long.toml"), cfg(4, 5000)).unwrap();
+    let o = run(&["preflight", "--config", "long.toml"], dir.path());
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("does not fit the model's context of 1024"),
+        "{}",
+        text(&o)
+    );
+}

@@ -43,14 +43,43 @@ fn model_input(model: &str) -> Result<InputRef> {
     })
 }
 
-pub fn plan(s: &SampleSettings, data: &PlannedStage, workdir: &Path) -> Result<PlannedStage> {
-    let model = model_input(&s.model)?;
-    let weights: u64 = crate::model::Checkpoint::open(&s.model)?
+/// Prompt length assumed for the KV estimate before the prompts exist.
+pub const ESTIMATE_PROMPT_TOKENS: usize = 512;
+
+/// Weights as computed on CPU (f32: a bf16 checkpoint doubles) plus the KV cache: `kv_cache`,
+/// or max_num_seqs sequences of a 512-token prompt plus max_new_tokens.
+fn memory_estimate(s: &SampleSettings) -> Result<u64> {
+    let ck = crate::model::Checkpoint::open(&s.model)?;
+    let stored: u64 = ck
         .weights
         .iter()
         .filter_map(|w| std::fs::metadata(w).ok())
         .map(|m| m.len())
         .sum();
+    let widen = match ck.config.dtype.as_str() {
+        "bfloat16" | "float16" => 2,
+        _ => 1,
+    };
+    if s.max_new_tokens >= ck.config.max_position_embeddings {
+        anyhow::bail!(
+            "sample.max_new_tokens = {} does not fit the model's context of {} tokens",
+            s.max_new_tokens,
+            ck.config.max_position_embeddings
+        );
+    }
+    let per_token = crate::sampler::kv_cache::KvCache::bytes_per_token(&ck.config) as u64;
+    let kv = match &s.kv_cache {
+        Some(text) => {
+            crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
+        }
+        None => (s.max_num_seqs * (ESTIMATE_PROMPT_TOKENS + s.max_new_tokens)) as u64 * per_token,
+    };
+    Ok(stored * widen + kv)
+}
+
+pub fn plan(s: &SampleSettings, data: &PlannedStage, workdir: &Path) -> Result<PlannedStage> {
+    let model = model_input(&s.model)?;
+    let memory_bytes = memory_estimate(s)?;
     let inputs = vec![
         InputRef {
             name: "problems".into(),
@@ -70,10 +99,9 @@ pub fn plan(s: &SampleSettings, data: &PlannedStage, workdir: &Path) -> Result<P
         config,
         inputs,
         files: Vec::new(),
-        // Weights in f32 (bf16 checkpoints double) and the KV cache; the output is small.
         estimate: Estimate {
             disk_bytes: 64 << 20,
-            memory_bytes: weights * 2,
+            memory_bytes,
         },
     })
 }
