@@ -370,8 +370,19 @@ impl<'m> Engine<'m> {
             (is_stop_id && n_gen >= params.min_new_tokens).then_some(FinishReason::Stop);
         if reason.is_none() && !params.stop_strings.is_empty() {
             if let Some(dec) = decode {
-                let text = dec(m.tokens.get(m.prompt_len..).unwrap_or(&[]));
-                if stop_string_hit(&text, &params.stop_strings).is_some() {
+                // Only the tail can hold a stop string that was not there a token ago: decode the
+                // last tokens (every token is at least one byte), not the whole completion.
+                let longest = params
+                    .stop_strings
+                    .iter()
+                    .map(|x| x.len())
+                    .max()
+                    .unwrap_or(0);
+                let gen = m.tokens.get(m.prompt_len..).unwrap_or(&[]);
+                let tail = gen
+                    .get(gen.len().saturating_sub(longest + 4)..)
+                    .unwrap_or(gen);
+                if stop_string_hit(&dec(tail), &params.stop_strings).is_some() {
                     reason = Some(FinishReason::Stop);
                 }
             }

@@ -539,4 +539,52 @@ mod engine {
         // After the forced text the model keeps answering with its own samples.
         assert!(out.iter().any(|s| !s.tokens[9..].iter().all(|&t| t == 198)));
     }
+
+    #[test]
+    fn a_stop_string_ends_the_sample_where_it_appears() {
+        let Some(model) = fixture_model() else { return };
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-qwen3");
+        let tok = Checkpoint::open(dir.to_str().unwrap())
+            .unwrap()
+            .tokenizer()
+            .unwrap();
+        let greedy = SamplingParams {
+            max_new_tokens: 16,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        };
+        let (free, _) = run(&model, greedy.clone(), 8, 64, 1);
+        // A stop string made of the text of generated tokens 6 and 7 of the first sample.
+        let stop = tok.decode(&free[0].tokens[6..8]).unwrap();
+        let cfg = EngineConfig {
+            scheduler: SchedulerConfig {
+                block_size: 4,
+                max_num_seqs: 8,
+                max_num_batched_tokens: 24,
+            },
+            num_blocks: 64,
+            params: SamplingParams {
+                stop_strings: vec![stop.clone()],
+                ..greedy
+            },
+            eos_token_ids: vec![482, 480],
+            thinking: None,
+        };
+        let mut e = Engine::new(&model, cfg).unwrap();
+        e.add(Request {
+            problem_id: "p0".into(),
+            prompt: prompts()[0].clone(),
+            n: 1,
+        })
+        .unwrap();
+        let decode = |ids: &[u32]| tok.decode(ids).unwrap_or_default();
+        let mut out = Vec::new();
+        while !e.is_idle() {
+            out.extend(e.step(Some(&decode)).unwrap());
+        }
+        assert_eq!(out[0].finish_reason, FinishReason::Stop);
+        assert!(out[0].tokens.len() <= 8, "{:?}", out[0].tokens);
+        assert!(tok.decode(&out[0].tokens).unwrap().contains(&stop));
+        assert_eq!(&out[0].tokens[..], &free[0].tokens[..out[0].tokens.len()]);
+    }
 }
