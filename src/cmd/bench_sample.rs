@@ -163,7 +163,8 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
         .map(|b| b.trim().parse::<usize>())
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| anyhow::anyhow!("--batch {}: {e}", a.batch))?;
-    let model = random_model(&cfg)?;
+    let mut model = random_model(&cfg)?;
+    model.set_fused_inference(true);
     println!(
         "shape {} ({:.1}M parameters, f32, {} threads), prompt {} tokens, {} new tokens, KV {} \
          bytes/token",

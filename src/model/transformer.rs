@@ -26,6 +26,14 @@ impl RmsNorm {
         })
     }
 
+    /// `fused`: candle's fused kernel, which records no backward pass (sampling only).
+    pub fn forward_with(&self, x: &Tensor, fused: bool) -> Result<Tensor> {
+        if fused {
+            return candle_nn::ops::rms_norm(x, &self.weight, self.eps as f32);
+        }
+        self.forward(x)
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
         let x = x.broadcast_div(&(ms + self.eps)?.sqrt()?)?;
@@ -61,17 +69,50 @@ impl Rope {
         })
     }
 
-    /// x: (T, H, D), positions: (T,) u32 -> rotated x (the Hugging Face `rotate_half` layout).
-    fn apply(&self, x: &Tensor, positions: &Tensor) -> Result<Tensor> {
-        let cos = self.cos.index_select(positions, 0)?; // (T, D/2)
-        let sin = self.sin.index_select(positions, 0)?;
-        let cos = Tensor::cat(&[&cos, &cos], D::Minus1)?.unsqueeze(1)?; // (T, 1, D)
-        let sin = Tensor::cat(&[&sin, &sin], D::Minus1)?.unsqueeze(1)?;
+    /// The cos and sin rows of each token's position: (T, D/2) each.
+    fn rows(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
+        Ok((
+            self.cos.index_select(positions, 0)?,
+            self.sin.index_select(positions, 0)?,
+        ))
+    }
+}
+
+/// Per-step RoPE tables, gathered once and shared by every layer.
+struct RopeRows {
+    /// (T, D/2), for the fused kernel.
+    cos: Tensor,
+    sin: Tensor,
+    /// (T, 1, D) = [cos, cos], for the differentiable path.
+    cos_full: Tensor,
+    sin_full: Tensor,
+}
+
+impl RopeRows {
+    fn new(rope: &Rope, positions: &Tensor) -> Result<Self> {
+        let (cos, sin) = rope.rows(positions)?;
+        let cos_full = Tensor::cat(&[&cos, &cos], D::Minus1)?.unsqueeze(1)?;
+        let sin_full = Tensor::cat(&[&sin, &sin], D::Minus1)?.unsqueeze(1)?;
+        Ok(RopeRows {
+            cos,
+            sin,
+            cos_full,
+            sin_full,
+        })
+    }
+
+    /// x: (T, H, D) -> rotated x (the Hugging Face `rotate_half` layout).
+    fn apply(&self, x: &Tensor, fused: bool) -> Result<Tensor> {
+        if fused {
+            // (T, H, D) -> (1, T, H, D) for the fused kernel.
+            let x = x.contiguous()?.unsqueeze(0)?;
+            return candle_nn::rotary_emb::rope_thd(&x, &self.cos, &self.sin)?.squeeze(0);
+        }
         let half = x.dim(D::Minus1)? / 2;
         let x1 = x.narrow(D::Minus1, 0, half)?;
         let x2 = x.narrow(D::Minus1, half, half)?;
         let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-        x.broadcast_mul(&cos)? + rotated.broadcast_mul(&sin)?
+        x.broadcast_mul(&self.cos_full)? + rotated.broadcast_mul(&self.sin_full)?
     }
 }
 
@@ -154,6 +195,8 @@ pub struct Transformer {
     norm: RmsNorm,
     lm_head: Linear,
     rope: Rope,
+    /// Fused RMS norm and RoPE kernels (no backward pass): set for sampling, never for training.
+    fused: bool,
 }
 
 impl Transformer {
@@ -176,11 +219,18 @@ impl Transformer {
             norm: RmsNorm::new(cfg.hidden_size, cfg.rms_norm_eps, m.pp("norm"))?,
             lm_head,
             rope: Rope::new(cfg, vb.device())?,
+            fused: false,
         })
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    /// Use candle's fused RMS norm and RoPE kernels: faster, but they record no backward pass,
+    /// so a model trained with this on would get zero gradients upstream of them. For sampling.
+    pub fn set_fused_inference(&mut self, on: bool) {
+        self.fused = on;
     }
 
     /// Final hidden states (T, hidden) for `tokens` (T,) u32 at `positions` (T,) u32.
@@ -192,28 +242,30 @@ impl Transformer {
     ) -> Result<Tensor> {
         let (hq, hkv, d) = (self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim);
         let t = tokens.dim(0)?;
+        let fused = self.fused;
+        let rope = RopeRows::new(&self.rope, positions)?;
         let mut x = self.embed.forward(tokens)?; // (T, hidden)
         for (i, l) in self.layers.iter().enumerate() {
             // 1. attention block
-            let h = l.input_norm.forward(&x)?;
+            let h = l.input_norm.forward_with(&x, fused)?;
             let mut q = l.q_proj.forward(&h)?.reshape((t, hq, d))?; // (T, Hq, D)
             let mut k = l.k_proj.forward(&h)?.reshape((t, hkv, d))?; // (T, Hkv, D)
             let v = l.v_proj.forward(&h)?.reshape((t, hkv, d))?;
             if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                q = qn.forward(&q)?;
-                k = kn.forward(&k)?;
+                q = qn.forward_with(&q, fused)?;
+                k = kn.forward_with(&k, fused)?;
             }
-            let q = self.rope.apply(&q, positions)?;
-            let k = self.rope.apply(&k, positions)?;
+            let q = rope.apply(&q, fused)?;
+            let k = rope.apply(&k, fused)?;
             let a = attn.attend(i, &q, &k, &v)?.reshape((t, hq * d))?;
             x = (x + l.o_proj.forward(&a)?)?;
             // 2. MLP block (SwiGLU)
-            let h = l.post_norm.forward(&x)?;
+            let h = l.post_norm.forward_with(&x, fused)?;
             let g = candle_nn::ops::silu(&l.gate_proj.forward(&h)?)?;
             let u = l.up_proj.forward(&h)?;
             x = (x + l.down_proj.forward(&(g * u)?)?)?;
         }
-        self.norm.forward(&x)
+        self.norm.forward_with(&x, fused)
     }
 
     /// Logits (N, vocab) for hidden rows (N, hidden).
