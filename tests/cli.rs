@@ -538,18 +538,7 @@ path = "completions.parquet"
     std::fs::write(dir.path().join("f.toml"), cfg).unwrap();
     let o = run(&["run", "all", "--config", "f.toml"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
-    let work = dir.path().join("work/stages");
-    let fdir = std::fs::read_dir(&work)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("filter-")
-        })
-        .unwrap();
+    let fdir = stage_dir(&dir.path().join("work"), "filter");
     let m: selfdistill::store::Manifest =
         serde_json::from_slice(&std::fs::read(fdir.join("manifest.json")).unwrap()).unwrap();
     let get = |k: &str| m.counts.iter().find(|(n, _)| n == k).map(|c| c.1);

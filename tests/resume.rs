@@ -18,17 +18,7 @@ fn setup(dir: &Path) -> Option<PathBuf> {
 }
 
 fn filter_dir(work: &Path) -> PathBuf {
-    std::fs::read_dir(work.join("stages"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("filter-")
-        })
-        .expect("a filter stage dir")
+    stage_dir(work, "filter")
 }
 
 /// Every SFT row and every graded row, whole (all columns), in file order.

@@ -24,6 +24,16 @@ fn problems(dir: &Path) -> PathBuf {
 }
 
 fn sample(dir: &Path, extra: &[&str], out: &str) -> std::process::Output {
+    sample_with_env(dir, extra, out, None)
+}
+
+/// `pipeline sample` on the 20 toy problems, with an optional environment variable.
+fn sample_with_env(
+    dir: &Path,
+    extra: &[&str],
+    out: &str,
+    env: Option<(&str, &str)>,
+) -> std::process::Output {
     let model = shared("fixtures/tiny-qwen3").unwrap();
     let input = problems(dir);
     let mut args = vec![
@@ -52,7 +62,12 @@ fn sample(dir: &Path, extra: &[&str], out: &str) -> std::process::Output {
         out,
     ];
     args.extend_from_slice(extra);
-    bin().args(&args).current_dir(dir).output().unwrap()
+    let mut cmd = bin();
+    cmd.args(&args).current_dir(dir);
+    if let Some((k, v)) = env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
 }
 
 fn key(rows: &[Completion]) -> Vec<(String, i32, Option<Vec<i32>>)> {
@@ -133,38 +148,12 @@ fn sigkill_mid_run_then_resume_gives_the_uninterrupted_rows() {
     let dir = tempfile::tempdir().unwrap();
     let o = sample(dir.path(), &[], "clean.parquet");
     assert!(o.status.success(), "{}", text(&o));
-    let model = shared("fixtures/tiny-qwen3").unwrap();
-    let input = problems(dir.path());
-    let o = bin()
-        .args([
-            "sample",
-            "--model",
-            model.to_str().unwrap(),
-            "--input",
-            input.to_str().unwrap(),
-            "--answer-field",
-            "answer",
-            "--prompt-template",
-            "raw",
-            "--n",
-            "2",
-            "--temperature",
-            "0.8",
-            "--top-p",
-            "0.95",
-            "--max-new-tokens",
-            "8",
-            "--seed",
-            "7",
-            "--kv-cache",
-            "4 MiB",
-            "--output",
-            "killed.parquet",
-        ])
-        .env(selfdistill::fault::ENV, "sample.part:1")
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
+    let o = sample_with_env(
+        dir.path(),
+        &[],
+        "killed.parquet",
+        Some((selfdistill::fault::ENV, "sample.part:1")),
+    );
     assert_eq!(o.status.signal(), Some(9), "{}", text(&o));
     assert!(!dir.path().join("killed.parquet").exists());
     let o = sample(dir.path(), &[], "killed.parquet");

@@ -73,3 +73,18 @@ completion_field = "{completion_field}"
     std::fs::write(&p, cfg).unwrap();
     p
 }
+
+/// The folder of stage `name` in a work dir (the first `stages/<name>-*`).
+pub fn stage_dir(work: &Path, name: &str) -> PathBuf {
+    std::fs::read_dir(work.join("stages"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(&format!("{name}-"))
+        })
+        .unwrap_or_else(|| panic!("no {name} stage in {}", work.display()))
+}
