@@ -95,47 +95,81 @@ fn d_close() -> String {
 
 /// Everything a sampling run is configured with: the `[sample]` section of a pipeline config
 /// and the flags of `pipeline sample` (same names, same defaults).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct SampleSettings {
-    /// A checkpoint folder or a hub id.
+    /// A checkpoint folder or a hub id (e.g. Qwen/Qwen3-4B).
+    #[arg(long)]
     pub model: String,
-    /// `chat`, `raw`, or a Jinja file using `{{ problem }}`.
+    /// `chat` (the checkpoint's template), `raw` (the problem text as is) or a Jinja file using
+    /// `{{ problem }}`.
     #[serde(default = "d_chat")]
+    #[arg(long, default_value = "chat")]
     pub prompt_template: String,
+    /// A system message for the chat template.
+    #[arg(long)]
     pub system: Option<String>,
+    /// Passed to the chat template as `enable_thinking` (Qwen3); unset leaves it undefined.
+    #[arg(long)]
     pub enable_thinking: Option<bool>,
+    /// Samples per problem (at most, with target_correct).
     #[serde(default = "d_one")]
+    #[arg(long, default_value_t = 1)]
     pub n: u32,
+    /// 0 = greedy.
     #[serde(default)]
+    #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
     #[serde(default = "d_top_p")]
+    #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
+    /// 0 = off.
     #[serde(default)]
+    #[arg(long, default_value_t = 0)]
     pub top_k: usize,
     #[serde(default)]
+    #[arg(long, default_value_t = 0.0)]
     pub min_p: f32,
     #[serde(default = "d_max_new")]
+    #[arg(long, default_value_t = 1024)]
     pub max_new_tokens: usize,
     #[serde(default)]
+    #[arg(long, default_value_t = 0)]
     pub min_new_tokens: usize,
+    /// Stop strings (repeatable).
     #[serde(default)]
+    #[arg(long = "stop")]
     pub stop: Vec<String>,
     #[serde(default)]
+    #[arg(long)]
     pub ignore_eos: bool,
+    /// Samples are seeded by (seed, problem id, sample index).
     #[serde(default)]
+    #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Most sequences decoding at once.
     #[serde(default = "d_seqs")]
+    #[arg(long, default_value_t = 64)]
     pub max_num_seqs: usize,
+    /// Token budget of one step (prefill chunks and decode tokens together).
     #[serde(default = "d_budget")]
+    #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
     /// KV cache size ("4 GiB"); default: what the run needs, at most a quarter of free memory.
+    #[arg(long)]
     pub kv_cache: Option<String>,
     #[serde(default = "d_block")]
+    #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// Stop sampling a problem once this many of its samples are correct (needs gold answers).
+    #[arg(long)]
     pub target_correct: Option<u32>,
+    /// Thinking budget: after this many generated tokens without `</think>`, append
+    /// thinking_close_text and let the model answer within the rest of max_new_tokens.
+    #[arg(long)]
     pub max_thinking_tokens: Option<usize>,
     #[serde(default = "d_close")]
+    #[arg(long, default_value = "\n</think>\n\n")]
     pub thinking_close_text: String,
 }
 
