@@ -31,6 +31,9 @@ pub struct SampleBenchArgs {
     pub prompt_len: usize,
     #[arg(long, default_value_t = 32)]
     pub new_tokens: usize,
+    /// Sampling temperature (0 = greedy, as `benches/hf_generate.py` does by default).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
 }
 
 fn shape(name: &str) -> Result<ModelConfig> {
@@ -103,14 +106,15 @@ pub fn random_model(cfg: &ModelConfig) -> Result<Transformer> {
     Ok(Transformer::new(cfg, vb)?)
 }
 
-/// (prefill tokens/s, decode tokens/s) for `batch` requests of `prompt_len` tokens generating
+/// (prefill tokens/s, decode tokens/s, the time split) for `batch` requests of `prompt_len` tokens generating
 /// `new` tokens each.
 fn timed_run(
     model: &Transformer,
     batch: usize,
     prompt_len: usize,
     new: usize,
-) -> Result<(f64, f64)> {
+    temperature: f32,
+) -> Result<(f64, f64, String)> {
     let cfg = model.config();
     let block_size = 16;
     let per_seq = (prompt_len + new).div_ceil(block_size) + 1;
@@ -124,6 +128,7 @@ fn timed_run(
         params: SamplingParams {
             max_new_tokens: new,
             ignore_eos: true,
+            temperature,
             ..SamplingParams::default()
         },
         eos_token_ids: Vec::new(),
@@ -149,9 +154,20 @@ fn timed_run(
         e.step(None)?;
     }
     let decode_s = t1.elapsed().as_secs_f64();
+    let t = e.stats.time;
+    let share = |x: f64| 100.0 * x / (prefill_s + decode_s).max(1e-9);
+    let split = format!(
+        "layers {:.0}%, attention {:.0}%, lm_head {:.0}%, sampling {:.0}%, scheduling {:.0}%",
+        share(t.layers),
+        share(t.attention),
+        share(t.lm_head),
+        share(t.sampling),
+        share(t.schedule)
+    );
     Ok((
         (batch * prompt_len) as f64 / prefill_s.max(1e-9),
         (e.stats.generated_tokens - first) as f64 / decode_s.max(1e-9),
+        split,
     ))
 }
 
@@ -175,13 +191,64 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
         a.new_tokens,
         KvCache::bytes_per_token(&cfg)
     );
+    let ceiling = matmul_ceiling()?;
     println!(
-        "{:>6} {:>14} {:>14}",
-        "batch", "prefill tok/s", "decode tok/s"
+        "matmul ceiling (candle f32 gemm, {0}x{0}x{0}): {1:.1} GFLOP/s",
+        CEILING_N,
+        ceiling / 1e9
     );
+    println!(
+        "{:>6} {:>14} {:>14} {:>16} {:>14}",
+        "batch", "prefill tok/s", "decode tok/s", "decode GFLOP/s", "of ceiling"
+    );
+    let mut first_decode = None;
     for &b in &batches {
-        let (prefill, decode) = timed_run(&model, b, a.prompt_len, a.new_tokens + 1)?;
-        println!("{b:>6} {prefill:>14.1} {decode:>14.1}");
+        let (prefill, decode, split) =
+            timed_run(&model, b, a.prompt_len, a.new_tokens + 1, a.temperature)?;
+        let ctx = a.prompt_len + a.new_tokens / 2;
+        let flops = decode * decode_flops_per_token(&cfg, ctx);
+        println!(
+            "{b:>6} {prefill:>14.1} {decode:>14.1} {:>16.1} {:>13.1}%",
+            flops / 1e9,
+            100.0 * flops / ceiling
+        );
+        println!("       time: {split}");
+        let base = *first_decode.get_or_insert((b, decode));
+        if b != base.0 {
+            println!(
+                "       decode at batch {b} = {:.1}x batch {}",
+                decode / base.1,
+                base.0
+            );
+        }
     }
     Ok(())
+}
+
+const CEILING_N: usize = 1024;
+
+/// The machine's f32 matmul rate through candle (the gemm every Linear runs on): FLOP/s of the
+/// best of several square products.
+fn matmul_ceiling() -> Result<f64> {
+    let n = CEILING_N;
+    let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
+    let b = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
+    let _ = a.matmul(&b)?; // warm-up
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let c = a.matmul(&b)?;
+        std::hint::black_box(&c);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * (n * n * n) as f64 / best)
+}
+
+/// FLOPs of one decode token at context length `ctx`: every weight matrix once (lm_head
+/// included), plus attention's q·k and p·v over the context.
+fn decode_flops_per_token(cfg: &ModelConfig, ctx: usize) -> f64 {
+    let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
+    let proj = h * d * (cfg.num_heads * 2 + cfg.num_kv_heads * 2) + 3 * h * i;
+    let attn = 4 * ctx * cfg.num_heads * d;
+    2.0 * (cfg.num_layers * proj + cfg.vocab_size * h) as f64 + (cfg.num_layers * attn) as f64
 }

@@ -13,11 +13,14 @@
 //! Knows nothing of Parquet, verification or problems beyond their ids: the caller grades
 //! finished samples and may [`Engine::cancel`] a request (the verifier in the loop).
 
+use std::time::Instant;
+
 use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
+use rayon::prelude::*;
 
 use super::kv_cache::{KvCache, PagedAttention, SeqStep};
-use super::sampling::{sample, stop_string_hit, SampleRng, SamplingParams, Scratch};
+use super::sampling::{sample, stop_string_hit, SampleRng, Sampled, SamplingParams, Scratch};
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, SeqState};
 use crate::model::Transformer;
 
@@ -89,6 +92,23 @@ pub struct EngineStats {
     pub prompt_tokens_computed: u64,
     pub generated_tokens: u64,
     pub samples_cancelled: u64,
+    /// Wall time of each part of the steps, for the benchmark's split.
+    pub time: StepTimes,
+}
+
+/// Seconds spent in each part of [`Engine::step`], summed over steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepTimes {
+    /// Scheduling, block copies and building the batch.
+    pub schedule: f64,
+    /// The transformer layers, attention excluded.
+    pub layers: f64,
+    /// Paged attention (KV writes included).
+    pub attention: f64,
+    /// The LM head over the rows that sample.
+    pub lm_head: f64,
+    /// Drawing tokens and stop checks.
+    pub sampling: f64,
 }
 
 struct SeqMeta {
@@ -119,7 +139,8 @@ pub struct Engine<'m> {
     meta: Vec<SeqMeta>,
     requests: Vec<Request>,
     cancelled: Vec<bool>,
-    scratch: Scratch,
+    /// One per sampling worker thread.
+    scratch: Vec<Scratch>,
     pub stats: EngineStats,
 }
 
@@ -139,7 +160,7 @@ impl<'m> Engine<'m> {
             meta: Vec::new(),
             requests: Vec::new(),
             cancelled: Vec::new(),
-            scratch: Scratch::new(),
+            scratch: Vec::new(),
             stats: EngineStats::default(),
         })
     }
@@ -250,6 +271,7 @@ impl<'m> Engine<'m> {
 
     /// One engine step; returns the samples that finished in it.
     pub fn step(&mut self, decode: Option<Decoder>) -> Result<Vec<Sample>> {
+        let t0 = Instant::now();
         let step = self.sched.schedule(&mut self.seqs);
         if step.scheduled.is_empty() {
             if !self.sched.is_idle() {
@@ -273,12 +295,14 @@ impl<'m> Engine<'m> {
         }
         // 2. forward through the paged cache
         let dev = Device::Cpu;
+        let t1 = Instant::now();
+        self.stats.time.schedule += (t1 - t0).as_secs_f64();
+        let attention_s;
         let hidden = {
             let seqs = &self.seqs;
-            let mut attn = PagedAttention {
-                cache: &mut self.cache,
-                seqs: step
-                    .scheduled
+            let mut attn = PagedAttention::new(
+                &mut self.cache,
+                step.scheduled
                     .iter()
                     .map(|&(id, n)| SeqStep {
                         block_table: &seqs[id.0].block_table,
@@ -286,13 +310,18 @@ impl<'m> Engine<'m> {
                         num_new: n,
                     })
                     .collect(),
-            };
-            self.model.forward_hidden(
+            );
+            let h = self.model.forward_hidden(
                 &Tensor::new(tokens.as_slice(), &dev)?,
                 &Tensor::new(positions.as_slice(), &dev)?,
                 &mut attn,
-            )?
+            )?;
+            attention_s = attn.seconds;
+            h
         };
+        let t2 = Instant::now();
+        self.stats.time.attention += attention_s;
+        self.stats.time.layers += (t2 - t1).as_secs_f64() - attention_s;
         // 3. advance, and pick the rows of sequences that now sample
         let mut rows = Vec::new();
         let mut samplers = Vec::new();
@@ -311,14 +340,50 @@ impl<'m> Engine<'m> {
             return Ok(finished);
         }
         let picked = hidden.index_select(&Tensor::new(rows.as_slice(), &dev)?, 0)?;
-        let logits: Vec<Vec<f32>> = self.model.logits(&picked)?.to_vec2()?;
-        for (id, row) in samplers.into_iter().zip(logits) {
+        let logits: Vec<f32> = self.model.logits(&picked)?.flatten_all()?.to_vec1()?;
+        let t3 = Instant::now();
+        self.stats.time.lm_head += (t3 - t2).as_secs_f64();
+        let drawn = self.draw_tokens(&samplers, &logits);
+        for (id, (s, rng)) in samplers.into_iter().zip(drawn) {
             self.fork_siblings(id);
-            if let Some(done) = self.sample_one(id, &row, decode) {
+            self.meta[id.0].rng = rng;
+            if let Some(done) = self.take_token(id, s, decode) {
                 finished.push(done);
             }
         }
+        self.stats.time.sampling += t3.elapsed().as_secs_f64();
         Ok(finished)
+    }
+
+    /// Draws one token per sampling sequence from its logits row (`logits` holds the rows end to
+    /// end), in parallel: each worker owns one scratch and a contiguous run of rows. A draw
+    /// depends only on its row and its own RNG, so the split cannot change any token. Returns
+    /// each draw and the sequence's advanced RNG.
+    fn draw_tokens(&mut self, samplers: &[SeqId], logits: &[f32]) -> Vec<(Sampled, SampleRng)> {
+        let vocab = logits.len() / samplers.len().max(1);
+        let workers = rayon::current_num_threads().clamp(1, samplers.len().max(1));
+        if self.scratch.len() < workers {
+            self.scratch.resize_with(workers, Scratch::new);
+        }
+        let per = samplers.len().div_ceil(workers).max(1);
+        let (meta, params, eos) = (&self.meta, &self.cfg.params, &self.cfg.eos_token_ids);
+        samplers
+            .par_chunks(per)
+            .zip(logits.par_chunks(per * vocab.max(1)))
+            .zip(self.scratch.par_iter_mut())
+            .flat_map_iter(|((ids, rows), scratch)| {
+                ids.iter()
+                    .zip(rows.chunks(vocab.max(1)))
+                    .map(|(id, row)| {
+                        let m = &meta[id.0];
+                        let mut rng = m.rng.clone();
+                        let (prompt, generated) = m.tokens.split_at(m.prompt_len);
+                        let s = sample(row, params, prompt, generated, eos, &mut rng, scratch);
+                        (s, rng)
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     /// Forks the leader's waiting siblings once its prompt is cached.
@@ -345,20 +410,10 @@ impl<'m> Engine<'m> {
         }
     }
 
-    /// Samples one token for `id`; returns the sample when it ended.
-    fn sample_one(&mut self, id: SeqId, logits: &[f32], decode: Option<Decoder>) -> Option<Sample> {
+    /// Appends the drawn token to `id`; returns the sample when it ended.
+    fn take_token(&mut self, id: SeqId, s: Sampled, decode: Option<Decoder>) -> Option<Sample> {
         let params = &self.cfg.params;
         let m = &mut self.meta[id.0];
-        let (prompt, generated) = m.tokens.split_at(m.prompt_len);
-        let s = sample(
-            logits,
-            params,
-            prompt,
-            generated,
-            &self.cfg.eos_token_ids,
-            &mut m.rng,
-            &mut self.scratch,
-        );
         m.tokens.push(s.token);
         m.logprob += s.logprob as f64;
         self.seqs[id.0].num_tokens += 1;

@@ -2,19 +2,21 @@
 //! implementation the CUDA kernels are tested against.
 //!
 //! ```text
-//! per layer:  k, v : [num_blocks * block_size slots][Hkv][D]   (f32)
+//! per layer:  k, v : [num_blocks][Hkv][block_size][D]   (f32; vLLM's head-major block layout)
+//! slot s = block * block_size + offset: head h's row at ((block * Hkv + h) * block_size + offset) * D
 //! a step:     tokens of several sequences end to end; sequence s brings num_new tokens
 //!             starting at position start_pos, and its block table maps positions to slots
 //! ```
 //! `PagedAttention::attend` (1) writes the step's keys and values into their slots, then
 //! (2) lets each new token attend over its sequence's keys at positions `0..=pos`, read through
-//! the block table. Knows nothing of scheduling or sampling; the caller reserves the slots
+//! the block table, one block's run of rows per KV head at a time (each is contiguous). Knows nothing of scheduling or sampling; the caller reserves the slots
 //! (see `block_pool`) and copies shared blocks before they are written.
 
 use candle_core::{DType, Result, Tensor};
 use rayon::prelude::*;
 
 use super::block_pool::{BlockId, BlockTable};
+use super::simd::exp_sub_sum;
 use crate::model::attention::AttentionBackend;
 use crate::model::ModelConfig;
 
@@ -81,6 +83,8 @@ pub struct SeqStep<'a> {
 pub struct PagedAttention<'a> {
     pub cache: &'a mut KvCache,
     pub seqs: Vec<SeqStep<'a>>,
+    /// Wall time spent in [`AttentionBackend::attend`], summed over layers.
+    pub seconds: f64,
 }
 
 fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
@@ -89,11 +93,29 @@ fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
 
 impl AttentionBackend for PagedAttention<'_> {
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-        let (t, hq, d) = q.dims3()?;
+        let t0 = std::time::Instant::now();
+        let out = self.attend_inner(layer, q, k, v);
+        self.seconds += t0.elapsed().as_secs_f64();
+        out
+    }
+}
+
+impl<'a> PagedAttention<'a> {
+    pub fn new(cache: &'a mut KvCache, seqs: Vec<SeqStep<'a>>) -> Self {
+        PagedAttention {
+            cache,
+            seqs,
+            seconds: 0.0,
+        }
+    }
+
+    fn attend_inner(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        let (t, hq, _) = q.dims3()?;
         let (q, k, v) = (to_vec(q)?, to_vec(k)?, to_vec(v)?);
         let bs = self.cache.block_size;
         let row = self.cache.row();
         // 1. write the step's keys and values into their slots
+        let (hkv, d) = (self.cache.num_kv_heads, self.cache.head_dim);
         let mut tok = 0;
         for s in &self.seqs {
             for i in 0..s.num_new {
@@ -101,15 +123,18 @@ impl AttentionBackend for PagedAttention<'_> {
                     .block_table
                     .slot(s.start_pos + i, bs)
                     .ok_or_else(|| candle_core::Error::Msg("slot not reserved".into()))?;
-                let src = (tok + i) * row..(tok + i + 1) * row;
-                let dst = slot * row..(slot + 1) * row;
-                if let (Some(kc), Some(vc)) =
-                    (self.cache.k.get_mut(layer), self.cache.v.get_mut(layer))
-                {
-                    if let (Some(kd), Some(ks)) = (kc.get_mut(dst.clone()), k.get(src.clone())) {
+                let (block, off) = (slot / bs, slot % bs);
+                let (kc, vc) = match (self.cache.k.get_mut(layer), self.cache.v.get_mut(layer)) {
+                    (Some(k), Some(v)) => (k, v),
+                    _ => break,
+                };
+                for h in 0..hkv {
+                    let src = (tok + i) * row + h * d;
+                    let dst = ((block * hkv + h) * bs + off) * d;
+                    if let (Some(kd), Some(ks)) = (kc.get_mut(dst..dst + d), k.get(src..src + d)) {
                         kd.copy_from_slice(ks);
                     }
-                    if let (Some(vd), Some(vs)) = (vc.get_mut(dst), v.get(src)) {
+                    if let (Some(vd), Some(vs)) = (vc.get_mut(dst..dst + d), v.get(src..src + d)) {
                         vd.copy_from_slice(vs);
                     }
                 }
@@ -136,15 +161,14 @@ impl AttentionBackend for PagedAttention<'_> {
                 jobs.push((s.block_table, s.start_pos + i));
             }
         }
-        let hkv = self.cache.num_kv_heads;
         let geom = Geom { hq, hkv, d, bs };
         let mut out = vec![0f32; t * hq * d];
         out.par_chunks_mut(hq * d)
             .zip(jobs.par_iter())
             .enumerate()
-            .for_each_init(Vec::new, |scores, (ti, (o, (table, pos)))| {
+            .for_each_init(AttnScratch::default, |scratch, (ti, (o, (table, pos)))| {
                 let qrow = q.get(ti * hq * d..(ti + 1) * hq * d).unwrap_or(&[]);
-                attend_token(qrow, kc, vc, table, *pos, &geom, scores, o);
+                attend_token(qrow, kc, vc, table, *pos, &geom, scratch, o);
             });
         Tensor::from_vec(out, (t, hq, d), &candle_core::Device::Cpu)
     }
@@ -157,8 +181,47 @@ struct Geom {
     bs: usize,
 }
 
-/// One token's attention over positions `0..=pos`, all heads, into `out` (Hq * D). `scores` is
-/// a reused buffer (one per worker thread), so the decode loop allocates nothing here.
+/// Per-worker buffers of [`attend_token`], reused across tokens and steps.
+#[derive(Default)]
+struct AttnScratch {
+    /// Scores of one query group: (group, pos + 1).
+    scores: Vec<f32>,
+    /// 1 / softmax denominator of each head of the group.
+    inv_sums: Vec<f32>,
+}
+
+/// `a · b` with eight independent accumulators, so the compiler can keep it in SIMD registers
+/// (a plain `zip().sum()` is a serial chain of float adds).
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for j in 0..8 {
+            acc[j] = x[j].mul_add(y[j], acc[j]);
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// `out += w * x`.
+#[inline(always)]
+fn axpy(out: &mut [f32], w: f32, x: &[f32]) {
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = w.mul_add(*v, *o);
+    }
+}
+
+/// One token's attention over positions `0..=pos`, all heads, into `out` (Hq * D). Runs the
+/// AVX2+FMA build of [`attend_token_body`] where the CPU has it (checked once, cached by std).
 #[allow(clippy::too_many_arguments)]
 fn attend_token(
     q: &[f32],
@@ -167,44 +230,98 @@ fn attend_token(
     table: &BlockTable,
     pos: usize,
     g: &Geom,
-    scores: &mut Vec<f32>,
+    scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
-    let row = g.hkv * g.d;
-    let scale = 1.0 / (g.d as f32).sqrt();
-    let group = g.hq / g.hkv.max(1);
+    #[cfg(target_arch = "x86_64")]
+    if super::simd::has_avx2_fma() {
+        // SAFETY: the CPU supports the features the function is compiled for (checked above).
+        unsafe { attend_token_avx2(q, kc, vc, table, pos, g, scratch, out) };
+        return;
+    }
+    attend_token_body(q, kc, vc, table, pos, g, scratch, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_token_avx2(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    table: &BlockTable,
+    pos: usize,
+    g: &Geom,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) {
+    attend_token_body(q, kc, vc, table, pos, g, scratch, out);
+}
+
+/// The attention of one token. The query heads that share a KV head are done together, and
+/// that head's keys (then values) are read block by block, each block's rows contiguous, so
+/// every cached row is read once per token. `scratch` belongs to the worker thread, so the
+/// decode loop allocates nothing here.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn attend_token_body(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    table: &BlockTable,
+    pos: usize,
+    g: &Geom,
+    scratch: &mut AttnScratch,
+    out: &mut [f32],
+) {
+    let (d, bs) = (g.d, g.bs);
+    let scale = 1.0 / (d as f32).sqrt();
+    let group = (g.hq / g.hkv.max(1)).max(1);
+    // positions 0..n, and the blocks that hold them (a short table yields fewer positions)
+    let n = (pos + 1).min(table.blocks.len() * bs);
+    let blocks = &table.blocks[..n.div_ceil(bs)];
+    let AttnScratch { scores, inv_sums } = scratch;
     scores.clear();
-    scores.resize(pos + 1, 0.0);
-    for h in 0..g.hq {
-        let kvh = h / group.max(1);
-        let qh = q.get(h * g.d..(h + 1) * g.d).unwrap_or(&[]);
-        let mut max = f32::NEG_INFINITY;
-        for (p, sc) in scores.iter_mut().enumerate() {
-            let Some(slot) = table.slot(p, g.bs) else {
-                continue;
-            };
-            let base = slot * row + kvh * g.d;
-            let kk = kc.get(base..base + g.d).unwrap_or(&[]);
-            *sc = qh.iter().zip(kk).map(|(a, b)| a * b).sum::<f32>() * scale;
-            max = max.max(*sc);
-        }
-        let mut sum = 0f32;
-        for sc in scores.iter_mut() {
-            *sc = (*sc - max).exp();
-            sum += *sc;
-        }
-        let oh = out.get_mut(h * g.d..(h + 1) * g.d).unwrap_or(&mut []);
-        oh.fill(0.0);
-        for (p, sc) in scores.iter().enumerate() {
-            let Some(slot) = table.slot(p, g.bs) else {
-                continue;
-            };
-            let base = slot * row + kvh * g.d;
-            let vv = vc.get(base..base + g.d).unwrap_or(&[]);
-            let w = sc / sum;
-            for (o, x) in oh.iter_mut().zip(vv) {
-                *o += w * x;
+    scores.resize(group * n, 0.0);
+    out.fill(0.0);
+    for kvh in 0..g.hkv {
+        let heads = kvh * group..(kvh + 1) * group;
+        // 1. scores of every head of the group against each cached key
+        for (bi, b) in blocks.iter().enumerate() {
+            let len = bs.min(n - bi * bs);
+            let base = (b.0 as usize * g.hkv + kvh) * bs * d;
+            let keys = &kc[base..base + len * d];
+            for (off, kk) in keys.chunks_exact(d).enumerate() {
+                let p = bi * bs + off;
+                for (j, h) in heads.clone().enumerate() {
+                    scores[j * n + p] = dot(&q[h * d..(h + 1) * d], kk) * scale;
+                }
             }
+        }
+        // 2. softmax per head (normalised at the end)
+        inv_sums.clear();
+        inv_sums.resize(group, 1.0);
+        for (j, inv) in inv_sums.iter_mut().enumerate() {
+            let sc = &mut scores[j * n..(j + 1) * n];
+            let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let total = exp_sub_sum(sc, max);
+            *inv = 1.0 / total;
+        }
+        // 3. weighted sum of the values
+        for (bi, b) in blocks.iter().enumerate() {
+            let len = bs.min(n - bi * bs);
+            let base = (b.0 as usize * g.hkv + kvh) * bs * d;
+            let values = &vc[base..base + len * d];
+            for (off, vv) in values.chunks_exact(d).enumerate() {
+                let p = bi * bs + off;
+                for (j, h) in heads.clone().enumerate() {
+                    axpy(&mut out[h * d..(h + 1) * d], scores[j * n + p], vv);
+                }
+            }
+        }
+        for (j, h) in heads.enumerate() {
+            let inv = inv_sums[j];
+            out[h * d..(h + 1) * d].iter_mut().for_each(|o| *o *= inv);
         }
     }
 }

@@ -112,9 +112,9 @@ fn step(
     }
     let dev = Device::Cpu;
     let hidden = {
-        let mut attn = PagedAttention {
+        let mut attn = PagedAttention::new(
             cache,
-            seqs: sched
+            sched
                 .iter()
                 .map(|&(i, n)| SeqStep {
                     block_table: &seqs[i].table,
@@ -122,7 +122,7 @@ fn step(
                     num_new: n,
                 })
                 .collect(),
-        };
+        );
         model
             .forward_hidden(
                 &Tensor::new(toks.as_slice(), &dev).unwrap(),

@@ -1,0 +1,251 @@
+//! Small numeric kernels for the CPU hot loops (attention softmax, log-sum-exp over a vocab
+//! row), written as plain arithmetic that the compiler vectorises, and run in an AVX2+FMA build
+//! where the CPU has it (`with_avx2`, detected once by std).
+//!
+//! Knows nothing of models or caches. Accuracy is stated per function and tested below.
+
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+const LO: f32 = -87.3;
+const HI: f32 = 88.7;
+/// ln 2 split in two for an exact `n * ln 2`.
+const C1: f32 = 0.693_359_4;
+const C2: f32 = -2.121_944_4e-4;
+/// Cephes' minimax polynomial for `(exp(r) - 1 - r) / r^2` on [-ln2/2, ln2/2], highest first.
+const P: [f32; 6] = [
+    1.987_569_1e-4,
+    1.398_199_9e-3,
+    8.333_452e-3,
+    4.166_579_6e-2,
+    1.666_666_5e-1,
+    5.000_000_1e-1,
+];
+
+/// `exp(x)` in f32, within 2 ulp of libm over [-87, 88] (Cephes' range reduction and degree-6
+/// polynomial); 0 below -87.3 (`-inf` included), `+inf` above 88.7; NaN gives a value below
+/// 1e-37 (it counts as `-inf`, as the sampler treats NaN logits). The same operations as the
+/// AVX2 version, so both give the same bits.
+#[inline(always)]
+pub fn fast_exp(x: f32) -> f32 {
+    let xc = if x.is_nan() { LO } else { x.clamp(LO, HI) };
+    let n = (xc * LOG2E).round_ties_even();
+    let r = (-n).mul_add(C2, (-n).mul_add(C1, xc));
+    let mut p = P[0];
+    for c in &P[1..] {
+        p = p.mul_add(r, *c);
+    }
+    let e = p.mul_add(r * r, r) + 1.0;
+    let y = e * f32::from_bits(((n as i32 + 127) as u32) << 23);
+    if x < LO {
+        0.0
+    } else if x > HI {
+        f32::INFINITY
+    } else {
+        y
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{C1, C2, HI, LO, LOG2E, P};
+
+    /// Eight [`super::fast_exp`]s.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    pub fn exp8(x: __m256) -> __m256 {
+        let (lo, hi) = (_mm256_set1_ps(LO), _mm256_set1_ps(HI));
+        // max_ps returns its second operand when the first is NaN: NaN -> LO
+        let xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(xc, _mm256_set1_ps(LOG2E)),
+        );
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(C1), xc);
+        let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(C2), r);
+        let mut p = _mm256_set1_ps(P[0]);
+        for c in &P[1..] {
+            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*c));
+        }
+        let e = _mm256_add_ps(
+            _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r),
+            _mm256_set1_ps(1.0),
+        );
+        let bits = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+            _mm256_cvtps_epi32(n),
+            _mm256_set1_epi32(127),
+        ));
+        let y = _mm256_mul_ps(e, _mm256_castsi256_ps(bits));
+        let y = _mm256_andnot_ps(_mm256_cmp_ps::<_CMP_LT_OQ>(x, lo), y);
+        _mm256_blendv_ps(
+            y,
+            _mm256_set1_ps(f32::INFINITY),
+            _mm256_cmp_ps::<_CMP_GT_OQ>(x, hi),
+        )
+    }
+
+    fn hsum(v: __m256) -> f32 {
+        let mut lanes = [0f32; 8];
+        // SAFETY: `lanes` holds eight f32s.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
+        lanes.iter().sum()
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub fn max_sum_exp(row: &[f32]) -> (f32, f64) {
+        let mut maxv = _mm256_set1_ps(f32::NEG_INFINITY);
+        let lanes = row.chunks_exact(8);
+        let mut max = lanes
+            .remainder()
+            .iter()
+            .copied()
+            .fold(f32::NEG_INFINITY, f32::max);
+        for c in lanes {
+            // SAFETY: `c` holds eight f32s.
+            let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+            maxv = _mm256_max_ps(v, maxv); // a NaN in v keeps maxv
+        }
+        let mut lane_max = [0f32; 8];
+        // SAFETY: `lane_max` holds eight f32s.
+        unsafe { _mm256_storeu_ps(lane_max.as_mut_ptr(), maxv) };
+        max = lane_max.iter().copied().fold(max, f32::max);
+        if max == f32::NEG_INFINITY || max.is_nan() {
+            return (max, 0.0);
+        }
+        let m = _mm256_set1_ps(max);
+        let mut total = 0f64;
+        for chunk in row.chunks(1024) {
+            let mut acc = _mm256_setzero_ps();
+            let lanes = chunk.chunks_exact(8);
+            let tail: f32 = lanes
+                .remainder()
+                .iter()
+                .map(|&x| super::fast_exp(x - max))
+                .sum();
+            for c in lanes {
+                // SAFETY: `c` holds eight f32s.
+                let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+                acc = _mm256_add_ps(acc, exp8(_mm256_sub_ps(v, m)));
+            }
+            total += f64::from(hsum(acc) + tail);
+        }
+        (max, total)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub fn exp_sub_sum(xs: &mut [f32], max: f32) -> f32 {
+        let m = _mm256_set1_ps(max);
+        let mut acc = _mm256_setzero_ps();
+        let mut lanes = xs.chunks_exact_mut(8);
+        for c in &mut lanes {
+            // SAFETY: `c` holds eight f32s.
+            let v = exp8(_mm256_sub_ps(unsafe { _mm256_loadu_ps(c.as_ptr()) }, m));
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(c.as_mut_ptr(), v) };
+            acc = _mm256_add_ps(acc, v);
+        }
+        let mut tail = 0f32;
+        for x in lanes.into_remainder() {
+            *x = super::fast_exp(*x - max);
+            tail += *x;
+        }
+        hsum(acc) + tail
+    }
+}
+
+/// `(max, sum(exp(x - max)))` over a row; NaN counts as `-inf`. The sum runs in eight f32
+/// lanes per chunk of 1024 and in f64 across chunks: relative error about 1e-6.
+pub fn max_sum_exp(row: &[f32]) -> (f32, f64) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        return unsafe { avx2::max_sum_exp(row) };
+    }
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if max == f32::NEG_INFINITY || max.is_nan() {
+        return (max, 0.0);
+    }
+    let total = row
+        .chunks(1024)
+        .map(|c| f64::from(c.iter().map(|&x| fast_exp(x - max)).sum::<f32>()))
+        .sum();
+    (max, total)
+}
+
+/// `x = exp(x - max)` over `xs`; returns the sum (the softmax denominator).
+#[inline]
+pub fn exp_sub_sum(xs: &mut [f32], max: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        return unsafe { avx2::exp_sub_sum(xs, max) };
+    }
+    let mut total = 0f32;
+    for x in xs.iter_mut() {
+        *x = fast_exp(*x - max);
+        total += *x;
+    }
+    total
+}
+
+/// Whether this x86-64 CPU has AVX2 and FMA (std caches the answer).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub fn has_avx2_fma() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_exp_matches_libm_within_2_ulp() {
+        let mut worst = 0f64;
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (got, want) = (fast_exp(x), x.exp());
+            let ulp = (want.to_bits() as i64 - got.to_bits() as i64).abs();
+            assert!(ulp <= 2, "exp({x}) = {got}, libm {want} ({ulp} ulp)");
+            worst = worst.max((got as f64 / want as f64 - 1.0).abs());
+            x += 0.0137;
+        }
+        assert!(worst < 3e-7, "{worst}");
+        assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(fast_exp(-100.0), 0.0);
+        assert_eq!(fast_exp(0.0), 1.0);
+        assert_eq!(fast_exp(100.0), f32::INFINITY);
+    }
+
+    #[test]
+    fn max_sum_exp_matches_f64_reference() {
+        let row: Vec<f32> = (0..151_936)
+            .map(|i| ((i as f32 * 0.618).sin() * 12.0) - if i % 97 == 0 { 1e9 } else { 0.0 })
+            .chain([f32::NAN, f32::NEG_INFINITY])
+            .collect();
+        let (max, sum) = max_sum_exp(&row);
+        let want_max = row
+            .iter()
+            .copied()
+            .filter(|x| !x.is_nan())
+            .fold(f32::MIN, f32::max);
+        let want: f64 = row
+            .iter()
+            .filter(|x| !x.is_nan())
+            .map(|&x| (f64::from(x) - f64::from(want_max)).exp())
+            .sum();
+        assert_eq!(max, want_max);
+        assert!((sum / want - 1.0).abs() < 1e-5, "{sum} vs {want}");
+        assert_eq!(max_sum_exp(&[f32::NEG_INFINITY; 3]).1, 0.0);
+    }
+
+    #[test]
+    fn exp_sub_sum_is_fast_exp_lane_for_lane() {
+        let xs: Vec<f32> = (0..37).map(|i| i as f32 * 0.77 - 20.0).collect();
+        let mut got = xs.clone();
+        let sum = exp_sub_sum(&mut got, 3.0);
+        for (g, x) in got.iter().zip(&xs) {
+            assert_eq!(*g, fast_exp(x - 3.0), "{x}");
+        }
+        assert!((sum - got.iter().sum::<f32>()).abs() <= 1e-5 * sum);
+    }
+}
