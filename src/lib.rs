@@ -13,6 +13,7 @@ pub mod data;
 pub mod fault;
 pub mod model;
 pub mod sampler;
+pub mod simd;
 pub mod stages;
 pub mod store;
 pub mod verify;

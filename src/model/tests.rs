@@ -151,3 +151,64 @@ fn greedy_tokens_match_where_the_top2_gap_is_clear() {
         }
     }
 }
+
+fn logits_of(model: &Transformer, seqs: &[&[u32]]) -> Vec<Vec<f32>> {
+    let dev = Device::Cpu;
+    let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.iter().copied()).collect();
+    let pos: Vec<u32> = seqs.iter().flat_map(|s| 0..s.len() as u32).collect();
+    let mut attn = CausalAttention::new(seqs.iter().map(|s| s.len()).collect());
+    model
+        .forward(
+            &Tensor::new(tokens.as_slice(), &dev).unwrap(),
+            &Tensor::new(pos.as_slice(), &dev).unwrap(),
+            &mut attn,
+        )
+        .unwrap()
+        .to_vec2()
+        .unwrap()
+}
+
+#[test]
+fn inference_mode_logits_match_transformers_and_ignore_the_batch() {
+    let Some(dir) = fixture() else { return };
+    let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
+    let mut model = ck.load_transformer(&Device::Cpu, DType::F32).unwrap();
+    model.set_fused_inference(true).unwrap();
+    let want =
+        candle_core::safetensors::load(dir.join("expected/logits.safetensors"), &Device::Cpu)
+            .unwrap();
+    let cases = expected(&dir, "tokenize.json");
+    let prompts: Vec<Vec<u32>> = cases
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| ids(&c["input_ids"]))
+        .collect();
+    for (i, p) in prompts.iter().enumerate() {
+        // fused kernels, stacked projections and the batch-invariant matmul: same logits
+        let got = full_logits(&model, p);
+        let diff: f32 = (got - &want[&format!("prompt{i}")])
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar()
+            .unwrap();
+        assert!(diff < 1e-4, "prompt{i}: max |logit diff| = {diff}");
+        // a sequence's rows are bit-identical alone and batched with others
+        let alone = logits_of(&model, &[p]);
+        let other = &prompts[(i + 1) % prompts.len()];
+        let batched = logits_of(&model, &[other, p, &p[..1]]);
+        assert_eq!(
+            alone,
+            batched[other.len()..other.len() + p.len()],
+            "prompt{i}"
+        );
+        assert_eq!(
+            alone[0],
+            batched[other.len() + p.len()],
+            "prompt{i} first token"
+        );
+    }
+}

@@ -149,27 +149,71 @@ struct Layer {
     gate_proj: Linear,
     up_proj: Linear,
     down_proj: Linear,
+    /// For sampling: q, k and v (then gate and up) as one matrix each, so that a step runs one
+    /// matmul where it ran three (two); the separate projections above become views of them.
+    qkv: Option<Linear>,
+    gate_up: Option<Linear>,
 }
 
-/// `x @ w.t() + b` for `x` (T, in). On CPU with a few rows (decode steps) it is computed as
-/// `(w @ x.t()).t()`: candle's gemm then takes the weight as its left operand and skips the
-/// strided gather that packing `w.t()` as the right operand costs on every call. Measured on the
-/// 2-core dev machine for a 3072x1024 weight: 1.5-4x faster at 2..=64 rows, slower from ~256
-/// rows and at 1 row (gemv). Both are plain differentiable ops; only the summation order differs.
-fn linear_fwd(l: &Linear, x: &Tensor) -> Result<Tensor> {
-    let rows = x.dim(0)?;
-    if x.rank() != 2 || !x.device().is_cpu() || !(2..=SMALL_BATCH_ROWS).contains(&rows) {
+/// One matrix from projections that read the same input: the weights (and biases, if all have
+/// them) stacked by output rows. Returns it and the parts as views into it.
+fn stack_linears(parts: &[&Linear]) -> Result<(Linear, Vec<Linear>)> {
+    let weights: Vec<&Tensor> = parts.iter().map(|l| l.weight()).collect();
+    let w = Tensor::cat(&weights, 0)?;
+    let b = match parts.iter().map(|l| l.bias()).collect::<Option<Vec<_>>>() {
+        Some(bs) if !bs.is_empty() => Some(Tensor::cat(&bs, 0)?),
+        _ => None,
+    };
+    let mut views = Vec::with_capacity(parts.len());
+    let mut start = 0;
+    for l in parts {
+        let n = l.weight().dim(0)?;
+        let bias = b.as_ref().map(|b| b.narrow(0, start, n)).transpose()?;
+        views.push(Linear::new(w.narrow(0, start, n)?, bias));
+        start += n;
+    }
+    Ok((Linear::new(w, b), views))
+}
+
+/// `x @ w.t() + b` for `x` (T, in). For sampling on CPU (`inference`) it runs
+/// [`crate::simd::matmul_bi`], whose rows do not depend on the other rows of the batch: the
+/// sampler's promise that a sample's tokens do not depend on batch size or composition rests on
+/// it (candle's gemm picks kernels and blocking by the number of rows). It also needs no packing,
+/// which makes it faster than candle's gemm for the few rows of a decode step. Records no
+/// backward pass, hence `inference` only.
+fn linear_fwd(l: &Linear, x: &Tensor, inference: bool) -> Result<Tensor> {
+    if !inference || x.rank() != 2 || !x.device().is_cpu() || x.dtype() != DType::F32 {
         return l.forward(x);
     }
-    let y = l.weight().matmul(&x.t()?)?.t()?.contiguous()?;
+    let y = matmul_bi(x, l.weight())?;
     match l.bias() {
         Some(b) => y.broadcast_add(b),
         None => Ok(y),
     }
 }
 
-/// Up to this many rows [`linear_fwd`] takes the weight-as-left-operand form.
-const SMALL_BATCH_ROWS: usize = 128;
+/// `x (m, k) @ w (n, k)^T` through [`crate::simd::matmul_bi`]; f32 on CPU.
+fn matmul_bi(x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let (m, k) = x.dims2()?;
+    let n = w.dim(0)?;
+    let x = x.contiguous()?;
+    let w = w.contiguous()?;
+    let mut y = vec![0f32; m * n];
+    {
+        let (xs, xl) = x.storage_and_layout();
+        let (ws, wl) = w.storage_and_layout();
+        let (candle_core::Storage::Cpu(xc), candle_core::Storage::Cpu(wc)) = (&*xs, &*ws) else {
+            candle_core::bail!("matmul_bi: not CPU tensors")
+        };
+        if w.dims2()? != (n, k) {
+            candle_core::bail!("matmul_bi: weight {:?} is not ({n}, {k})", w.dims());
+        }
+        let xv = &xc.as_slice::<f32>()?[xl.start_offset()..][..m * k];
+        let wv = &wc.as_slice::<f32>()?[wl.start_offset()..][..n * k];
+        crate::simd::matmul_bi(xv, wv, m, n, k, &mut y);
+    }
+    Tensor::from_vec(y, (m, n), x.device())
+}
 
 fn linear(i: usize, o: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
     if bias {
@@ -202,7 +246,61 @@ impl Layer {
             gate_proj: candle_nn::linear_no_bias(h, cfg.intermediate_size, mlp.pp("gate_proj"))?,
             up_proj: candle_nn::linear_no_bias(h, cfg.intermediate_size, mlp.pp("up_proj"))?,
             down_proj: candle_nn::linear_no_bias(cfg.intermediate_size, h, mlp.pp("down_proj"))?,
+            qkv: None,
+            gate_up: None,
         })
+    }
+
+    /// Stacks q/k/v and gate/up into one matrix each (the separate ones become views of them).
+    fn stack_projections(&mut self) -> Result<()> {
+        if self.qkv.is_some() {
+            return Ok(());
+        }
+        let (qkv, v) = stack_linears(&[&self.q_proj, &self.k_proj, &self.v_proj])?;
+        (self.q_proj, self.k_proj, self.v_proj) = (v[0].clone(), v[1].clone(), v[2].clone());
+        let (gate_up, v) = stack_linears(&[&self.gate_proj, &self.up_proj])?;
+        (self.gate_proj, self.up_proj) = (v[0].clone(), v[1].clone());
+        (self.qkv, self.gate_up) = (Some(qkv), Some(gate_up));
+        Ok(())
+    }
+
+    /// (q, k, v) as (T, H, D) each.
+    fn project_qkv(
+        &self,
+        h: &Tensor,
+        (t, hq, hkv, d): (usize, usize, usize, usize),
+        fused: bool,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        if let (Some(qkv), true) = (&self.qkv, fused) {
+            let y = linear_fwd(qkv, h, fused)?;
+            let (nq, nkv) = (hq * d, hkv * d);
+            return Ok((
+                y.narrow(1, 0, nq)?.reshape((t, hq, d))?,
+                y.narrow(1, nq, nkv)?.reshape((t, hkv, d))?,
+                y.narrow(1, nq + nkv, nkv)?.reshape((t, hkv, d))?,
+            ));
+        }
+        Ok((
+            linear_fwd(&self.q_proj, h, fused)?.reshape((t, hq, d))?,
+            linear_fwd(&self.k_proj, h, fused)?.reshape((t, hkv, d))?,
+            linear_fwd(&self.v_proj, h, fused)?.reshape((t, hkv, d))?,
+        ))
+    }
+
+    /// SwiGLU: down(silu(gate(h)) * up(h)).
+    fn mlp(&self, h: &Tensor, fused: bool) -> Result<Tensor> {
+        let (g, u) = match (&self.gate_up, fused) {
+            (Some(gu), true) => {
+                let y = linear_fwd(gu, h, fused)?;
+                let i = y.dim(1)? / 2;
+                (y.narrow(1, 0, i)?, y.narrow(1, i, i)?)
+            }
+            _ => (
+                linear_fwd(&self.gate_proj, h, fused)?,
+                linear_fwd(&self.up_proj, h, fused)?,
+            ),
+        };
+        linear_fwd(&self.down_proj, &(candle_nn::ops::silu(&g)? * u)?, fused)
     }
 }
 
@@ -249,8 +347,17 @@ impl Transformer {
 
     /// Use candle's fused RMS norm and RoPE kernels: faster, but they record no backward pass,
     /// so a model trained with this on would get zero gradients upstream of them. For sampling.
-    pub fn set_fused_inference(&mut self, on: bool) {
+    ///
+    /// On, it also stacks each layer's q/k/v and gate/up weights into one matrix each (once; the
+    /// separate projections become views of it, so no memory is added).
+    pub fn set_fused_inference(&mut self, on: bool) -> Result<()> {
         self.fused = on;
+        if on {
+            for l in &mut self.layers {
+                l.stack_projections()?;
+            }
+        }
+        Ok(())
     }
 
     /// Final hidden states (T, hidden) for `tokens` (T,) u32 at `positions` (T,) u32.
@@ -268,9 +375,8 @@ impl Transformer {
         for (i, l) in self.layers.iter().enumerate() {
             // 1. attention block
             let h = l.input_norm.forward_with(&x, fused)?;
-            let mut q = linear_fwd(&l.q_proj, &h)?.reshape((t, hq, d))?; // (T, Hq, D)
-            let mut k = linear_fwd(&l.k_proj, &h)?.reshape((t, hkv, d))?; // (T, Hkv, D)
-            let v = linear_fwd(&l.v_proj, &h)?.reshape((t, hkv, d))?;
+            // (T, Hq, D), (T, Hkv, D), (T, Hkv, D)
+            let (mut q, mut k, v) = l.project_qkv(&h, (t, hq, hkv, d), fused)?;
             if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
                 q = qn.forward_with(&q, fused)?;
                 k = kn.forward_with(&k, fused)?;
@@ -278,19 +384,17 @@ impl Transformer {
             let q = rope.apply(&q, fused)?;
             let k = rope.apply(&k, fused)?;
             let a = attn.attend(i, &q, &k, &v)?.reshape((t, hq * d))?;
-            x = (x + linear_fwd(&l.o_proj, &a)?)?;
+            x = (x + linear_fwd(&l.o_proj, &a, fused)?)?;
             // 2. MLP block (SwiGLU)
             let h = l.post_norm.forward_with(&x, fused)?;
-            let g = candle_nn::ops::silu(&linear_fwd(&l.gate_proj, &h)?)?;
-            let u = linear_fwd(&l.up_proj, &h)?;
-            x = (x + linear_fwd(&l.down_proj, &(g * u)?)?)?;
+            x = (x + l.mlp(&h, fused)?)?;
         }
         self.norm.forward_with(&x, fused)
     }
 
     /// Logits (N, vocab) for hidden rows (N, hidden).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        linear_fwd(&self.lm_head, hidden)
+        linear_fwd(&self.lm_head, hidden, self.fused)
     }
 
     /// Logits for every token: (T, vocab).

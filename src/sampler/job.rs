@@ -240,7 +240,7 @@ pub fn run_settings(
     };
     let prompts = build_prompts(problems, &template, chat.as_ref(), &tok)?;
     let mut model = ck.load_transformer(&candle_core::Device::Cpu, candle_core::DType::F32)?;
-    model.set_fused_inference(true);
+    model.set_fused_inference(true)?;
     // Default KV cache: what max_num_seqs sequences of the longest prompt plus max_new_tokens
     // need, capped at a quarter of the available memory.
     let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);

@@ -16,9 +16,9 @@ use candle_core::{DType, Result, Tensor};
 use rayon::prelude::*;
 
 use super::block_pool::{BlockId, BlockTable};
-use super::simd::exp_sub_sum;
 use crate::model::attention::AttentionBackend;
 use crate::model::ModelConfig;
+use crate::simd::{dot_portable as dot, exp_sub_sum};
 
 #[derive(Debug, Clone)]
 pub struct KvCache {
@@ -190,28 +190,6 @@ struct AttnScratch {
     inv_sums: Vec<f32>,
 }
 
-/// `a · b` with eight independent accumulators, so the compiler can keep it in SIMD registers
-/// (a plain `zip().sum()` is a serial chain of float adds).
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for j in 0..8 {
-            acc[j] = x[j].mul_add(y[j], acc[j]);
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
 /// `out += w * x`.
 #[inline(always)]
 fn axpy(out: &mut [f32], w: f32, x: &[f32]) {
@@ -234,7 +212,7 @@ fn attend_token(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if super::simd::has_avx2_fma() {
+    if crate::simd::has_avx2_fma() {
         // SAFETY: the CPU supports the features the function is compiled for (checked above).
         unsafe { attend_token_avx2(q, kc, vc, table, pos, g, scratch, out) };
         return;

@@ -10,7 +10,6 @@ pub mod job;
 pub mod kv_cache;
 pub mod sampling;
 pub mod scheduler;
-pub mod simd;
 
 #[cfg(test)]
 mod tests;

@@ -30,7 +30,7 @@
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
 
-use super::simd::max_sum_exp;
+use crate::simd::max_sum_exp;
 
 /// Temperatures below this are greedy (vLLM's `_SAMPLING_EPS`); dividing by them overflows f32.
 pub const GREEDY_TEMPERATURE_EPS: f32 = 1e-5;
@@ -308,7 +308,7 @@ fn argmax(logits: &[f32]) -> Option<u32> {
 /// relative error); `-inf` if the row has no finite mass.
 fn raw_logprob(logits: &[f32], token: u32) -> f32 {
     // NaN → -inf (skipped), +inf → f32::MAX as `sanitize` does: rows are finite in practice.
-    if logits.iter().any(|&l| l == f32::INFINITY) {
+    if logits.contains(&f32::INFINITY) {
         let clean: Vec<f32> = logits.iter().map(|&l| sanitize(l)).collect();
         return raw_logprob(&clean, token);
     }
