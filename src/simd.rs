@@ -334,7 +334,7 @@ pub fn matmul_bi(x: &[f32], w: &[f32], m: usize, n: usize, k: usize, y: &mut [f3
         }
     };
     let jobs = n.div_ceil(W_ROWS_PER_JOB);
-    if m * n * k < 1 << 18 {
+    if m * n * k < 1 << 15 {
         (0..jobs).for_each(job);
     } else {
         (0..jobs).into_par_iter().for_each(job);
