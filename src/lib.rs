@@ -16,4 +16,5 @@ pub mod sampler;
 pub mod simd;
 pub mod stages;
 pub mod store;
+pub mod train;
 pub mod verify;
