@@ -11,7 +11,7 @@ pub mod tokenizer;
 pub mod transformer;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::path::{Path, PathBuf};
 

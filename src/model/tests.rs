@@ -10,7 +10,9 @@ use serde_json::Value;
 use super::attention::CausalAttention;
 use super::*;
 
-fn fixture() -> Option<PathBuf> {
+/// The tiny Qwen3 fixture's folder (`None`, test skipped, when `../shared` is absent and not
+/// required). Shared with the trainer's tests.
+pub(crate) fn fixture() -> Option<PathBuf> {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-qwen3");
     if p.exists() {
         return Some(p);
@@ -29,7 +31,7 @@ fn expected(dir: &Path, file: &str) -> Value {
         .unwrap()
 }
 
-fn ids(v: &Value) -> Vec<u32> {
+pub(crate) fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
         .unwrap()
         .iter()
@@ -99,17 +101,20 @@ fn full_logits(model: &Transformer, prompt: &[u32]) -> Tensor {
     model.forward(&tokens, &pos, &mut attn).unwrap()
 }
 
-#[test]
-fn logits_match_transformers_within_1e4() {
-    let Some(dir) = fixture() else { return };
-    let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
-    let model = ck.load_transformer(&Device::Cpu, DType::F32).unwrap();
+/// Every prompt's full logits within 1e-4 of transformers'; returns the prompts.
+fn assert_logits_match_transformers(model: &Transformer, dir: &Path) -> Vec<Vec<u32>> {
     let want =
         candle_core::safetensors::load(dir.join("expected/logits.safetensors"), &Device::Cpu)
             .unwrap();
-    let cases = expected(&dir, "tokenize.json");
-    for (i, case) in cases.as_array().unwrap().iter().enumerate() {
-        let got = full_logits(&model, &ids(&case["input_ids"]));
+    let cases = expected(dir, "tokenize.json");
+    let prompts: Vec<Vec<u32>> = cases
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| ids(&c["input_ids"]))
+        .collect();
+    for (i, p) in prompts.iter().enumerate() {
+        let got = full_logits(model, p);
         let exp = &want[&format!("prompt{i}")];
         assert_eq!(got.dims(), exp.dims());
         let diff: f32 = (got - exp)
@@ -122,6 +127,15 @@ fn logits_match_transformers_within_1e4() {
             .unwrap();
         assert!(diff < 1e-4, "prompt{i}: max |logit diff| = {diff}");
     }
+    prompts
+}
+
+#[test]
+fn logits_match_transformers_within_1e4() {
+    let Some(dir) = fixture() else { return };
+    let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
+    let model = ck.load_transformer(&Device::Cpu, DType::F32).unwrap();
+    assert_logits_match_transformers(&model, &dir);
 }
 
 #[test]
@@ -174,28 +188,9 @@ fn inference_mode_logits_match_transformers_and_ignore_the_batch() {
     let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
     let mut model = ck.load_transformer(&Device::Cpu, DType::F32).unwrap();
     model.set_fused_inference(true).unwrap();
-    let want =
-        candle_core::safetensors::load(dir.join("expected/logits.safetensors"), &Device::Cpu)
-            .unwrap();
-    let cases = expected(&dir, "tokenize.json");
-    let prompts: Vec<Vec<u32>> = cases
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| ids(&c["input_ids"]))
-        .collect();
+    // fused kernels, stacked projections and the batch-invariant matmul: same logits
+    let prompts = assert_logits_match_transformers(&model, &dir);
     for (i, p) in prompts.iter().enumerate() {
-        // fused kernels, stacked projections and the batch-invariant matmul: same logits
-        let got = full_logits(&model, p);
-        let diff: f32 = (got - &want[&format!("prompt{i}")])
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar()
-            .unwrap();
-        assert!(diff < 1e-4, "prompt{i}: max |logit diff| = {diff}");
         // a sequence's rows are bit-identical alone and batched with others
         let alone = logits_of(&model, &[p]);
         let other = &prompts[(i + 1) % prompts.len()];

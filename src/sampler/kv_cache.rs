@@ -161,20 +161,30 @@ impl<'a> PagedAttention<'a> {
                 jobs.push((s.block_table, s.start_pos + i));
             }
         }
-        let geom = Geom { hq, hkv, d, bs };
+        let view = LayerView {
+            kc,
+            vc,
+            hq,
+            hkv,
+            d,
+            bs,
+        };
         let mut out = vec![0f32; t * hq * d];
         out.par_chunks_mut(hq * d)
             .zip(jobs.par_iter())
             .enumerate()
             .for_each_init(AttnScratch::default, |scratch, (ti, (o, (table, pos)))| {
                 let qrow = q.get(ti * hq * d..(ti + 1) * hq * d).unwrap_or(&[]);
-                attend_token(qrow, kc, vc, table, *pos, &geom, scratch, o);
+                attend_token(&view, qrow, table, *pos, scratch, o);
             });
         Tensor::from_vec(out, (t, hq, d), &candle_core::Device::Cpu)
     }
 }
 
-struct Geom {
+/// One layer's cached keys and values and the shapes to read them with.
+struct LayerView<'a> {
+    kc: &'a [f32],
+    vc: &'a [f32],
     hq: usize,
     hkv: usize,
     d: usize,
@@ -200,55 +210,46 @@ fn axpy(out: &mut [f32], w: f32, x: &[f32]) {
 
 /// One token's attention over positions `0..=pos`, all heads, into `out` (Hq * D). Runs the
 /// AVX2+FMA build of [`attend_token_body`] where the CPU has it (checked once, cached by std).
-#[allow(clippy::too_many_arguments)]
 fn attend_token(
+    g: &LayerView,
     q: &[f32],
-    kc: &[f32],
-    vc: &[f32],
     table: &BlockTable,
     pos: usize,
-    g: &Geom,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2_fma() {
         // SAFETY: the CPU supports the features the function is compiled for (checked above).
-        unsafe { attend_token_avx2(q, kc, vc, table, pos, g, scratch, out) };
+        unsafe { attend_token_avx2(g, q, table, pos, scratch, out) };
         return;
     }
-    attend_token_body(q, kc, vc, table, pos, g, scratch, out);
+    attend_token_body(g, q, table, pos, scratch, out);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn attend_token_avx2(
+    g: &LayerView,
     q: &[f32],
-    kc: &[f32],
-    vc: &[f32],
     table: &BlockTable,
     pos: usize,
-    g: &Geom,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
-    attend_token_body(q, kc, vc, table, pos, g, scratch, out);
+    attend_token_body(g, q, table, pos, scratch, out);
 }
 
 /// The attention of one token. The query heads that share a KV head are done together, and
 /// that head's keys (then values) are read block by block, each block's rows contiguous, so
 /// every cached row is read once per token. `scratch` belongs to the worker thread, so the
 /// decode loop allocates nothing here.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn attend_token_body(
+    g: &LayerView,
     q: &[f32],
-    kc: &[f32],
-    vc: &[f32],
     table: &BlockTable,
     pos: usize,
-    g: &Geom,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
@@ -268,7 +269,7 @@ fn attend_token_body(
         for (bi, b) in blocks.iter().enumerate() {
             let len = bs.min(n - bi * bs);
             let base = (b.0 as usize * g.hkv + kvh) * bs * d;
-            let keys = &kc[base..base + len * d];
+            let keys = &g.kc[base..base + len * d];
             for (off, kk) in keys.chunks_exact(d).enumerate() {
                 let p = bi * bs + off;
                 for (j, h) in heads.clone().enumerate() {
@@ -289,7 +290,7 @@ fn attend_token_body(
         for (bi, b) in blocks.iter().enumerate() {
             let len = bs.min(n - bi * bs);
             let base = (b.0 as usize * g.hkv + kvh) * bs * d;
-            let values = &vc[base..base + len * d];
+            let values = &g.vc[base..base + len * d];
             for (off, vv) in values.chunks_exact(d).enumerate() {
                 let p = bi * bs + off;
                 for (j, h) in heads.clone().enumerate() {

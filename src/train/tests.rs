@@ -4,7 +4,6 @@
 //! `SELFDISTILL_REQUIRE_SHARED` is set.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 
 use candle_core::{Device, Tensor};
 use serde_json::Value;
@@ -13,28 +12,8 @@ use super::adamw::{AdamW, AdamWConfig};
 use super::loss::{weighted_ce_sum, PackedBatch};
 use super::Trainable;
 use crate::model::attention::CausalAttention;
+use crate::model::tests::{fixture, ids};
 use crate::model::Checkpoint;
-
-fn fixture() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-qwen3");
-    if dir.exists() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var_os("SELFDISTILL_REQUIRE_SHARED").is_none(),
-        "{} is missing",
-        dir.display()
-    );
-    None
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 struct Reference {
     rows: Vec<(Vec<u32>, Vec<u32>)>,
