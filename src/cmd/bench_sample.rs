@@ -239,7 +239,7 @@ const CEILING_N: usize = 1024;
 
 /// The machine's f32 matmul rate through candle (the gemm every Linear runs on): FLOP/s of the
 /// best of several square products.
-fn matmul_ceiling() -> Result<f64> {
+pub fn matmul_ceiling() -> Result<f64> {
     let n = CEILING_N;
     let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
     let b = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;

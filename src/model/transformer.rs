@@ -79,7 +79,7 @@ impl Rope {
 }
 
 /// Per-step RoPE tables, gathered once and shared by every layer.
-struct RopeRows {
+pub struct RopeRows {
     /// (T, D/2), for the fused kernel.
     cos: Tensor,
     sin: Tensor,
@@ -367,29 +367,66 @@ impl Transformer {
         positions: &Tensor,
         attn: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
-        let (hq, hkv, d) = (self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim);
-        let t = tokens.dim(0)?;
-        let fused = self.fused;
-        let rope = RopeRows::new(&self.rope, positions)?;
-        let mut x = self.embed.forward(tokens)?; // (T, hidden)
-        for (i, l) in self.layers.iter().enumerate() {
-            // 1. attention block
-            let h = l.input_norm.forward_with(&x, fused)?;
-            // (T, Hq, D), (T, Hkv, D), (T, Hkv, D)
-            let (mut q, mut k, v) = l.project_qkv(&h, (t, hq, hkv, d), fused)?;
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                q = qn.forward_with(&q, fused)?;
-                k = kn.forward_with(&k, fused)?;
-            }
-            let q = rope.apply(&q, fused)?;
-            let k = rope.apply(&k, fused)?;
-            let a = attn.attend(i, &q, &k, &v)?.reshape((t, hq * d))?;
-            x = (x + linear_fwd(&l.o_proj, &a, fused)?)?;
-            // 2. MLP block (SwiGLU)
-            let h = l.post_norm.forward_with(&x, fused)?;
-            x = (x + l.mlp(&h, fused)?)?;
+        let rope = self.rope_rows(positions)?;
+        let mut x = self.embed(tokens)?; // (T, hidden)
+        for i in 0..self.layers.len() {
+            x = self.layer_forward(i, &x, &rope, attn)?;
         }
-        self.norm.forward_with(&x, fused)
+        self.final_norm(&x)
+    }
+
+    /// The RoPE rows of this step's positions (T,) u32, shared by every layer.
+    pub fn rope_rows(&self, positions: &Tensor) -> Result<RopeRows> {
+        RopeRows::new(&self.rope, positions)
+    }
+
+    /// Token embeddings (T, hidden).
+    pub fn embed(&self, tokens: &Tensor) -> Result<Tensor> {
+        self.embed.forward(tokens)
+    }
+
+    /// Decoder layer `i` on the residual stream `x` (T, hidden). Training with activation
+    /// recompute runs the layers one at a time through this.
+    pub fn layer_forward(
+        &self,
+        i: usize,
+        x: &Tensor,
+        rope: &RopeRows,
+        attn: &mut dyn AttentionBackend,
+    ) -> Result<Tensor> {
+        let (hq, hkv, d) = (self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim);
+        let t = x.dim(0)?;
+        let fused = self.fused;
+        let l = &self.layers[i];
+        // 1. attention block
+        let h = l.input_norm.forward_with(x, fused)?;
+        // (T, Hq, D), (T, Hkv, D), (T, Hkv, D)
+        let (mut q, mut k, v) = l.project_qkv(&h, (t, hq, hkv, d), fused)?;
+        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+            q = qn.forward_with(&q, fused)?;
+            k = kn.forward_with(&k, fused)?;
+        }
+        let q = rope.apply(&q, fused)?;
+        let k = rope.apply(&k, fused)?;
+        let a = attn.attend(i, &q, &k, &v)?.reshape((t, hq * d))?;
+        let x = (x + linear_fwd(&l.o_proj, &a, fused)?)?;
+        // 2. MLP block (SwiGLU)
+        let h = l.post_norm.forward_with(&x, fused)?;
+        x + l.mlp(&h, fused)?
+    }
+
+    /// The final RMS norm.
+    pub fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
+        self.norm.forward_with(x, self.fused)
+    }
+
+    /// The LM head's weight (vocab, hidden): the embedding matrix when tied.
+    pub fn lm_head_weight(&self) -> &Tensor {
+        self.lm_head.weight()
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
     }
 
     /// Logits (N, vocab) for hidden rows (N, hidden).

@@ -5,7 +5,14 @@
 //! gradient, and 8 AdamW steps. Knows nothing of Parquet, stages or the sampler.
 
 pub mod adamw;
+pub mod checkpoint;
+pub mod data;
+pub mod grads;
 pub mod loss;
+pub mod memory;
+pub mod schedule;
+pub mod settings;
+pub mod trainer;
 
 use std::collections::HashMap;
 
@@ -19,6 +26,10 @@ use crate::model::{Checkpoint, Transformer};
 pub struct Trainable {
     pub model: Transformer,
     pub varmap: VarMap,
+    /// Every variable by checkpoint name, sorted: the optimizer's and the gradients' order.
+    vars: Vec<(String, Var)>,
+    /// Index in `vars` of the LM head's weight (the embedding when tied).
+    head: usize,
 }
 
 impl Trainable {
@@ -60,16 +71,31 @@ impl Trainable {
                 unused.join(", ")
             );
         }
+        let mut sorted: Vec<(String, Var)> =
+            vars.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         drop(vars);
-        Ok(Trainable { model, varmap })
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        let head_id = model.lm_head_weight().id();
+        let head = sorted
+            .iter()
+            .position(|(_, v)| v.as_tensor().id() == head_id)
+            .context("the LM head's weight is not a variable")?;
+        Ok(Trainable {
+            model,
+            varmap,
+            vars: sorted,
+            head,
+        })
     }
 
     /// The variables by checkpoint name, sorted by name (a stable order for the optimizer).
     pub fn named_vars(&self) -> Vec<(String, Var)> {
-        let data = self.varmap.data().lock().expect("varmap lock");
-        let mut v: Vec<(String, Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        v
+        self.vars.clone()
+    }
+
+    /// Parameters in all.
+    pub fn num_params(&self) -> usize {
+        self.vars.iter().map(|(_, v)| v.elem_count()).sum()
     }
 
     /// The current values by name.

@@ -1,0 +1,111 @@
+//! The training memory budget, printed before step 1 and checked by `pipeline preflight`:
+//! weights, gradients, optimizer state, activations at `max_seq_len` with and without recompute,
+//! and the logits with and without the chunked loss.
+//!
+//! Activations are counted from what the differentiable forward keeps per token and layer
+//! (norm intermediates, projections, RoPE, attention scores and probabilities, the SwiGLU
+//! intermediates), in the compute dtype. Knows nothing of devices.
+
+use super::settings::{OptimizerState, TrainSettings};
+use crate::model::ModelConfig;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    pub weights: u64,
+    pub grads: u64,
+    pub optimizer: u64,
+    pub activations: u64,
+    pub activations_recompute: u64,
+    pub logits: u64,
+    pub logits_chunked: u64,
+}
+
+impl Budget {
+    /// What the configured run holds at its peak.
+    pub fn total(&self, s: &TrainSettings) -> u64 {
+        let act = if s.recompute {
+            self.activations_recompute
+        } else {
+            self.activations
+        };
+        let logits = if s.loss_chunk_tokens > 0 {
+            self.logits_chunked
+        } else {
+            self.logits
+        };
+        // the step's gradient sums, plus one micro-batch's fresh gradients while they are added
+        self.weights + 2 * self.grads + self.optimizer + act + logits
+    }
+
+    pub fn lines(&self, s: &TrainSettings) -> Vec<String> {
+        use crate::bytes::format_bytes as f;
+        let mark = |on: bool| if on { "  <- this run" } else { "" };
+        let chunked = s.loss_chunk_tokens > 0;
+        vec![
+            format!("  weights (f32 master)          {}", f(self.weights)),
+            format!("  gradients (sum + micro-batch) {}", f(2 * self.grads)),
+            format!("  optimizer state (m, v)        {}", f(self.optimizer)),
+            format!(
+                "  activations                   {}{}",
+                f(self.activations),
+                mark(!s.recompute)
+            ),
+            format!(
+                "  activations with recompute    {}{}",
+                f(self.activations_recompute),
+                mark(s.recompute)
+            ),
+            format!(
+                "  logits, all at once           {}{}",
+                f(self.logits),
+                mark(!chunked)
+            ),
+            format!(
+                "  logits, chunked               {}{}",
+                f(self.logits_chunked),
+                mark(chunked)
+            ),
+            format!("  total                         {}", f(self.total(s))),
+        ]
+    }
+}
+
+/// The budget of training `cfg` (with `params` parameters) under `s`, computing in f32.
+pub fn budget(cfg: &ModelConfig, params: u64, s: &TrainSettings) -> Budget {
+    let f = 4u64; // bytes per computed value (CPU computes in f32)
+    let tokens = s.micro_batch_tokens as u64;
+    let seq = s.max_seq_len as u64;
+    let (h, i) = (cfg.hidden_size as u64, cfg.intermediate_size as u64);
+    let (hq, hkv, d) = (
+        cfg.num_heads as u64,
+        cfg.num_kv_heads as u64,
+        cfg.head_dim as u64,
+    );
+    let layers = cfg.num_layers as u64;
+    let v = cfg.vocab_size as u64;
+    let qkv = (hq + 2 * hkv) * d;
+    // per token and layer: norms 2 x 3h, residuals 2h, o_proj in/out, q/k/v with their norms and
+    // RoPE (about 6 values each), GQA-expanded k/v, attention scores, mask, softmax (exp, sum,
+    // probabilities) and output over the row's length, SwiGLU gate/up/silu/product (5i).
+    let per_token_layer = 8 * h + 6 * qkv + 2 * hq * d + 5 * hq * seq + 2 * hq * d + 5 * i;
+    let one_layer = per_token_layer * tokens * f;
+    let state = match s.optimizer_state {
+        OptimizerState::F32 => 8,
+        OptimizerState::Bf16 => 4,
+    };
+    let chunk = if s.loss_chunk_tokens == 0 {
+        tokens
+    } else {
+        (s.loss_chunk_tokens as u64).min(tokens)
+    };
+    Budget {
+        weights: params * 4,
+        grads: params * 4,
+        optimizer: params * state,
+        activations: layers * one_layer + 2 * h * tokens * f,
+        activations_recompute: (layers + 1) * h * tokens * f + one_layer,
+        // logits, exp, probabilities / gradient: three (tokens, vocab) values
+        logits: 3 * tokens * v * f,
+        logits_chunked: 3 * chunk * v * f,
+    }
+}

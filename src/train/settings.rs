@@ -1,0 +1,318 @@
+//! The `[train]` settings: every knob of a fine-tuning run, with defaults and range checks.
+//!
+//! The same struct is a config's `[train]` section and the file `pipeline train --config` reads;
+//! unknown keys are errors. Knows nothing of models or data.
+
+use serde::{Deserialize, Serialize};
+
+/// How the learning rate moves over the run (after warmup).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LrSchedule {
+    Constant,
+    Linear,
+    Cosine,
+}
+
+/// Storage of the master weights and AdamW moments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OptimizerState {
+    /// fp32 master weights and moments (16 bytes per parameter with the gradient): the default.
+    F32,
+    /// bf16 master weights and moments. Updates below half a bf16 quantum are lost with
+    /// round-to-nearest: allowed only with `stochastic_rounding = true` or `allow_lossy_state`.
+    Bf16,
+}
+
+/// The dtype the model is stored and exported in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainDtype {
+    /// The checkpoint's own dtype (`torch_dtype` / `dtype` of config.json).
+    Auto,
+    Float32,
+    Bfloat16,
+    Float16,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSettings {
+    /// The base model for the `train` stage of `pipeline run` (default: `[sample].model`).
+    /// `pipeline train` takes `--model` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default = "d_lr")]
+    pub lr: f64,
+    #[serde(default = "d_betas")]
+    pub betas: [f64; 2],
+    #[serde(default = "d_eps")]
+    pub eps: f64,
+    #[serde(default)]
+    pub weight_decay: f64,
+    /// Tensors whose name contains one of these get no weight decay (default: norms and biases).
+    #[serde(default = "d_no_decay")]
+    pub no_decay: Vec<String>,
+    /// Clip the global gradient norm to this; 0 = off.
+    #[serde(default = "d_clip")]
+    pub clip_grad_norm: f64,
+    #[serde(default = "d_schedule")]
+    pub lr_schedule: LrSchedule,
+    #[serde(default)]
+    pub warmup_steps: u64,
+    /// The schedule decays to `lr * min_lr_ratio`.
+    #[serde(default)]
+    pub min_lr_ratio: f64,
+    #[serde(default = "d_epochs")]
+    pub epochs: u64,
+    /// Stop after this many optimizer steps (the schedule spans them); default: all epochs.
+    #[serde(default)]
+    pub max_steps: Option<u64>,
+    /// Rows per optimizer step (set this or `tokens_per_step`).
+    #[serde(default)]
+    pub rows_per_step: Option<usize>,
+    /// Tokens (prompt + completion) per optimizer step: rows are added while they fit.
+    #[serde(default)]
+    pub tokens_per_step: Option<usize>,
+    /// Tokens per forward/backward pass; a step accumulates gradients over its micro-batches.
+    #[serde(default = "d_micro")]
+    pub micro_batch_tokens: usize,
+    /// Longer rows are cut to this (completion tokens dropped from the end) and counted.
+    #[serde(default = "d_max_seq")]
+    pub max_seq_len: usize,
+    /// Pack several rows into one micro-batch (attention stays inside each row).
+    #[serde(default = "d_true")]
+    pub packing: bool,
+    #[serde(default = "d_true")]
+    pub shuffle: bool,
+    #[serde(default)]
+    pub seed: u64,
+    #[serde(default = "d_dtype")]
+    pub dtype: TrainDtype,
+    #[serde(default = "d_state")]
+    pub optimizer_state: OptimizerState,
+    /// With `optimizer_state = "bf16"`: round updates stochastically (unbiased, so small updates
+    /// survive on average).
+    #[serde(default)]
+    pub stochastic_rounding: bool,
+    /// With `optimizer_state = "bf16"` and no stochastic rounding: run anyway (loud warning).
+    #[serde(default)]
+    pub allow_lossy_state: bool,
+    /// Recompute each layer's activations in the backward pass (memory for time).
+    #[serde(default)]
+    pub recompute: bool,
+    /// Completion tokens per chunk of the LM head and loss; 0 = all at once.
+    #[serde(default = "d_chunk")]
+    pub loss_chunk_tokens: usize,
+    /// Write a full checkpoint every N steps (and at the end); 0 = only at the end.
+    #[serde(default = "d_ckpt")]
+    pub checkpoint_every: u64,
+    /// Checkpoints kept on disk (the newest ones).
+    #[serde(default = "d_keep")]
+    pub keep_checkpoints: usize,
+    /// Warn when the share of weights whose stored value changed stays below this ...
+    #[serde(default = "d_stall_share")]
+    pub stall_share: f64,
+    /// ... for this many consecutive steps.
+    #[serde(default = "d_stall_steps")]
+    pub stall_steps: u64,
+    /// The device's peak FLOP/s for MFU; default from a table (CPU: measured at start).
+    #[serde(default)]
+    pub peak_tflops: Option<f64>,
+}
+
+fn d_lr() -> f64 {
+    1e-5
+}
+fn d_betas() -> [f64; 2] {
+    [0.9, 0.95]
+}
+fn d_eps() -> f64 {
+    1e-8
+}
+fn d_no_decay() -> Vec<String> {
+    vec!["norm".into(), "bias".into()]
+}
+fn d_clip() -> f64 {
+    1.0
+}
+fn d_schedule() -> LrSchedule {
+    LrSchedule::Cosine
+}
+fn d_epochs() -> u64 {
+    1
+}
+fn d_micro() -> usize {
+    4096
+}
+fn d_max_seq() -> usize {
+    4096
+}
+fn d_true() -> bool {
+    true
+}
+fn d_dtype() -> TrainDtype {
+    TrainDtype::Auto
+}
+fn d_state() -> OptimizerState {
+    OptimizerState::F32
+}
+fn d_chunk() -> usize {
+    1024
+}
+fn d_ckpt() -> u64 {
+    100
+}
+fn d_keep() -> usize {
+    2
+}
+fn d_stall_share() -> f64 {
+    1e-4
+}
+fn d_stall_steps() -> u64 {
+    10
+}
+
+impl Default for TrainSettings {
+    fn default() -> Self {
+        toml::from_str("").expect("defaults parse")
+    }
+}
+
+impl TrainSettings {
+    /// Range checks; the error starts with the key's name.
+    pub fn validate(&self) -> Result<(), String> {
+        let pos = |name: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{name} must be a positive number, not {v}"))
+            }
+        };
+        pos("lr", self.lr)?;
+        pos("eps", self.eps)?;
+        for (i, b) in self.betas.iter().enumerate() {
+            if !(0.0..1.0).contains(b) {
+                return Err(format!("betas[{i}] must be in [0, 1), not {b}"));
+            }
+        }
+        if !(self.weight_decay >= 0.0 && self.weight_decay.is_finite()) {
+            return Err(format!(
+                "weight_decay must be >= 0, not {}",
+                self.weight_decay
+            ));
+        }
+        if !(self.clip_grad_norm >= 0.0 && self.clip_grad_norm.is_finite()) {
+            return Err(format!(
+                "clip_grad_norm must be >= 0 (0 = off), not {}",
+                self.clip_grad_norm
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.min_lr_ratio) {
+            return Err(format!(
+                "min_lr_ratio must be in [0, 1], not {}",
+                self.min_lr_ratio
+            ));
+        }
+        if self.epochs == 0 {
+            return Err("epochs must be at least 1".into());
+        }
+        if self.max_steps == Some(0) {
+            return Err("max_steps must be at least 1".into());
+        }
+        match (self.rows_per_step, self.tokens_per_step) {
+            (Some(_), Some(_)) => {
+                return Err("rows_per_step and tokens_per_step: set one of them, not both".into())
+            }
+            (Some(0), _) => return Err("rows_per_step must be at least 1".into()),
+            (_, Some(0)) => return Err("tokens_per_step must be at least 1".into()),
+            _ => {}
+        }
+        if self.max_seq_len < 2 {
+            return Err("max_seq_len must be at least 2".into());
+        }
+        if self.micro_batch_tokens < self.max_seq_len {
+            return Err(format!(
+                "micro_batch_tokens ({}) must be at least max_seq_len ({}): a row is never split \
+                 across micro-batches",
+                self.micro_batch_tokens, self.max_seq_len
+            ));
+        }
+        if self.keep_checkpoints == 0 {
+            return Err("keep_checkpoints must be at least 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.stall_share) {
+            return Err(format!(
+                "stall_share must be in [0, 1], not {}",
+                self.stall_share
+            ));
+        }
+        if let Some(p) = self.peak_tflops {
+            pos("peak_tflops", p)?;
+        }
+        if self.optimizer_state == OptimizerState::Bf16
+            && !self.stochastic_rounding
+            && !self.allow_lossy_state
+        {
+            return Err(
+                "optimizer_state = \"bf16\" with round-to-nearest loses every update \
+                        smaller than half a bf16 quantum (the weights silently stop changing): \
+                        set stochastic_rounding = true, or allow_lossy_state = true to run anyway"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Rows per step when neither is set.
+    pub fn step_size(&self) -> StepSize {
+        match (self.rows_per_step, self.tokens_per_step) {
+            (_, Some(t)) => StepSize::Tokens(t),
+            (Some(r), _) => StepSize::Rows(r),
+            (None, None) => StepSize::Rows(32),
+        }
+    }
+
+    /// Whether a tensor gets weight decay.
+    pub fn decays(&self, name: &str) -> bool {
+        !self.no_decay.iter().any(|p| name.contains(p.as_str()))
+    }
+}
+
+/// What an optimizer step gathers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepSize {
+    Rows(usize),
+    Tokens(usize),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_bad_values_name_their_key() {
+        let s = TrainSettings::default();
+        s.validate().unwrap();
+        assert_eq!(s.step_size(), StepSize::Rows(32));
+        assert!(s.decays("model.layers.0.mlp.up_proj.weight"));
+        assert!(!s.decays("model.layers.0.input_layernorm.weight"));
+        let bad: TrainSettings = toml::from_str("lr = -1.0").unwrap();
+        assert!(bad.validate().unwrap_err().starts_with("lr "));
+        let bad: TrainSettings = toml::from_str("optimizer_state = \"bf16\"").unwrap();
+        assert!(bad.validate().unwrap_err().contains("stochastic_rounding"));
+        let ok: TrainSettings =
+            toml::from_str("optimizer_state = \"bf16\"\nstochastic_rounding = true").unwrap();
+        ok.validate().unwrap();
+        let bad: TrainSettings = toml::from_str("rows_per_step = 2\ntokens_per_step = 9").unwrap();
+        assert!(bad.validate().is_err());
+        let bad: TrainSettings =
+            toml::from_str("max_seq_len = 4096\nmicro_batch_tokens = 100").unwrap();
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .starts_with("micro_batch_tokens"));
+        assert!(toml::from_str::<TrainSettings>("learning_rate = 1e-5").is_err());
+    }
+}

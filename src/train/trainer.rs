@@ -1,0 +1,463 @@
+//! The training loop: loads the base model and the SFT rows, prints the memory budget, resumes
+//! from the newest compatible checkpoint, runs the planned optimizer steps (micro-batches,
+//! gradient accumulation, clipping, the LR schedule), logs every step to `metrics.jsonl` and
+//! the progress line, checkpoints, and at the end exports the model, reloads it, and reports
+//! how far each tensor moved (failing if the model did not change).
+//!
+//! Guards: a non-finite loss or gradient norm stops the run naming the step and the last good
+//! checkpoint (no update is applied); a share of changed weights below `stall_share` for
+//! `stall_steps` steps warns loudly. Knows nothing of stages or the CLI.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use candle_core::{DType, Device};
+use serde::Serialize;
+
+use super::adamw::{AdamW, AdamWConfig, StateRounding};
+use super::checkpoint::{self, TrainState};
+use super::data::{micro_batches, plan_steps, read_sft, LoadReport};
+use super::grads::{GradOptions, GradSums};
+use super::loss::PackedBatch;
+use super::schedule::Schedule;
+use super::settings::{OptimizerState, TrainDtype, TrainSettings};
+use super::Trainable;
+use crate::model::Checkpoint;
+
+/// One fine-tuning run.
+#[derive(Debug, Clone)]
+pub struct TrainJob {
+    pub settings: TrainSettings,
+    /// The base checkpoint (folder or hub id).
+    pub model: String,
+    /// The SFT Parquet.
+    pub data: PathBuf,
+    /// Where the trained model goes (Hugging Face layout).
+    pub output: PathBuf,
+    /// Checkpoints, `metrics.jsonl` and `change_report.json`.
+    pub state_dir: PathBuf,
+    /// Stop after this step with a checkpoint (no export); a rerun continues from it.
+    pub stop_after: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainSummary {
+    pub steps: u64,
+    /// Stopped at `stop_after` before the last step: nothing exported.
+    pub stopped: bool,
+    pub resumed_from: Option<u64>,
+    pub rows: usize,
+    pub tokens: u64,
+    pub first_loss: Option<f64>,
+    pub last_loss: f64,
+    pub seconds: f64,
+    pub tokens_per_second: f64,
+    pub tensors: usize,
+    pub tensors_unchanged: usize,
+    pub median_relative_change: f64,
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Metrics {
+    pub step: u64,
+    pub epoch: u64,
+    /// Mean completion-token loss of the step.
+    pub loss: f64,
+    /// Before clipping.
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub update_ratio: f64,
+    pub changed_share: f64,
+    pub rows: usize,
+    pub tokens: usize,
+    pub completion_tokens: usize,
+    pub tokens_per_second: f64,
+    pub mfu: f64,
+    pub elapsed_seconds: f64,
+    pub eta_seconds: f64,
+}
+
+pub const METRICS: &str = "metrics.jsonl";
+pub const CHANGE_REPORT: &str = "change_report.json";
+
+/// The dtype the model is stored and exported in.
+pub fn model_dtype(s: &TrainSettings, ck: &Checkpoint) -> DType {
+    match s.dtype {
+        TrainDtype::Auto => checkpoint::checkpoint_dtype(ck),
+        TrainDtype::Float32 => DType::F32,
+        TrainDtype::Bfloat16 => DType::BF16,
+        TrainDtype::Float16 => DType::F16,
+    }
+}
+
+/// Everything a checkpoint must agree on to resume this run.
+fn fingerprint(s: &TrainSettings, ck: &Checkpoint, data: &Path) -> Result<String> {
+    let mut v = serde_json::to_value(s)?;
+    if let Some(o) = v.as_object_mut() {
+        for k in [
+            "model",
+            "checkpoint_every",
+            "keep_checkpoints",
+            "stall_share",
+            "stall_steps",
+            "peak_tflops",
+        ] {
+            o.remove(k);
+        }
+    }
+    let mut weights = Vec::new();
+    for w in &ck.weights {
+        weights.push(std::fs::metadata(w)?.len());
+    }
+    Ok(crate::store::hash_json(&serde_json::json!({
+        "settings": v,
+        "data": crate::store::hash_file(data)?,
+        "config": crate::store::hash_file(&ck.dir.join("config.json"))?,
+        "weights": weights,
+    })))
+}
+
+/// Keeps the lines of `metrics.jsonl` up to `step` (what a resumed run has already logged).
+fn truncate_metrics(path: &Path, step: u64) -> Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let kept: String = text
+        .lines()
+        .filter(|l| serde_json::from_str::<Metrics>(l).is_ok_and(|m| m.step <= step))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    crate::store::commit_file(path, |tmp| Ok(std::fs::write(tmp, kept.as_bytes())?))?;
+    Ok(())
+}
+
+fn fmt_secs(s: f64) -> String {
+    let s = s.max(0.0) as u64;
+    if s >= 3600 {
+        format!("{}h{:02}m", s / 3600, s % 3600 / 60)
+    } else {
+        format!("{}m{:02}s", s / 60, s % 60)
+    }
+}
+
+pub fn run(job: &TrainJob) -> Result<TrainSummary> {
+    let s = &job.settings;
+    s.validate().map_err(|e| anyhow::anyhow!("train.{e}"))?;
+    let t_start = Instant::now();
+    let ck = Checkpoint::open(&job.model)?;
+    let tok = ck.tokenizer()?;
+    let eos = ck.eos_token_ids()?.first().copied();
+    let (rows, rep) = read_sft(&job.data, &tok, eos, s.max_seq_len)?;
+    print_load(&job.data, &rep);
+    let plan = plan_steps(&rows, s);
+    let total = plan.len() as u64;
+    let dtype = model_dtype(s, &ck);
+    let dev = Device::Cpu;
+    let t = Trainable::load(&ck, &dev)?;
+    // copies: the variables are updated in place
+    let base: HashMap<String, candle_core::Tensor> = t
+        .tensors()
+        .into_iter()
+        .map(|(k, v)| Ok((k, v.copy()?)))
+        .collect::<Result<_>>()?;
+    let params = t.num_params() as u64;
+    let rounding = match (s.optimizer_state, s.stochastic_rounding) {
+        (OptimizerState::F32, _) => StateRounding::F32,
+        (OptimizerState::Bf16, true) => StateRounding::Bf16Stochastic { seed: s.seed },
+        (OptimizerState::Bf16, false) => {
+            eprintln!(
+                "WARNING: optimizer_state = \"bf16\" with round-to-nearest: every update smaller \
+                 than half a bf16 quantum is lost and weights may silently stop changing \
+                 (allow_lossy_state = true). Watch `changed_share` in {METRICS}."
+            );
+            StateRounding::Bf16Nearest
+        }
+    };
+    let cfg = AdamWConfig {
+        beta1: s.betas[0],
+        beta2: s.betas[1],
+        eps: s.eps,
+        weight_decay: s.weight_decay,
+    };
+    let mut opt = AdamW::with_state(t.named_vars(), cfg, |n| s.decays(n), rounding, dtype)?;
+    let sched = Schedule {
+        kind: s.lr_schedule,
+        lr: s.lr,
+        warmup_steps: s.warmup_steps,
+        min_lr_ratio: s.min_lr_ratio,
+        total_steps: total,
+    };
+    println!(
+        "train: {} ({} parameters, stored as {dtype:?}), {} rows, {} steps over {} epoch(s)",
+        ck.dir.display(),
+        params,
+        rows.len(),
+        total,
+        s.epochs
+    );
+    let budget = super::memory::budget(&ck.config, params, s);
+    println!(
+        "memory budget (micro_batch_tokens {}, max_seq_len {}):",
+        s.micro_batch_tokens, s.max_seq_len
+    );
+    for l in budget.lines(s) {
+        println!("{l}");
+    }
+    let peak = match s.peak_tflops {
+        Some(tf) => tf * 1e12,
+        None => crate::cmd::bench_sample::matmul_ceiling()?,
+    };
+
+    // resume
+    std::fs::create_dir_all(&job.state_dir)
+        .with_context(|| format!("cannot create {}", job.state_dir.display()))?;
+    let ckpt_root = job.state_dir.join("checkpoints");
+    let metrics_path = job.state_dir.join(METRICS);
+    let fp = fingerprint(s, &ck, &job.data)?;
+    let mut start = 0u64;
+    let mut resumed_from = None;
+    if let Some((dir, state)) = checkpoint::latest(&ckpt_root)? {
+        if state.fingerprint != fp {
+            bail!(
+                "{} was written by a run with other settings, data or base model; move it away \
+                 (or use another output) to start over",
+                dir.display()
+            );
+        }
+        checkpoint::restore(&dir, &state, &t, &mut opt)?;
+        start = state.step;
+        resumed_from = Some(start);
+        println!("resumed from {} (step {start} of {total})", dir.display());
+        truncate_metrics(&metrics_path, start)?;
+    } else if metrics_path.exists() {
+        std::fs::remove_file(&metrics_path)?;
+    }
+    let mut metrics_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&metrics_path)
+        .with_context(|| format!("cannot open {}", metrics_path.display()))?;
+
+    let gopt = GradOptions {
+        loss_chunk_tokens: s.loss_chunk_tokens,
+        recompute: s.recompute,
+    };
+    let epoch_of = |step: u64| -> u64 {
+        // steps never span epochs: count epoch boundaries in the plan
+        let per_epoch = rows.len();
+        let done: usize = plan[..step as usize].iter().map(Vec::len).sum();
+        (done / per_epoch) as u64
+    };
+    let loop_start = Instant::now();
+    let mut tokens_done = 0u64;
+    let (mut first_loss, mut last_loss) = (None, f64::NAN);
+    let mut stalled = 0u64;
+    let mut last_ckpt: Option<PathBuf> = checkpoint::list(&ckpt_root)?.pop().map(|(_, p)| p);
+    for step in start..total {
+        let t0 = Instant::now();
+        let rows_of_step = &plan[step as usize];
+        let completion: usize = rows_of_step.iter().map(|&i| rows[i].completion.len()).sum();
+        let tokens: usize = rows_of_step.iter().map(|&i| rows[i].len()).sum();
+        let scale = 1.0 / completion as f64;
+        let mut sums = GradSums::new(t.named_vars().len());
+        let mut loss_sum = 0f64;
+        for mb in micro_batches(rows_of_step, &rows, s) {
+            let refs: Vec<(&[u32], &[u32])> = mb
+                .iter()
+                .map(|&i| (rows[i].prompt.as_slice(), rows[i].completion.as_slice()))
+                .collect();
+            let b = PackedBatch::pack(&refs);
+            loss_sum += t.accumulate(&b, scale, gopt, &mut sums)?;
+        }
+        let loss = loss_sum / completion as f64;
+        let last_good = || {
+            last_ckpt
+                .as_ref()
+                .map(|p| format!("the last good checkpoint is {}", p.display()))
+                .unwrap_or_else(|| "no checkpoint was written yet".into())
+        };
+        if !loss.is_finite() {
+            bail!(
+                "step {}: the loss is {loss}; stopped without applying the update ({})",
+                step + 1,
+                last_good()
+            );
+        }
+        let grads = sums.finish(&t.named_vars())?;
+        let gn = AdamW::grad_norm(&grads)?;
+        if !gn.is_finite() {
+            bail!(
+                "step {}: the gradient norm is {gn}; stopped without applying the update ({})",
+                step + 1,
+                last_good()
+            );
+        }
+        let lr = sched.lr(step);
+        let clip = (s.clip_grad_norm > 0.0).then_some(s.clip_grad_norm);
+        let st = opt.step(&grads, lr, clip)?;
+        drop(grads);
+        let secs = t0.elapsed().as_secs_f64();
+        tokens_done += tokens as u64;
+        let elapsed = loop_start.elapsed().as_secs_f64();
+        let per_step = elapsed / (step + 1 - start) as f64;
+        let tps = tokens as f64 / secs;
+        let m = Metrics {
+            step: step + 1,
+            epoch: epoch_of(step),
+            loss,
+            grad_norm: st.grad_norm,
+            lr,
+            update_ratio: st.update_ratio,
+            changed_share: st.changed_share,
+            rows: rows_of_step.len(),
+            tokens,
+            completion_tokens: completion,
+            tokens_per_second: tps,
+            mfu: 6.0 * params as f64 * tps / peak,
+            elapsed_seconds: elapsed,
+            eta_seconds: per_step * (total - step - 1) as f64,
+        };
+        writeln!(metrics_file, "{}", serde_json::to_string(&m)?)?;
+        metrics_file.flush()?;
+        first_loss.get_or_insert(loss);
+        last_loss = loss;
+        eprintln!(
+            "step {}/{total}  loss {loss:.4}  grad norm {:.3}  lr {lr:.2e}  update/param {:.1e}  \
+             changed {:.2}%  {tps:.0} tok/s  MFU {:.1}%  ETA {}",
+            step + 1,
+            st.grad_norm,
+            st.update_ratio,
+            100.0 * st.changed_share,
+            100.0 * m.mfu,
+            fmt_secs(m.eta_seconds)
+        );
+        if st.changed_share < s.stall_share {
+            stalled += 1;
+            if stalled == s.stall_steps {
+                eprintln!(
+                    "WARNING: for {stalled} steps fewer than {:.4}% of the weights changed their \
+                     stored ({dtype:?}) value: the updates are below the dtype's resolution or \
+                     the learning rate is too small; the model is not learning (lr {lr:.2e}, \
+                     update/param {:.1e})",
+                    100.0 * s.stall_share,
+                    st.update_ratio
+                );
+            }
+        } else {
+            stalled = 0;
+        }
+        let done = step + 1;
+        let stop = job.stop_after == Some(done) && done < total;
+        if stop || done == total || (s.checkpoint_every > 0 && done % s.checkpoint_every == 0) {
+            let state = TrainState {
+                step: done,
+                total_steps: total,
+                fingerprint: fp.clone(),
+                rows_done: plan[..done as usize].iter().map(|r| r.len() as u64).sum(),
+                epoch: epoch_of(step),
+                seed: s.seed,
+                settings: s.clone(),
+                base_model: ck.dir.display().to_string(),
+                selfdistill_version: env!("CARGO_PKG_VERSION").into(),
+                candle_version: "0.10.2".into(),
+                last_loss: loss,
+                written_unix: crate::store::now_unix(),
+            };
+            last_ckpt = Some(checkpoint::save(
+                &ckpt_root,
+                &t,
+                &opt,
+                &state,
+                s.keep_checkpoints,
+            )?);
+            crate::fault::point("train.after_checkpoint");
+        }
+        if stop {
+            println!("stopped after step {done} of {total} (--stop-after); rerun to continue");
+            return Ok(TrainSummary {
+                steps: done,
+                stopped: true,
+                resumed_from,
+                rows: rows.len(),
+                tokens: tokens_done,
+                first_loss,
+                last_loss,
+                seconds: t_start.elapsed().as_secs_f64(),
+                tokens_per_second: tokens_done as f64
+                    / loop_start.elapsed().as_secs_f64().max(1e-9),
+                tensors: 0,
+                tensors_unchanged: 0,
+                median_relative_change: 0.0,
+            });
+        }
+    }
+
+    // export, reload, and how far every tensor moved
+    checkpoint::export(&t, &ck, dtype, &job.output)?;
+    let report = checkpoint::change_report(&base, &t, dtype)?;
+    crate::store::write_json_atomic(&job.state_dir.join(CHANGE_REPORT), &report)?;
+    let unchanged: Vec<&str> = report
+        .iter()
+        .filter(|c| c.changed_share == 0.0)
+        .map(|c| c.name.as_str())
+        .collect();
+    let mut rel: Vec<f64> = report.iter().map(|c| c.relative_change).collect();
+    rel.sort_by(f64::total_cmp);
+    let median = rel.get(rel.len() / 2).copied().unwrap_or(0.0);
+    println!(
+        "tensor change from the base ({dtype:?}): median {median:.2e}, min {:.2e}, max {:.2e}; \
+         {} of {} tensors unchanged; report in {}",
+        rel.first().copied().unwrap_or(0.0),
+        rel.last().copied().unwrap_or(0.0),
+        unchanged.len(),
+        report.len(),
+        job.state_dir.join(CHANGE_REPORT).display()
+    );
+    if unchanged.len() == report.len() {
+        bail!(
+            "training did not change the model: no weight of any tensor differs from the base in \
+             {dtype:?} after {total} steps (see {})",
+            metrics_path.display()
+        );
+    }
+    if !unchanged.is_empty() {
+        eprintln!(
+            "WARNING: {} tensors did not change at all: {}",
+            unchanged.len(),
+            unchanged.join(", ")
+        );
+    }
+    let seconds = t_start.elapsed().as_secs_f64();
+    Ok(TrainSummary {
+        steps: total,
+        stopped: false,
+        resumed_from,
+        rows: rows.len(),
+        tokens: tokens_done,
+        first_loss,
+        last_loss,
+        seconds,
+        tokens_per_second: tokens_done as f64 / loop_start.elapsed().as_secs_f64().max(1e-9),
+        tensors: report.len(),
+        tensors_unchanged: unchanged.len(),
+        median_relative_change: median,
+    })
+}
+
+fn print_load(path: &Path, r: &LoadReport) {
+    println!(
+        "data: {} rows from {} ({} tokens, {} completion tokens; {} tokenized from text, {} cut \
+         to max_seq_len, {} dropped: prompt too long)",
+        r.rows,
+        path.display(),
+        r.tokens,
+        r.completion_tokens,
+        r.tokenized,
+        r.truncated,
+        r.dropped
+    );
+}
