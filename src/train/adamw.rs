@@ -153,11 +153,11 @@ impl AdamW {
         let bias1 = 1.0 - b1.powi(t);
         let bias2_sqrt = (1.0 - b2.powi(t)).sqrt();
         let (mut upd_sq, mut par_sq, mut changed, mut total) = (0f64, 0f64, 0f64, 0usize);
-        for i in 0..self.slots.len() {
+        for (i, grad) in grads.iter().enumerate() {
             let g = if max_norm.is_some() {
-                (&grads[i] * clip)?
+                (grad * clip)?
             } else {
-                grads[i].clone()
+                grad.clone()
             };
             let s = &self.slots[i];
             let old = s.var.as_tensor().clone();
