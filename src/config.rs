@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::bytes::parse_bytes;
 use crate::data::source::{AnswerExtract, FieldMap, Location, SourceFormat, SourceSpec};
 use crate::sampler::job::SampleSettings;
+use crate::train::settings::TrainSettings;
 
 /// A config error, already phrased for a person: it names the file and, where known, line and key.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +32,7 @@ struct RawConfig {
     data: Option<RawData>,
     sample: Option<SampleSettings>,
     filter: Option<RawFilter>,
+    train: Option<TrainSettings>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -168,6 +170,8 @@ pub struct Config {
     pub data: Option<DataConfig>,
     pub sample: Option<SampleSettings>,
     pub filter: Option<FilterConfig>,
+    /// `model` is always set (from `[sample].model` when the section leaves it out).
+    pub train: Option<TrainSettings>,
 }
 
 pub const DEFAULT_CHUNK_ROWS: usize = 4096;
@@ -236,6 +240,10 @@ impl Config {
         if let (Some(f), Some(d)) = (&filter, &data) {
             check_completions_source(f, d, origin)?;
         }
+        let train = raw
+            .train
+            .map(|t| validate_train(t, base, origin, sample.as_ref(), filter.is_some()))
+            .transpose()?;
         Ok(Config {
             origin: origin.to_string(),
             name,
@@ -244,8 +252,44 @@ impl Config {
             data,
             sample,
             filter,
+            train,
         })
     }
+}
+
+/// Range checks; the base model defaults to the sampler's, and a local folder resolves against
+/// the config's folder.
+fn validate_train(
+    mut t: TrainSettings,
+    base: &Path,
+    origin: &str,
+    sample: Option<&SampleSettings>,
+    has_filter: bool,
+) -> Result<TrainSettings, ConfigError> {
+    t.validate()
+        .map_err(|e| ConfigError(format!("{origin}: `train.{e}")))?;
+    if !has_filter {
+        return Err(ConfigError(format!(
+            "{origin}: `train`: the trainer learns from the filter stage's SFT rows: add a \
+             [filter] section"
+        )));
+    }
+    let model = match (t.model.take(), sample) {
+        (Some(m), _) => m,
+        (None, Some(s)) => s.model.clone(),
+        (None, None) => {
+            return Err(ConfigError(format!(
+                "{origin}: `train.model`: missing (no [sample] section to take it from)"
+            )))
+        }
+    };
+    let local = base.join(&model);
+    t.model = Some(if local.exists() {
+        local.display().to_string()
+    } else {
+        model
+    });
+    Ok(t)
 }
 
 fn validate_data(d: RawData, base: &Path, origin: &str) -> Result<DataConfig, ConfigError> {

@@ -10,3 +10,4 @@ pub mod inspect;
 pub mod preflight;
 pub mod sample;
 pub mod status;
+pub mod train;

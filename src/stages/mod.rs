@@ -2,13 +2,14 @@
 //! hash of its config section, its inputs' hashes and its code version; `run` executes the ones
 //! without a manifest, in order, and writes each manifest last.
 //!
-//! Stages live one per file (`data`, `filter`; `sample`, `train` and `eval` slot in the same way)
+//! Stages live one per file (`data`, `sample`, `filter`, `train`; `eval` slots in the same way)
 //! and never import each other: they meet only through the files named in their inputs. This
 //! module knows the order of stages, not what they compute.
 
 pub mod data;
 pub mod filter;
 pub mod sample;
+pub mod train;
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -20,7 +21,7 @@ use crate::config::Config;
 use crate::store::{self, InputRef, Manifest, OutputFile, WorkDir};
 
 /// Every stage name, in pipeline order. A config's plan is the subsequence it configures.
-pub const STAGE_ORDER: &[&str] = &["data", "sample", "filter"];
+pub const STAGE_ORDER: &[&str] = &["data", "sample", "filter", "train"];
 
 /// One stage of a plan, with everything that determines its output already resolved.
 #[derive(Debug, Clone)]
@@ -109,6 +110,13 @@ impl Plan {
             let sampled = stages.iter().find(|s| s.name == "sample");
             stages.push(filter::plan(f, data, sampled, workdir)?);
         }
+        if let Some(t) = &cfg.train {
+            let filter = stages
+                .iter()
+                .find(|s| s.name == "filter")
+                .context("the train stage needs the filter stage")?;
+            stages.push(train::plan(t, filter, workdir)?);
+        }
         if stages.is_empty() {
             bail!(
                 "{} configures no stage: add a [data] section (see pipelines/reference.toml)",
@@ -175,6 +183,29 @@ pub fn verifier_input() -> InputRef {
         location: "built in".into(),
         hash: store::hash_json(&serde_json::json!(VERIFIER_SOURCES)),
     }
+}
+
+/// A cheap fingerprint of a checkpoint folder: config and tokenizer contents, weight sizes.
+pub fn model_input(model: &str) -> Result<InputRef> {
+    let ck = crate::model::Checkpoint::open(model)?;
+    let mut parts = vec![
+        store::hash_file(&ck.dir.join("config.json"))?,
+        store::hash_file(&ck.dir.join("tokenizer.json"))?,
+    ];
+    for w in &ck.weights {
+        parts.push(format!(
+            "{}:{}",
+            w.file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default(),
+            std::fs::metadata(w)?.len()
+        ));
+    }
+    Ok(InputRef {
+        name: "model".into(),
+        location: ck.dir.display().to_string(),
+        hash: store::hash_json(&serde_json::json!(parts)),
+    })
 }
 
 /// A file input: its content hash and size.
@@ -357,6 +388,11 @@ fn run_stage(cfg: &Config, plan: &Plan, stage: &PlannedStage) -> Result<()> {
         "filter" => filter::run(
             cfg.filter.as_ref().context("no [filter] section")?,
             cfg,
+            plan,
+            stage,
+        )?,
+        "train" => train::run(
+            cfg.train.as_ref().context("no [train] section")?,
             plan,
             stage,
         )?,

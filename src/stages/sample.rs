@@ -20,29 +20,6 @@ use crate::store::{self, InputRef};
 pub const CODE_VERSION: u32 = 1;
 pub const OUTPUT: &str = "completions.parquet";
 
-/// A cheap fingerprint of a checkpoint folder: config and tokenizer contents, weight sizes.
-fn model_input(model: &str) -> Result<InputRef> {
-    let ck = crate::model::Checkpoint::open(model)?;
-    let mut parts = vec![
-        store::hash_file(&ck.dir.join("config.json"))?,
-        store::hash_file(&ck.dir.join("tokenizer.json"))?,
-    ];
-    for w in &ck.weights {
-        parts.push(format!(
-            "{}:{}",
-            w.file_name()
-                .map(|n| n.to_string_lossy())
-                .unwrap_or_default(),
-            std::fs::metadata(w)?.len()
-        ));
-    }
-    Ok(InputRef {
-        name: "model".into(),
-        location: ck.dir.display().to_string(),
-        hash: store::hash_json(&serde_json::json!(parts)),
-    })
-}
-
 /// Prompt length assumed for the KV estimate before the prompts exist.
 pub const ESTIMATE_PROMPT_TOKENS: usize = 512;
 
@@ -78,7 +55,7 @@ fn memory_estimate(s: &SampleSettings) -> Result<u64> {
 }
 
 pub fn plan(s: &SampleSettings, data: &PlannedStage, workdir: &Path) -> Result<PlannedStage> {
-    let model = model_input(&s.model)?;
+    let model = super::model_input(&s.model)?;
     let memory_bytes = memory_estimate(s)?;
     let inputs = vec![
         InputRef {

@@ -311,6 +311,7 @@ fn the_trainer_reproduces_the_pytorch_run_and_exports_a_loadable_model() {
         output: tmp.path().join("model"),
         state_dir: tmp.path().join("state"),
         stop_after: None,
+        progress_file: None,
     };
     let summary = run(&job).unwrap();
     assert_eq!(summary.steps, 8);
@@ -380,6 +381,7 @@ fn a_stopped_and_resumed_run_is_bit_identical() {
         output: tmp.path().join(name).join("model"),
         state_dir: tmp.path().join(name).join("state"),
         stop_after,
+        progress_file: None,
     };
     let straight = job("a", None);
     run(&straight).unwrap();

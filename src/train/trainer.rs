@@ -41,6 +41,8 @@ pub struct TrainJob {
     pub state_dir: PathBuf,
     /// Stop after this step with a checkpoint (no export); a rerun continues from it.
     pub stop_after: Option<u64>,
+    /// Where to record the checkpointed step for `pipeline status` (a stage's progress file).
+    pub progress_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -374,6 +376,16 @@ pub fn run(job: &TrainJob) -> Result<TrainSummary> {
                 &state,
                 s.keep_checkpoints,
             )?);
+            if let Some(p) = &job.progress_file {
+                crate::store::write_json_atomic(
+                    p,
+                    &crate::store::Progress {
+                        done,
+                        total: Some(total),
+                        unit: "steps checkpointed".into(),
+                    },
+                )?;
+            }
             crate::fault::point("train.after_checkpoint");
         }
         if stop {

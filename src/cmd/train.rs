@@ -1,0 +1,121 @@
+//! `pipeline train`: fine-tunes a checkpoint on an SFT Parquet file and writes the trained model
+//! in Hugging Face layout.
+//!
+//! Settings come from `--config` (a file with a `[train]` table, e.g. a pipeline config, or the
+//! bare keys) with a few flags on top; training state (checkpoints, `metrics.jsonl`) goes to
+//! `--state-dir`, by default `OUTPUT/train_state`. Rerunning the same command resumes. Knows
+//! nothing of stages; the work is in `train::trainer`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::train::settings::TrainSettings;
+use crate::train::trainer::{self, TrainJob, TrainSummary};
+
+#[derive(Debug, clap::Args)]
+pub struct TrainArgs {
+    /// The base model: a checkpoint folder or a hub id.
+    #[arg(long)]
+    pub model: String,
+    /// The SFT rows (`prompt_token_ids`, `completion_token_ids`), as the filter stage writes them.
+    #[arg(long)]
+    pub data: PathBuf,
+    /// A TOML file with the train settings: a `[train]` table, or the keys at the top level.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Where the trained model goes.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Checkpoints and metrics (default: OUTPUT/train_state).
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Overrides `max_steps`.
+    #[arg(long)]
+    pub max_steps: Option<u64>,
+    /// Overrides `lr`.
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Stop after this step with a checkpoint; the same command later continues from it.
+    #[arg(long)]
+    pub stop_after: Option<u64>,
+}
+
+/// Reads train settings from `path`: its `[train]` table, or the whole file.
+pub fn read_settings(path: &Path) -> Result<TrainSettings> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let value: toml::Table =
+        toml::from_str(&text).with_context(|| format!("{} is not valid TOML", path.display()))?;
+    let table = match value.get("train") {
+        Some(toml::Value::Table(t)) => t.clone(),
+        Some(_) => anyhow::bail!("{}: `train` is not a table", path.display()),
+        None => value,
+    };
+    let s: TrainSettings = table
+        .try_into()
+        .map_err(|e: toml::de::Error| anyhow::anyhow!("{}: [train]: {}", path.display(), e))?;
+    s.validate()
+        .map_err(|e| anyhow::anyhow!("{}: `train.{e}", path.display()))?;
+    Ok(s)
+}
+
+pub fn run(a: &TrainArgs) -> Result<()> {
+    let mut s = match &a.config {
+        Some(p) => read_settings(p)?,
+        None => TrainSettings::default(),
+    };
+    if let Some(m) = a.max_steps {
+        s.max_steps = Some(m);
+    }
+    if let Some(lr) = a.lr {
+        s.lr = lr;
+    }
+    s.model = None;
+    s.validate().map_err(|e| anyhow::anyhow!("--{e}"))?;
+    let job = TrainJob {
+        settings: s,
+        model: a.model.clone(),
+        data: a.data.clone(),
+        output: a.output.clone(),
+        state_dir: a
+            .state_dir
+            .clone()
+            .unwrap_or_else(|| a.output.join("train_state")),
+        stop_after: a.stop_after,
+        progress_file: None,
+    };
+    let summary = trainer::run(&job)?;
+    print_summary(&summary, &job.output);
+    Ok(())
+}
+
+pub fn print_summary(s: &TrainSummary, output: &Path) {
+    if s.stopped {
+        println!(
+            "stopped after step {} ({} tokens, {:.0} tok/s, {:.1}s); rerun to continue",
+            s.steps, s.tokens, s.tokens_per_second, s.seconds
+        );
+        return;
+    }
+    println!(
+        "trained {} steps on {} rows{}: loss {} -> {:.4}, {} tokens at {:.0} tok/s in {:.1}s; \
+         {} of {} tensors changed (median relative change {:.2e}); wrote {}",
+        s.steps,
+        s.rows,
+        s.resumed_from
+            .map(|r| format!(" (resumed at step {r})"))
+            .unwrap_or_default(),
+        s.first_loss
+            .map(|l| format!("{l:.4}"))
+            .unwrap_or_else(|| "-".into()),
+        s.last_loss,
+        s.tokens,
+        s.tokens_per_second,
+        s.seconds,
+        s.tensors - s.tensors_unchanged,
+        s.tensors,
+        s.median_relative_change,
+        output.display()
+    );
+}

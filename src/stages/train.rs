@@ -1,0 +1,98 @@
+//! The train stage: fine-tunes the `[train]` base model on the filter stage's `sft.parquet` and
+//! writes the trained model (Hugging Face layout) to `model/` in the stage dir.
+//!
+//! Checkpoints and `metrics.jsonl` live in `train_state/` beside it; a rerun of an interrupted
+//! stage resumes from the newest checkpoint (the stage dir is keyed by the settings and inputs,
+//! so a checkpoint found there belongs to this run). Knows nothing of the sampler.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use super::{output_file, stage_key, Estimate, Plan, PlannedStage, StageOutput};
+use crate::store::{self, InputRef};
+use crate::train::settings::TrainSettings;
+use crate::train::trainer::{self, TrainJob};
+
+/// Bump when the output for the same inputs changes.
+pub const CODE_VERSION: u32 = 1;
+/// The trained model's folder in the stage dir.
+pub const MODEL_DIR: &str = "model";
+pub const STATE_DIR: &str = "train_state";
+
+fn model_name(s: &TrainSettings) -> Result<&str> {
+    s.model
+        .as_deref()
+        .context("train.model is resolved when the config is read")
+}
+
+pub fn plan(s: &TrainSettings, filter: &PlannedStage, workdir: &Path) -> Result<PlannedStage> {
+    let model = super::model_input(model_name(s)?)?;
+    let ck = crate::model::Checkpoint::open(model_name(s)?)?;
+    let params = crate::train::memory::param_count(&ck.config);
+    let budget = crate::train::memory::budget(&ck.config, params, s);
+    let dtype_bytes = match ck.config.dtype.as_str() {
+        "bfloat16" | "float16" => 2,
+        _ => 4,
+    };
+    let inputs = vec![
+        InputRef {
+            name: "sft".into(),
+            location: filter.dir.display().to_string(),
+            hash: filter.key.clone(),
+        },
+        model,
+    ];
+    let config = serde_json::to_value(s)?;
+    let key = stage_key("train", CODE_VERSION, &config, &inputs);
+    Ok(PlannedStage {
+        name: "train",
+        dir: store::stage_dir(workdir, "train", &key),
+        key,
+        code_version: CODE_VERSION,
+        config,
+        inputs,
+        files: Vec::new(),
+        estimate: Estimate {
+            disk_bytes: crate::train::memory::disk_bytes(params, dtype_bytes, s),
+            memory_bytes: budget.total(s),
+        },
+    })
+}
+
+pub fn run(s: &TrainSettings, plan: &Plan, stage: &PlannedStage) -> Result<StageOutput> {
+    let filter = plan
+        .get("filter")
+        .context("the train stage needs the filter stage")?;
+    let job = TrainJob {
+        settings: s.clone(),
+        model: model_name(s)?.to_string(),
+        data: filter.dir.join(super::filter::OUTPUT),
+        output: stage.dir.join(MODEL_DIR),
+        state_dir: stage.dir.join(STATE_DIR),
+        stop_after: None,
+        progress_file: Some(stage.dir.join(store::PROGRESS)),
+    };
+    let summary = trainer::run(&job)?;
+    crate::cmd::train::print_summary(&summary, &job.output);
+    let mut outputs = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(&job.output)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    for f in files {
+        outputs.push(output_file(&stage.dir, &f, 0)?);
+    }
+    Ok(StageOutput {
+        outputs,
+        counts: vec![
+            ("steps".into(), summary.steps),
+            ("rows".into(), summary.rows as u64),
+            ("tokens".into(), summary.tokens),
+            ("tensors".into(), summary.tensors as u64),
+            ("tensors_unchanged".into(), summary.tensors_unchanged as u64),
+        ],
+        rows: summary.rows as u64,
+    })
+}
