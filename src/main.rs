@@ -97,6 +97,9 @@ enum BenchCommand {
     Verify(cmd::bench::VerifyBenchArgs),
     /// Sampler prefill and decode tokens/s on a random model of a given shape.
     Sample(cmd::bench_sample::SampleBenchArgs),
+    /// Training tokens/s and step peak memory on a random model, with and without recompute and
+    /// the chunked loss.
+    Train(cmd::bench_train::TrainBenchArgs),
 }
 
 fn load_config(path: Option<PathBuf>, workdir: Option<PathBuf>) -> Result<Config> {
@@ -159,6 +162,9 @@ fn main() -> ExitCode {
         Command::Bench {
             command: BenchCommand::Sample(args),
         } => cmd::bench_sample::run(&args),
+        Command::Bench {
+            command: BenchCommand::Train(args),
+        } => cmd::bench_train::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

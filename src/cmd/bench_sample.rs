@@ -39,12 +39,14 @@ pub struct SampleBenchArgs {
     pub temperature: f32,
 }
 
-fn shape(name: &str) -> Result<ModelConfig> {
+/// The benchmark shapes (Qwen3 layout, tied embeddings).
+pub fn shape(name: &str) -> Result<ModelConfig> {
     let (h, i, l, q, kv, d, v) = match name {
         "tiny" => (64, 176, 2, 4, 2, 16, 485),
         "20m" => (256, 768, 8, 8, 4, 32, 32000),
+        "50m" => (512, 1536, 10, 8, 4, 64, 32000),
         "qwen3-0.6b" => (1024, 3072, 28, 16, 8, 128, 151936),
-        other => bail!("--shape {other}: use tiny, 20m or qwen3-0.6b"),
+        other => bail!("--shape {other}: use tiny, 20m, 50m or qwen3-0.6b"),
     };
     let json = format!(
         r#"{{"model_type": "qwen3", "hidden_size": {h}, "intermediate_size": {i},
@@ -55,8 +57,14 @@ fn shape(name: &str) -> Result<ModelConfig> {
     ModelConfig::parse(&json)
 }
 
-/// Random N(0, 0.02) weights with unit norms, named as in a checkpoint.
+/// A model with [`random_weights`].
 pub fn random_model(cfg: &ModelConfig) -> Result<Transformer> {
+    let vb = VarBuilder::from_tensors(random_weights(cfg)?, DType::F32, &Device::Cpu);
+    Ok(Transformer::new(cfg, vb)?)
+}
+
+/// Random N(0, 0.02) weights with unit norms, named as in a checkpoint.
+pub fn random_weights(cfg: &ModelConfig) -> Result<HashMap<String, Tensor>> {
     let dev = Device::Cpu;
     let mut w: HashMap<String, Tensor> = HashMap::new();
     let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
@@ -105,8 +113,7 @@ pub fn random_model(cfg: &ModelConfig) -> Result<Transformer> {
         put(format!("{p}.mlp.down_proj.weight"), &[h, i], false)?;
     }
     put("model.norm.weight".into(), &[h], true)?;
-    let vb = VarBuilder::from_tensors(w, DType::F32, &dev);
-    Ok(Transformer::new(cfg, vb)?)
+    Ok(w)
 }
 
 /// (prefill tokens/s, decode tokens/s, the time split) for `batch` requests of `prompt_len` tokens generating

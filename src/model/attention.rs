@@ -62,9 +62,20 @@ pub fn attend_one(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> 
     if let Some(m) = mask {
         scores = scores.broadcast_add(m)?;
     }
-    let probs = candle_nn::ops::softmax(&scores, D::Minus1)?;
+    let probs = softmax_last(&scores)?;
     // (H, Lq, Lk) x (H, Lk, D) -> (H, Lq, D) -> (Lq, H, D)
     probs.matmul(&v)?.transpose(0, 1)?.contiguous()
+}
+
+/// Softmax over the last dim from differentiable ops. The max is detached: softmax does not
+/// depend on the shift, so its gradient through the max is zero in exact arithmetic, and
+/// candle's backward of `max` (a mask of the maxima over the whole score tensor) would cost
+/// several passes over the largest activation of the layer.
+pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    let sum = e.sum_keepdim(D::Minus1)?;
+    e.broadcast_div(&sum)
 }
 
 /// (Hkv, L, D) -> (Hkv * n_rep, L, D), each KV head repeated for its query heads.

@@ -84,10 +84,14 @@ pub fn budget(cfg: &ModelConfig, params: u64, s: &TrainSettings) -> Budget {
     let layers = cfg.num_layers as u64;
     let v = cfg.vocab_size as u64;
     let qkv = (hq + 2 * hkv) * d;
-    // per token and layer: norms 2 x 3h, residuals 2h, o_proj in/out, q/k/v with their norms and
-    // RoPE (about 6 values each), GQA-expanded k/v, attention scores, mask, softmax (exp, sum,
-    // probabilities) and output over the row's length, SwiGLU gate/up/silu/product (5i).
-    let per_token_layer = 8 * h + 6 * qkv + 2 * hq * d + 5 * hq * seq + 2 * hq * d + 5 * i;
+    // Values the differentiable forward keeps per token and layer: two RMS norms (3h each),
+    // q/k/v, their norms (3 each) and RoPE (4 each), the attention's head-major copies, GQA
+    // expansion, output and its transpose (6 hq d), scores / scaled / masked / shifted / exp /
+    // probabilities and the backward's temporaries over the row (8 hq seq), o_proj and
+    // residuals (4h), SwiGLU (4i); plus 25%
+    // for what the allocator holds beyond that (measured by `pipeline bench train`).
+    let per_token_layer =
+        (10 * h + qkv + 7 * (hq + hkv) * d + 6 * hq * d + 8 * hq * seq + 4 * i) * 125 / 100;
     let one_layer = per_token_layer * tokens * f;
     let state = match s.optimizer_state {
         OptimizerState::F32 => 8,

@@ -150,6 +150,7 @@ pub fn run(job: &TrainJob) -> Result<TrainSummary> {
     let s = &job.settings;
     s.validate().map_err(|e| anyhow::anyhow!("train.{e}"))?;
     let t_start = Instant::now();
+    super::tune_allocator();
     let ck = Checkpoint::open(&job.model)?;
     let tok = ck.tokenizer()?;
     let eos = ck.eos_token_ids()?.first().copied();
