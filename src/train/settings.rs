@@ -315,4 +315,31 @@ mod tests {
             .starts_with("micro_batch_tokens"));
         assert!(toml::from_str::<TrainSettings>("learning_rate = 1e-5").is_err());
     }
+
+    /// `pipelines/reference.toml` documents every key, and its commented example parses.
+    #[test]
+    fn the_reference_config_documents_every_train_key() {
+        let text = include_str!("../../pipelines/reference.toml");
+        let block: String = text
+            .lines()
+            .skip_while(|l| *l != "# [train]")
+            .skip(1)
+            .take_while(|l| l.starts_with("# "))
+            .map(|l| format!("{}\n", &l[2..]))
+            .collect();
+        let table: toml::Table = toml::from_str(&block).unwrap();
+        let parsed: TrainSettings = toml::from_str(&block).unwrap();
+        assert_eq!(parsed.model.as_deref(), Some("Qwen/Qwen3-4B"));
+        let mut all = TrainSettings::default();
+        all.model = Some(String::new());
+        all.max_steps = Some(1);
+        all.rows_per_step = Some(1);
+        all.tokens_per_step = Some(1);
+        all.peak_tflops = Some(1.0);
+        let json = serde_json::to_value(&all).unwrap();
+        for key in json.as_object().unwrap().keys() {
+            let documented = table.contains_key(key) || block.contains(&format!("{key} = "));
+            assert!(documented, "reference.toml does not document train.{key}");
+        }
+    }
 }
