@@ -330,12 +330,14 @@ mod tests {
         let table: toml::Table = toml::from_str(&block).unwrap();
         let parsed: TrainSettings = toml::from_str(&block).unwrap();
         assert_eq!(parsed.model.as_deref(), Some("Qwen/Qwen3-4B"));
-        let mut all = TrainSettings::default();
-        all.model = Some(String::new());
-        all.max_steps = Some(1);
-        all.rows_per_step = Some(1);
-        all.tokens_per_step = Some(1);
-        all.peak_tflops = Some(1.0);
+        let all = TrainSettings {
+            model: Some(String::new()),
+            max_steps: Some(1),
+            rows_per_step: Some(1),
+            tokens_per_step: Some(1),
+            peak_tflops: Some(1.0),
+            ..TrainSettings::default()
+        };
         let json = serde_json::to_value(&all).unwrap();
         for key in json.as_object().unwrap().keys() {
             let documented = table.contains_key(key) || block.contains(&format!("{key} = "));
