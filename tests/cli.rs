@@ -422,12 +422,22 @@ fn force_reruns_the_stage_and_the_ones_after_it() {
         "{out}"
     );
     let o = run(
+        &["run", "all", "--config", cfg, "--force", "evaluate"],
+        dir.path(),
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--force evaluate: no such stage"),
+        "{}",
+        text(&o)
+    );
+    let o = run(
         &["run", "all", "--config", cfg, "--force", "train"],
         dir.path(),
     );
     assert!(!o.status.success());
     assert!(
-        text(&o).contains("--force train: no such stage"),
+        text(&o).contains("--force train: stage `train` is not in"),
         "{}",
         text(&o)
     );
