@@ -77,7 +77,7 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
     let batch = PackedBatch::pack(&refs);
     let tokens = batch.tokens.len();
     let scale = 1.0 / batch.loss_tokens() as f64;
-    let mut opt = AdamW::new(t.named_vars(), AdamWConfig::default(), |_| true)?;
+    let mut opt = AdamW::new(t.named_vars().to_vec(), AdamWConfig::default(), |_| true)?;
     let ceiling = super::bench_sample::matmul_ceiling()?;
     println!(
         "train bench: shape {} ({:.1}M parameters, f32, {} threads), {} rows x {} tokens per \
@@ -102,7 +102,7 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
     let step = |opt: &mut AdamW, g: GradOptions| -> Result<()> {
         let mut sums = GradSums::new(t.named_vars().len());
         t.accumulate(&batch, scale, g, &mut sums)?;
-        let grads = sums.finish(&t.named_vars())?;
+        let grads = sums.finish(t.named_vars())?;
         opt.step(&grads, 1e-5, Some(1.0))?;
         Ok(())
     };
@@ -148,7 +148,7 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
         let mut sums = GradSums::new(t.named_vars().len());
         t.accumulate(&batch, scale, gopt(false, true), &mut sums)?;
         let fwd_bwd = t0.elapsed().as_secs_f64();
-        let grads = sums.finish(&t.named_vars())?;
+        let grads = sums.finish(t.named_vars())?;
         let t0 = Instant::now();
         opt.step(&grads, 1e-5, Some(1.0))?;
         let adam = t0.elapsed().as_secs_f64();

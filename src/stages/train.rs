@@ -31,10 +31,7 @@ pub fn plan(s: &TrainSettings, filter: &PlannedStage, workdir: &Path) -> Result<
     let ck = crate::model::Checkpoint::open(model_name(s)?)?;
     let params = crate::train::memory::param_count(&ck.config);
     let budget = crate::train::memory::budget(&ck.config, params, s);
-    let dtype_bytes = match ck.config.dtype.as_str() {
-        "bfloat16" | "float16" => 2,
-        _ => 4,
-    };
+    let dtype_bytes = crate::train::checkpoint::checkpoint_dtype(&ck).size_in_bytes() as u64;
     let inputs = vec![
         InputRef {
             name: "sft".into(),

@@ -126,7 +126,7 @@ pub fn restore(dir: &Path, state: &TrainState, t: &Trainable, opt: &mut AdamW) -
         .with_context(|| format!("cannot read {}", dir.join(WEIGHTS).display()))?;
     for (name, var) in t.named_vars() {
         let v = w
-            .get(&name)
+            .get(name)
             .with_context(|| format!("{}: no tensor {name}", dir.display()))?;
         var.set(&v.to_device(var.device())?)
             .with_context(|| format!("{}: tensor {name}", dir.display()))?;
@@ -195,8 +195,8 @@ pub fn export(t: &Trainable, base: &Checkpoint, dtype: DType, out: &Path) -> Res
     // weights, in name order, cut into shards
     let mut tensors: Vec<(String, Tensor)> = t
         .named_vars()
-        .into_iter()
-        .map(|(n, v)| Ok((n, v.as_tensor().to_dtype(dtype)?)))
+        .iter()
+        .map(|(n, v)| Ok((n.clone(), v.as_tensor().to_dtype(dtype)?)))
         .collect::<Result<_>>()?;
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     let mut shards: Vec<Vec<(String, Tensor)>> = vec![Vec::new()];
@@ -256,7 +256,7 @@ fn verify_export(t: &Trainable, out: &Path, dtype: DType) -> Result<()> {
     for (name, var) in t.named_vars() {
         let want = var.as_tensor().to_dtype(dtype)?.to_dtype(DType::F32)?;
         let g = got
-            .get(&name)
+            .get(name)
             .with_context(|| format!("the export lost {name}"))?;
         let diff = (g - want.to_device(g.device())?)?
             .abs()?
@@ -288,7 +288,7 @@ pub fn change_report(
     let mut out = Vec::new();
     for (name, var) in t.named_vars() {
         let b = base
-            .get(&name)
+            .get(name)
             .with_context(|| format!("no base tensor {name}"))?;
         let now = var.as_tensor();
         let d = (now - b)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
@@ -300,7 +300,7 @@ pub fn change_report(
             .sum_all()?
             .to_scalar::<f32>()? as f64;
         out.push(TensorChange {
-            name,
+            name: name.clone(),
             relative_change: (d / n.max(1e-30)).sqrt(),
             changed_share: ne / now.elem_count().max(1) as f64,
         });

@@ -129,8 +129,8 @@ impl Trainable {
     }
 
     /// The variables by checkpoint name, sorted by name (a stable order for the optimizer).
-    pub fn named_vars(&self) -> Vec<(String, Var)> {
-        self.vars.clone()
+    pub fn named_vars(&self) -> &[(String, Var)] {
+        &self.vars
     }
 
     /// Parameters in all.
@@ -141,8 +141,8 @@ impl Trainable {
     /// The current values by name.
     pub fn tensors(&self) -> HashMap<String, candle_core::Tensor> {
         self.named_vars()
-            .into_iter()
-            .map(|(k, v)| (k, v.as_tensor().clone()))
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
             .collect()
     }
 }

@@ -186,7 +186,13 @@ pub fn run(job: &TrainJob) -> Result<TrainSummary> {
         eps: s.eps,
         weight_decay: s.weight_decay,
     };
-    let mut opt = AdamW::with_state(t.named_vars(), cfg, |n| s.decays(n), rounding, dtype)?;
+    let mut opt = AdamW::with_state(
+        t.named_vars().to_vec(),
+        cfg,
+        |n| s.decays(n),
+        rounding,
+        dtype,
+    )?;
     let sched = Schedule {
         kind: s.lr_schedule,
         lr: s.lr,
@@ -290,7 +296,7 @@ pub fn run(job: &TrainJob) -> Result<TrainSummary> {
                 last_good()
             );
         }
-        let grads = sums.finish(&t.named_vars())?;
+        let grads = sums.finish(t.named_vars())?;
         let gn = AdamW::grad_norm(&grads)?;
         if !gn.is_finite() {
             bail!(
