@@ -6,12 +6,14 @@
 //! validated plan; `stages` run one stage each; `cmd` holds the non-stage CLI commands. The binary
 //! (`main.rs`) only parses arguments and prints errors.
 
+pub mod arith;
 pub mod bytes;
 pub mod cmd;
 pub mod config;
 pub mod data;
 pub mod fault;
 pub mod model;
+pub mod rng;
 pub mod sampler;
 pub mod simd;
 pub mod stages;

@@ -3,8 +3,9 @@
 //!
 //! The model hands each layer's rotated queries, keys and values for the tokens of this step to an
 //! [`AttentionBackend`]; the backend decides what they attend to: the sequence's own tokens
-//! ([`CausalAttention`]) or a paged KV cache (the sampler's backend). Built from differentiable
-//! ops only, so training through it gives every parameter a gradient. Knows nothing of weights.
+//! ([`CausalAttention`]) or a paged KV cache (the sampler's backend). Differentiable: f32 on the
+//! CPU runs the fused op of [`super::fused_attention`] (its own backward pass, no score tensors);
+//! other devices and dtypes compose candle ops ([`attend_one`]). Knows nothing of weights.
 
 use candle_core::{DType, Device, Result, Tensor, D};
 
@@ -33,6 +34,9 @@ impl CausalAttention {
 
 impl AttentionBackend for CausalAttention {
     fn attend(&mut self, _layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        if super::fused_attention::supported(q) {
+            return super::fused_attention::fused_causal(q, k, v, &self.seq_lens);
+        }
         let mut outs = Vec::with_capacity(self.seq_lens.len());
         let mut start = 0;
         for &len in &self.seq_lens {

@@ -115,24 +115,7 @@ pub fn read_sft(
     Ok((out, rep))
 }
 
-/// SplitMix64: a small, fixed generator (the plan must not change with a dependency's version).
-#[derive(Debug, Clone)]
-pub struct SplitMix(pub u64);
-
-impl SplitMix {
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0).
-    pub fn below(&mut self, n: usize) -> usize {
-        ((u128::from(self.next_u64()) * n as u128) >> 64) as usize
-    }
-}
+pub use crate::rng::SplitMix;
 
 /// The rows of every optimizer step, in order, over all epochs (capped at `max_steps`). A step
 /// never spans two epochs.
