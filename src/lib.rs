@@ -13,6 +13,7 @@ pub mod config;
 pub mod data;
 pub mod fault;
 pub mod model;
+pub mod pretrain;
 pub mod rng;
 pub mod sampler;
 pub mod simd;

@@ -43,10 +43,11 @@ pub struct SampleBenchArgs {
 pub fn shape(name: &str) -> Result<ModelConfig> {
     let (h, i, l, q, kv, d, v) = match name {
         "tiny" => (64, 176, 2, 4, 2, 16, 485),
+        "arith" => (128, 384, 4, 4, 4, 32, 72),
         "20m" => (256, 768, 8, 8, 4, 32, 32000),
         "50m" => (512, 1536, 10, 8, 4, 64, 32000),
         "qwen3-0.6b" => (1024, 3072, 28, 16, 8, 128, 151936),
-        other => bail!("--shape {other}: use tiny, 20m, 50m or qwen3-0.6b"),
+        other => bail!("--shape {other}: use tiny, arith, 20m, 50m or qwen3-0.6b"),
     };
     let json = format!(
         r#"{{"model_type": "qwen3", "hidden_size": {h}, "intermediate_size": {i},

@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod config;
+pub mod diff_ops;
 pub mod fused_attention;
 pub mod tokenizer;
 pub mod transformer;

@@ -1,8 +1,9 @@
 //! The decoder-only transformer shared by Qwen3 and Llama: one forward for prefill, decode and
 //! training, parameterised by an attention backend. The model owns no cache.
 //!
-//! Built from differentiable candle ops (RMS norm, RoPE and softmax written out rather than the
-//! fused kernels, which record no backward pass). Tensor names mirror the Hugging Face checkpoint
+//! Built from differentiable ops: RMS norm, RoPE and the SwiGLU product are the single ops of
+//! [`super::diff_ops`] (f32 on the CPU) or written out in candle ops (elsewhere), never candle's
+//! fused kernels, which record no backward pass (those run only for sampling). Tensor names mirror the Hugging Face checkpoint
 //! (`model.layers.N.self_attn.q_proj.weight`, ...). Knows nothing of scheduling or configs files.
 
 use candle_core::{DType, Device, Module, Result, Tensor, D};
@@ -35,6 +36,9 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if super::diff_ops::supported(x) {
+            return super::diff_ops::rms_norm(x, &self.weight, self.eps);
+        }
         let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
         let x = x.broadcast_div(&(ms + self.eps)?.sqrt()?)?;
         x.broadcast_mul(&self.weight)
@@ -107,6 +111,9 @@ impl RopeRows {
             // (T, H, D) -> (1, T, H, D) for the fused kernel.
             let x = x.contiguous()?.unsqueeze(0)?;
             return candle_nn::rotary_emb::rope_thd(&x, &self.cos, &self.sin)?.squeeze(0);
+        }
+        if super::diff_ops::supported(x) {
+            return super::diff_ops::rope(x, &self.cos, &self.sin);
         }
         let half = x.dim(D::Minus1)? / 2;
         let x1 = x.narrow(D::Minus1, 0, half)?;
@@ -300,7 +307,12 @@ impl Layer {
                 linear_fwd(&self.up_proj, h, fused)?,
             ),
         };
-        linear_fwd(&self.down_proj, &(candle_nn::ops::silu(&g)? * u)?, fused)
+        let act = if !fused && super::diff_ops::supported(&g) {
+            super::diff_ops::swiglu(&g, &u)?
+        } else {
+            (candle_nn::ops::silu(&g)? * u)?
+        };
+        linear_fwd(&self.down_proj, &act, fused)
     }
 }
 
