@@ -1,7 +1,7 @@
 """PyTorch eager training steps on CPU, side by side with `pipeline bench train`.
 
 Builds a randomly initialised Qwen3 (transformers) of the same shapes as
-`pipeline bench train --shape` (tiny, 20m, 50m, qwen3-0.6b), and times the same step: forward and
+`pipeline bench train --shape` (tiny, arith, 20m, 50m, qwen3-0.6b), and times the same step: forward and
 backward over ROWS rows of SEQ_LEN tokens (the first quarter of each row is prompt, masked from
 the loss with -100, so the loss is the mean over completion tokens), gradient clipping to 1.0,
 then torch.optim.AdamW. f32, eager (no torch.compile), SDPA attention, the default thread count
@@ -18,6 +18,7 @@ import time
 SHAPES = {
     # hidden, intermediate, layers, heads, kv heads, head_dim, vocab
     "tiny": (64, 176, 2, 4, 2, 16, 485),
+    "arith": (128, 384, 4, 4, 4, 32, 72),
     "20m": (256, 768, 8, 8, 4, 32, 32000),
     "50m": (512, 1536, 10, 8, 4, 64, 32000),
     "qwen3-0.6b": (1024, 3072, 28, 16, 8, 128, 151936),
