@@ -327,13 +327,13 @@ pub fn matmul_bi(x: &[f32], w: &[f32], m: usize, n: usize, k: usize, y: &mut [f3
 
 /// A raw pointer that may cross threads (the writers touch disjoint elements).
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: used only for writes to disjoint elements (see `matmul_bi`).
+pub(crate) struct SendPtr(pub(crate) *mut f32);
+// SAFETY: used only for writes to disjoint elements (see `matmul_bi` and the fused attention).
 unsafe impl Send for SendPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SendPtr {}
 impl SendPtr {
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }

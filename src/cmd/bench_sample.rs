@@ -64,57 +64,11 @@ pub fn random_model(cfg: &ModelConfig) -> Result<Transformer> {
     Ok(Transformer::new(cfg, vb)?)
 }
 
-/// Random N(0, 0.02) weights with unit norms, named as in a checkpoint.
+/// Random N(0, 0.02) weights with unit norms, named as in a checkpoint (seed 0).
 pub fn random_weights(cfg: &ModelConfig) -> Result<HashMap<String, Tensor>> {
-    let dev = Device::Cpu;
-    let mut w: HashMap<String, Tensor> = HashMap::new();
-    let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
-    let mut put = |name: String, shape: &[usize], norm: bool| -> Result<()> {
-        let t = if norm {
-            Tensor::ones(shape, DType::F32, &dev)?
-        } else {
-            Tensor::randn(0f32, 0.02, shape, &dev)?
-        };
-        w.insert(name, t);
-        Ok(())
-    };
-    put(
-        "model.embed_tokens.weight".into(),
-        &[cfg.vocab_size, h],
-        false,
-    )?;
-    for l in 0..cfg.num_layers {
-        let p = format!("model.layers.{l}");
-        put(format!("{p}.input_layernorm.weight"), &[h], true)?;
-        put(format!("{p}.post_attention_layernorm.weight"), &[h], true)?;
-        put(format!("{p}.self_attn.q_norm.weight"), &[d], true)?;
-        put(format!("{p}.self_attn.k_norm.weight"), &[d], true)?;
-        put(
-            format!("{p}.self_attn.q_proj.weight"),
-            &[cfg.num_heads * d, h],
-            false,
-        )?;
-        put(
-            format!("{p}.self_attn.k_proj.weight"),
-            &[cfg.num_kv_heads * d, h],
-            false,
-        )?;
-        put(
-            format!("{p}.self_attn.v_proj.weight"),
-            &[cfg.num_kv_heads * d, h],
-            false,
-        )?;
-        put(
-            format!("{p}.self_attn.o_proj.weight"),
-            &[h, cfg.num_heads * d],
-            false,
-        )?;
-        put(format!("{p}.mlp.gate_proj.weight"), &[i, h], false)?;
-        put(format!("{p}.mlp.up_proj.weight"), &[i, h], false)?;
-        put(format!("{p}.mlp.down_proj.weight"), &[h, i], false)?;
-    }
-    put("model.norm.weight".into(), &[h], true)?;
-    Ok(w)
+    Ok(crate::pretrain::init_weights(cfg, 0.02, 0)?
+        .into_iter()
+        .collect())
 }
 
 /// (prefill tokens/s, decode tokens/s, the time split) for `batch` requests of `prompt_len` tokens generating

@@ -34,7 +34,7 @@ impl CausalAttention {
 
 impl AttentionBackend for CausalAttention {
     fn attend(&mut self, _layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-        if super::fused_attention::supported(q) {
+        if super::diff_ops::supported(q) {
             return super::fused_attention::fused_causal(q, k, v, &self.seq_lens);
         }
         let mut outs = Vec::with_capacity(self.seq_lens.len());

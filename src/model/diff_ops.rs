@@ -8,7 +8,9 @@
 //! backward, with the gradients written out by hand (and tested against the composed ops).
 //! Knows nothing of layers or weights' names.
 
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_core::{
+    CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor,
+};
 use rayon::prelude::*;
 
 /// Whether these ops run on `x` (f32 on the CPU); otherwise callers compose candle ops.
@@ -16,7 +18,8 @@ pub fn supported(x: &Tensor) -> bool {
     x.device().is_cpu() && x.dtype() == DType::F32
 }
 
-fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+/// A contiguous f32 input of a custom op's forward, as a slice.
+pub(crate) fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
     let CpuStorage::F32(data) = s else {
         candle_core::bail!("expected f32 inputs")
     };
@@ -26,8 +29,29 @@ fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
     }
 }
 
-fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
-    t.flatten_all()?.to_vec1::<f32>()
+/// A CPU f32 tensor's data borrowed for a backward pass (no copy): [`view`] it, then [`F32View::get`].
+pub(crate) struct F32View<'a> {
+    guard: std::sync::RwLockReadGuard<'a, Storage>,
+    start: usize,
+    end: usize,
+}
+
+impl F32View<'_> {
+    pub(crate) fn get(&self) -> Result<&[f32]> {
+        match &*self.guard {
+            Storage::Cpu(CpuStorage::F32(v)) => Ok(&v[self.start..self.end]),
+            _ => candle_core::bail!("expected an f32 CPU tensor"),
+        }
+    }
+}
+
+/// Borrows `t`, which must be contiguous (call `.contiguous()` first: free when it already is).
+pub(crate) fn view(t: &Tensor) -> Result<F32View<'_>> {
+    let (guard, layout) = t.storage_and_layout();
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("expected a contiguous tensor")
+    };
+    Ok(F32View { guard, start, end })
 }
 
 /// Rows per rayon task: enough work per task to pay for the hand-off.
@@ -88,7 +112,9 @@ impl CustomOp2 for RmsNormOp {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (xv, wv, gv) = (to_vec(x)?, to_vec(w)?, to_vec(grad)?);
+        let grad = grad.contiguous()?;
+        let (xg, wg, gg) = (view(x)?, view(w)?, view(&grad)?);
+        let (xv, wv, gv) = (xg.get()?, wg.get()?, gg.get()?);
         let h = wv.len();
         let mut dx = vec![0f32; xv.len()];
         let chunk = rows_per_task(h) * h;
@@ -101,7 +127,7 @@ impl CustomOp2 for RmsNormOp {
                 for ((dxr, xr), gr) in dxs.chunks_mut(h).zip(xs.chunks(h)).zip(gs.chunks(h)) {
                     let r = inv_rms(xr, self.eps);
                     let mut dot = 0f32;
-                    for ((x, g), w) in xr.iter().zip(gr).zip(&wv) {
+                    for ((x, g), w) in xr.iter().zip(gr).zip(wv) {
                         dot += g * w * x;
                     }
                     let c = r * r * r * dot / h as f32;
@@ -207,7 +233,9 @@ impl CustomOp3 for RopeOp {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let dims = rope_dims(x.dims(), cos.dims(), sin.dims())?;
-        let dx = rotate(&to_vec(grad)?, &to_vec(cos)?, &to_vec(sin)?, dims, -1.0);
+        let grad = grad.contiguous()?;
+        let (gg, cg, sg) = (view(&grad)?, view(cos)?, view(sin)?);
+        let dx = rotate(gg.get()?, cg.get()?, sg.get()?, dims, -1.0);
         Ok((
             Some(Tensor::from_vec(dx, x.shape(), x.device())?),
             None,
@@ -266,7 +294,9 @@ impl CustomOp2 for SwiGluOp {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (gv, uv, dy) = (to_vec(g)?, to_vec(u)?, to_vec(grad)?);
+        let grad = grad.contiguous()?;
+        let (gg, ug, dg_) = (view(g)?, view(u)?, view(&grad)?);
+        let (gv, uv, dy) = (gg.get()?, ug.get()?, dg_.get()?);
         let mut dg = vec![0f32; gv.len()];
         let mut du = vec![0f32; gv.len()];
         dg.par_chunks_mut(16_384)
@@ -292,18 +322,7 @@ impl CustomOp2 for SwiGluOp {
 mod tests {
     use candle_core::{Device, Tensor, Var, D};
 
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
-    }
+    use crate::model::tests::max_abs_diff;
 
     fn var(shape: &[usize]) -> Var {
         Var::from_tensor(&Tensor::randn(0f32, 1.0, shape, &Device::Cpu).unwrap()).unwrap()
@@ -313,15 +332,15 @@ mod tests {
     /// under a random upstream gradient.
     fn check(what: &str, inputs: &[&Var], f: impl Fn() -> Tensor, reference: impl Fn() -> Tensor) {
         let (a, b) = (f(), reference());
-        assert!(max_diff(&a, &b) < 1e-5, "{what}: outputs differ");
+        assert!(max_abs_diff(&a, &b) < 1e-5, "{what}: outputs differ");
         let up = Tensor::randn(0f32, 1.0, a.shape(), &Device::Cpu).unwrap();
         let ga = (a * &up).unwrap().sum_all().unwrap().backward().unwrap();
         let gb = (b * &up).unwrap().sum_all().unwrap().backward().unwrap();
         for (i, x) in inputs.iter().enumerate() {
             let (a, b) = (ga.get(x).unwrap(), gb.get(x).unwrap());
             // Relative to the largest gradient: a weight's gradient sums thousands of rows.
-            let scale = max_diff(b, &b.zeros_like().unwrap()).max(1.0);
-            let d = max_diff(a, b) / scale;
+            let scale = max_abs_diff(b, &b.zeros_like().unwrap()).max(1.0);
+            let d = max_abs_diff(a, b) / scale;
             assert!(
                 d < 1e-5,
                 "{what}: gradient of input {i} differs by {d} (relative)"

@@ -15,8 +15,11 @@
 
 use std::sync::Arc;
 
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+
+use super::diff_ops::{slice, view};
+use crate::simd::SendPtr;
 
 /// The op: which sequences the step packs, and the head layout.
 #[derive(Debug, Clone)]
@@ -25,18 +28,13 @@ pub struct FusedCausal {
 }
 
 /// Causal attention of `q` (T, Hq, D) over `k`, `v` (T, Hkv, D) within each sequence of
-/// `seq_lens`; differentiable. f32 tensors on the CPU only (see [`supported`]).
+/// `seq_lens`; differentiable. f32 tensors on the CPU only (see [`super::diff_ops::supported`]).
 pub fn fused_causal(q: &Tensor, k: &Tensor, v: &Tensor, seq_lens: &[usize]) -> Result<Tensor> {
     let op = FusedCausal {
         seq_lens: Arc::new(seq_lens.to_vec()),
     };
     q.contiguous()?
         .apply_op3(&k.contiguous()?, &v.contiguous()?, op)
-}
-
-/// Whether [`fused_causal`] runs on these tensors.
-pub fn supported(q: &Tensor) -> bool {
-    q.device().is_cpu() && q.dtype() == DType::F32
 }
 
 /// Dimensions shared by the forward and backward passes.
@@ -86,16 +84,6 @@ impl Dims {
     }
 }
 
-fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
-    let CpuStorage::F32(data) = s else {
-        candle_core::bail!("fused attention wants f32 inputs")
-    };
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&data[a..b]),
-        None => candle_core::bail!("fused attention wants contiguous inputs"),
-    }
-}
-
 impl CustomOp3 for FusedCausal {
     fn name(&self) -> &'static str {
         "fused-causal-attention"
@@ -133,8 +121,15 @@ impl CustomOp3 for FusedCausal {
         grad_res: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let dims = Dims::of(q.dims(), k.dims(), v.dims(), &self.seq_lens)?;
-        let flat = |t: &Tensor| t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>();
-        let (qv, kv, vv, ov, gv) = (flat(q)?, flat(k)?, flat(v)?, flat(res)?, flat(grad_res)?);
+        let grad_res = grad_res.contiguous()?;
+        let views = [view(q)?, view(k)?, view(v)?, view(res)?, view(&grad_res)?];
+        let (qv, kv, vv, ov, gv) = (
+            views[0].get()?,
+            views[1].get()?,
+            views[2].get()?,
+            views[3].get()?,
+            views[4].get()?,
+        );
         let mut dq = vec![0f32; qv.len()];
         let mut dk = vec![0f32; kv.len()];
         let mut dv = vec![0f32; vv.len()];
@@ -147,11 +142,11 @@ impl CustomOp3 for FusedCausal {
             .into_par_iter()
             .for_each(|(start, len, g)| {
                 let ins = kernels::BwdInputs {
-                    q: &qv,
-                    k: &kv,
-                    v: &vv,
-                    o: &ov,
-                    go: &gv,
+                    q: qv,
+                    k: kv,
+                    v: vv,
+                    o: ov,
+                    go: gv,
                 };
                 // SAFETY: this task writes only its sequence's rows of dQ for the query heads of
                 // KV head `g`, and of dK and dV for head `g`; tasks differ in sequence or `g`.
@@ -165,14 +160,6 @@ impl CustomOp3 for FusedCausal {
         ))
     }
 }
-
-/// A raw pointer that may cross threads (the writers touch disjoint elements).
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: used only for writes to disjoint elements (see the callers).
-unsafe impl Send for SendPtr {}
-// SAFETY: as above.
-unsafe impl Sync for SendPtr {}
 
 mod kernels {
     //! The per-task loops. Compiled twice: with AVX2 and FMA enabled (chosen at run time when
@@ -332,7 +319,7 @@ mod kernels {
                     axpy(&mut o, pj, &v[((start + j) * dims.hkv + g) * d..][..d]);
                 }
                 // SAFETY: `row..row + d` is this task's output row (the caller's promise).
-                let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(row), d) };
+                let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(row), d) };
                 dst.copy_from_slice(&o);
             }
         }
@@ -375,7 +362,7 @@ mod kernels {
                     axpy(&mut dv[j * d..(j + 1) * d], pj, goi);
                 }
                 // SAFETY: `row..row + d` is this task's row of dQ (the caller's promise).
-                let dst = unsafe { std::slice::from_raw_parts_mut(outs.0 .0.add(row), d) };
+                let dst = unsafe { std::slice::from_raw_parts_mut(outs.0.get().add(row), d) };
                 dst.copy_from_slice(&dq);
             }
         }
@@ -383,9 +370,9 @@ mod kernels {
             let kv_row = ((start + j) * dims.hkv + g) * d;
             // SAFETY: rows of KV head `g` in this sequence belong to this task only.
             unsafe {
-                std::slice::from_raw_parts_mut(outs.1 .0.add(kv_row), d)
+                std::slice::from_raw_parts_mut(outs.1.get().add(kv_row), d)
                     .copy_from_slice(&dk[j * d..(j + 1) * d]);
-                std::slice::from_raw_parts_mut(outs.2 .0.add(kv_row), d)
+                std::slice::from_raw_parts_mut(outs.2.get().add(kv_row), d)
                     .copy_from_slice(&dv[j * d..(j + 1) * d]);
             }
         }
@@ -398,6 +385,7 @@ mod tests {
 
     use super::super::attention::{attend_one, causal_mask};
     use super::fused_causal;
+    use crate::model::tests::max_abs_diff;
 
     fn composed(q: &Tensor, k: &Tensor, v: &Tensor, seq_lens: &[usize]) -> Tensor {
         let mut outs = Vec::new();
@@ -416,19 +404,6 @@ mod tests {
             start += len;
         }
         Tensor::cat(&outs, 0).unwrap()
-    }
-
-    fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .max(0)
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
     }
 
     /// Output and all three gradients equal the composed ops', for GQA, MQA and plain heads,
@@ -451,12 +426,15 @@ mod tests {
             let up = Tensor::randn(0f32, 1.0, (t, hq, d), &dev).unwrap();
             let a = fused_causal(&q, &k, &v, &seq_lens).unwrap();
             let b = composed(&q, &k, &v, &seq_lens);
-            assert!(max_diff(&a, &b) < 1e-5, "output differs for {hq}/{hkv}/{d}");
+            assert!(
+                max_abs_diff(&a, &b) < 1e-5,
+                "output differs for {hq}/{hkv}/{d}"
+            );
             let ga = (a * &up).unwrap().sum_all().unwrap().backward().unwrap();
             let gb = (b * &up).unwrap().sum_all().unwrap().backward().unwrap();
             for (name, x) in [("q", &q), ("k", &k), ("v", &v)] {
                 let (ga, gb) = (ga.get(x).unwrap(), gb.get(x).unwrap());
-                let diff = max_diff(ga, gb);
+                let diff = max_abs_diff(ga, gb);
                 assert!(diff < 1e-4, "d{name} differs by {diff} for {hq}/{hkv}/{d}");
             }
         }

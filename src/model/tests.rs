@@ -31,6 +31,20 @@ fn expected(dir: &Path, file: &str) -> Value {
         .unwrap()
 }
 
+/// The largest absolute elementwise difference of two tensors.
+pub(crate) fn max_abs_diff(a: &candle_core::Tensor, b: &candle_core::Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+}
+
 pub(crate) fn ids(v: &Value) -> Vec<u32> {
     v.as_array()
         .unwrap()

@@ -175,18 +175,30 @@ pub fn build_tokenizer<'a>(texts: impl IntoIterator<Item = &'a str>) -> Result<S
     Ok(serde_json::to_string_pretty(&tokenizer_json(&vocab))?)
 }
 
-/// Seeded initial weights: normal(0, `init_std`) for every matrix, ones for the norms.
+/// Seeded initial weights: normal(0, `init_std`) for every matrix, ones for the norms. Each
+/// 64K-element block of a tensor draws from its own stream of (seed, tensor, block), so the
+/// blocks fill in parallel and the result does not depend on the thread count.
 pub fn init_weights(cfg: &ModelConfig, init_std: f64, seed: u64) -> Result<Vec<(String, Tensor)>> {
+    use rayon::prelude::*;
+    const BLOCK: usize = 1 << 16;
     let dev = Device::Cpu;
     let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
     let mut out = Vec::new();
-    let mut rng = SplitMix(seed);
     let mut put = |name: String, shape: &[usize], norm: bool| -> Result<()> {
-        let n: usize = shape.iter().product();
         let t = if norm {
             Tensor::ones(shape, DType::F32, &dev)?
         } else {
-            let v: Vec<f32> = (0..n).map(|_| (rng.normal() * init_std) as f32).collect();
+            let n: usize = shape.iter().product();
+            let stream = seed ^ (out.len() as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let v: Vec<f32> = (0..n.div_ceil(BLOCK))
+                .into_par_iter()
+                .flat_map_iter(|b| {
+                    let mut rng =
+                        SplitMix(stream ^ (b as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+                    (b * BLOCK..n.min((b + 1) * BLOCK))
+                        .map(move |_| (rng.normal() * init_std) as f32)
+                })
+                .collect();
             Tensor::from_vec(v, shape, &dev)?
         };
         out.push((name, t));
