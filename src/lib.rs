@@ -10,6 +10,8 @@ pub mod arith;
 pub mod bytes;
 pub mod cmd;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod data;
 pub mod fault;
 pub mod model;

@@ -37,6 +37,37 @@ pub struct SampleBenchArgs {
     /// Sampling temperature (0 = greedy, as `benches/hf_generate.py` does by default).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
+    /// `cpu`, or `cuda` / `cuda:N` (a binary built with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Weights' dtype: `auto` (f32 on the CPU, bf16 on a GPU), `f32` or `bf16`.
+    #[arg(long, default_value = "auto")]
+    pub dtype: String,
+    /// Keys and values in fp8 e4m3 (CUDA with bf16 weights).
+    #[arg(long)]
+    pub kv_fp8: bool,
+}
+
+/// `cpu`, `cuda` or `cuda:N`.
+pub fn parse_device(s: &str) -> Result<Device> {
+    match s {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => Ok(Device::new_cuda(0)?),
+        _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => Ok(Device::new_cuda(n)?),
+            _ => bail!("--device {s}: use cpu, cuda or cuda:N"),
+        },
+    }
+}
+
+/// `auto` (f32 on the CPU, bf16 elsewhere), `f32` or `bf16`.
+pub fn parse_dtype(s: &str, dev: &Device) -> Result<DType> {
+    match s {
+        "auto" if dev.is_cpu() => Ok(DType::F32),
+        "auto" | "bf16" => Ok(DType::BF16),
+        "f32" => Ok(DType::F32),
+        other => bail!("--dtype {other}: use auto, f32 or bf16"),
+    }
 }
 
 /// The benchmark shapes (Qwen3 layout, tied embeddings).
@@ -47,13 +78,14 @@ pub fn shape(name: &str) -> Result<ModelConfig> {
         "20m" => (256, 768, 8, 8, 4, 32, 32000),
         "50m" => (512, 1536, 10, 8, 4, 64, 32000),
         "qwen3-0.6b" => (1024, 3072, 28, 16, 8, 128, 151936),
-        other => bail!("--shape {other}: use tiny, arith, 20m, 50m or qwen3-0.6b"),
+        "qwen3-4b" => (2560, 9728, 36, 32, 8, 128, 151936),
+        other => bail!("--shape {other}: use tiny, arith, 20m, 50m, qwen3-0.6b or qwen3-4b"),
     };
     let json = format!(
         r#"{{"model_type": "qwen3", "hidden_size": {h}, "intermediate_size": {i},
         "num_hidden_layers": {l}, "num_attention_heads": {q}, "num_key_value_heads": {kv},
         "head_dim": {d}, "vocab_size": {v}, "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 4096, "tie_word_embeddings": true, "rope_theta": 1000000.0}}"#
+        "max_position_embeddings": 40960, "tie_word_embeddings": true, "rope_theta": 1000000.0}}"#
     );
     ModelConfig::parse(&json)
 }
@@ -61,6 +93,25 @@ pub fn shape(name: &str) -> Result<ModelConfig> {
 /// A model with [`random_weights`].
 pub fn random_model(cfg: &ModelConfig) -> Result<Transformer> {
     let vb = VarBuilder::from_tensors(random_weights(cfg)?, DType::F32, &Device::Cpu);
+    Ok(Transformer::new(cfg, vb)?)
+}
+
+/// A model with N(0, 0.02) weights drawn on `dev` itself (no host copy of a 4B model), in
+/// `dtype`. On the CPU in f32 it is [`random_model`].
+pub fn random_model_on(cfg: &ModelConfig, dev: &Device, dtype: DType) -> Result<Transformer> {
+    if dev.is_cpu() && dtype == DType::F32 {
+        return random_model(cfg);
+    }
+    let mut w = HashMap::new();
+    for (name, shape, norm) in crate::pretrain::weight_shapes(cfg) {
+        let t = if norm {
+            Tensor::ones(shape.as_slice(), dtype, dev)?
+        } else {
+            Tensor::randn(0f32, 0.02, shape.as_slice(), dev)?.to_dtype(dtype)?
+        };
+        w.insert(name, t);
+    }
+    let vb = VarBuilder::from_tensors(w, dtype, dev);
     Ok(Transformer::new(cfg, vb)?)
 }
 
@@ -79,6 +130,8 @@ fn timed_run(
     prompt_len: usize,
     new: usize,
     temperature: f32,
+    kv_fp8: bool,
+    sync_timing: bool,
 ) -> Result<(f64, f64, String)> {
     let cfg = model.config();
     let block_size = 16;
@@ -97,9 +150,11 @@ fn timed_run(
             ..SamplingParams::default()
         },
         eos_token_ids: Vec::new(),
+        kv_fp8,
         thinking: None,
     };
     let mut e = Engine::new(model, ecfg)?;
+    e.sync_timing = sync_timing;
     for b in 0..batch {
         let prompt: Vec<u32> = (0..prompt_len)
             .map(|t| ((b * 7919 + t * 104_729) % cfg.vocab_size) as u32)
@@ -144,6 +199,20 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
         .map(|b| b.trim().parse::<usize>())
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| anyhow::anyhow!("--batch {}: {e}", a.batch))?;
+    let dev = parse_device(&a.device)?;
+    let dtype = parse_dtype(&a.dtype, &dev)?;
+    if !dev.is_cpu() {
+        #[cfg(feature = "cuda")]
+        return run_gpu(a, &cfg, &batches, &dev, dtype);
+        #[cfg(not(feature = "cuda"))]
+        bail!(
+            "--device {}: this binary was built without the cuda feature",
+            a.device
+        );
+    }
+    if dtype != DType::F32 || a.kv_fp8 {
+        bail!("the CPU sampler runs f32 weights and an f32 KV cache");
+    }
     let mut model = random_model(&cfg)?;
     model.set_fused_inference(true)?;
     println!(
@@ -171,7 +240,15 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
     for &b in &batches {
         let (mut prefill, mut decode, mut split) = (0.0, 0.0, String::new());
         for _ in 0..a.repeat.max(1) {
-            let (p, d, s) = timed_run(&model, b, a.prompt_len, a.new_tokens + 1, a.temperature)?;
+            let (p, d, s) = timed_run(
+                &model,
+                b,
+                a.prompt_len,
+                a.new_tokens + 1,
+                a.temperature,
+                false,
+                false,
+            )?;
             prefill = f64::max(prefill, p);
             if d > decode {
                 (decode, split) = (d, s);
@@ -195,6 +272,106 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(feature = "cuda")]
+/// The GPU benchmark: the two ceilings of the device, then for each batch size the decode rate
+/// against the bandwidth roofline (weights plus every sequence's keys and values read once per
+/// step), and the step's time split from a second, synchronised run.
+fn run_gpu(
+    a: &SampleBenchArgs,
+    cfg: &ModelConfig,
+    batches: &[usize],
+    dev: &Device,
+    dtype: DType,
+) -> Result<()> {
+    let (bw, mm) = gpu_ceilings(dev)?;
+    println!(
+        "device ceilings: copy {:.0} GB/s (bytes read + written, 2 GiB tensor copy), bf16 matmul \
+         {:.0} TFLOP/s (8192^3)",
+        bw / 1e9,
+        mm / 1e12
+    );
+    let mut model = random_model_on(cfg, dev, dtype)?;
+    model.set_fused_inference(true)?;
+    let weight_bytes = (cfg.num_params() * dtype.size_in_bytes()) as f64;
+    let kv_tok = crate::cuda::GpuKvCache::bytes_per_token(cfg, dtype, a.kv_fp8) as f64;
+    println!(
+        "shape {} ({:.2}B parameters, {dtype:?}, KV {} {} bytes/token), prompt {} tokens, {} new \
+         tokens, ignore_eos, temperature {}",
+        a.shape,
+        cfg.num_params() as f64 / 1e9,
+        if a.kv_fp8 { "fp8" } else { "as weights," },
+        kv_tok,
+        a.prompt_len,
+        a.new_tokens,
+        a.temperature
+    );
+    println!(
+        "{:>6} {:>14} {:>14} {:>16} {:>12}",
+        "batch", "prefill tok/s", "decode tok/s", "roofline tok/s", "of roofline"
+    );
+    for &b in batches {
+        let (prefill, decode, _) = timed_run(
+            &model,
+            b,
+            a.prompt_len,
+            a.new_tokens + 1,
+            a.temperature,
+            a.kv_fp8,
+            false,
+        )?;
+        // Decode step s (0-based) computes token prompt+1+s of every sequence and reads that
+        // many keys and values per sequence, plus every weight once.
+        let (p, n) = (a.prompt_len as f64, a.new_tokens as f64);
+        let ctx_sum = b as f64 * (n * (p + 1.0) + n * (n - 1.0) / 2.0);
+        let bytes = n * weight_bytes + kv_tok * ctx_sum;
+        let roofline = b as f64 * n / (bytes / bw);
+        println!(
+            "{b:>6} {prefill:>14.0} {decode:>14.0} {roofline:>16.0} {:>11.1}%",
+            100.0 * decode / roofline
+        );
+        let short = a.new_tokens.min(256);
+        let (_, _, split) = timed_run(
+            &model,
+            b,
+            a.prompt_len,
+            short + 1,
+            a.temperature,
+            a.kv_fp8,
+            true,
+        )?;
+        println!("       time (synchronised run of {short} new tokens): {split}");
+    }
+    Ok(())
+}
+
+#[cfg(feature = "cuda")]
+/// (copy bandwidth in bytes/s counting reads and writes, bf16 matmul FLOP/s) on `dev`, each
+/// the best of several timed runs after a warm-up.
+fn gpu_ceilings(dev: &Device) -> Result<(f64, f64)> {
+    let n = 1usize << 30;
+    let x = Tensor::randn(0f32, 1.0, n, dev)?.to_dtype(DType::BF16)?;
+    let time = |f: &dyn Fn() -> Result<Tensor>| -> Result<f64> {
+        std::hint::black_box(f()?);
+        dev.synchronize()?;
+        let mut best = f64::INFINITY;
+        for _ in 0..10 {
+            let t = Instant::now();
+            let y = f()?;
+            dev.synchronize()?;
+            best = best.min(t.elapsed().as_secs_f64());
+            drop(y);
+        }
+        Ok(best)
+    };
+    let copy_s = time(&|| Ok(x.copy()?))?;
+    drop(x);
+    let m = 8192;
+    let a = Tensor::randn(0f32, 1.0, (m, m), dev)?.to_dtype(DType::BF16)?;
+    let b = Tensor::randn(0f32, 1.0, (m, m), dev)?.to_dtype(DType::BF16)?;
+    let mm_s = time(&|| Ok(a.matmul(&b)?))?;
+    Ok(((4 * n) as f64 / copy_s, 2.0 * (m * m * m) as f64 / mm_s))
 }
 
 const CEILING_N: usize = 1024;

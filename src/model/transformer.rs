@@ -53,7 +53,8 @@ struct Rope {
 }
 
 impl Rope {
-    fn new(cfg: &ModelConfig, device: &Device) -> Result<Self> {
+    /// The tables in `dtype` (the model's), computed in f32 as Hugging Face does.
+    fn new(cfg: &ModelConfig, device: &Device, dtype: DType) -> Result<Self> {
         let d = cfg.head_dim;
         let inv_freq: Vec<f32> = (0..d / 2)
             .map(|i| {
@@ -68,8 +69,8 @@ impl Rope {
             .reshape((n, 1))?;
         let freqs = t.matmul(&inv)?; // (n, D/2)
         Ok(Rope {
-            cos: freqs.cos()?,
-            sin: freqs.sin()?,
+            cos: freqs.cos()?.to_dtype(dtype)?,
+            sin: freqs.sin()?.to_dtype(dtype)?,
         })
     }
 
@@ -348,13 +349,23 @@ impl Transformer {
             layers,
             norm: RmsNorm::new(cfg.hidden_size, cfg.rms_norm_eps, m.pp("norm"))?,
             lm_head,
-            rope: Rope::new(cfg, vb.device())?,
+            rope: Rope::new(cfg, vb.device(), vb.dtype())?,
             fused: false,
         })
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    /// Where the weights live.
+    pub fn device(&self) -> &Device {
+        self.embed.embeddings().device()
+    }
+
+    /// The weights' dtype.
+    pub fn dtype(&self) -> DType {
+        self.embed.embeddings().dtype()
     }
 
     /// Use candle's fused RMS norm and RoPE kernels: faster, but they record no backward pass,

@@ -175,6 +175,43 @@ pub fn build_tokenizer<'a>(texts: impl IntoIterator<Item = &'a str>) -> Result<S
     Ok(serde_json::to_string_pretty(&tokenizer_json(&vocab))?)
 }
 
+/// Every weight of a Qwen3/Llama-shaped model as (checkpoint name, shape, is a norm weight), in
+/// checkpoint order.
+pub fn weight_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, bool)> {
+    let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+    let mut out = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![cfg.vocab_size, h],
+        false,
+    )];
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}");
+        out.push((format!("{p}.input_layernorm.weight"), vec![h], true));
+        out.push((
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![h],
+            true,
+        ));
+        if cfg.family == crate::model::config::Family::Qwen3 {
+            out.push((format!("{p}.self_attn.q_norm.weight"), vec![d], true));
+            out.push((format!("{p}.self_attn.k_norm.weight"), vec![d], true));
+        }
+        let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
+        out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h], false));
+        out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h], false));
+        out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h], false));
+        out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q], false));
+        out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h], false));
+        out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h], false));
+        out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i], false));
+    }
+    out.push(("model.norm.weight".into(), vec![h], true));
+    if !cfg.tie_word_embeddings {
+        out.push(("lm_head.weight".into(), vec![cfg.vocab_size, h], false));
+    }
+    out
+}
+
 /// Seeded initial weights: normal(0, `init_std`) for every matrix, ones for the norms. Each
 /// 64K-element block of a tensor draws from its own stream of (seed, tensor, block), so the
 /// blocks fill in parallel and the result does not depend on the thread count.
@@ -182,11 +219,10 @@ pub fn init_weights(cfg: &ModelConfig, init_std: f64, seed: u64) -> Result<Vec<(
     use rayon::prelude::*;
     const BLOCK: usize = 1 << 16;
     let dev = Device::Cpu;
-    let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
     let mut out = Vec::new();
-    let mut put = |name: String, shape: &[usize], norm: bool| -> Result<()> {
+    for (name, shape, norm) in weight_shapes(cfg) {
         let t = if norm {
-            Tensor::ones(shape, DType::F32, &dev)?
+            Tensor::ones(shape.as_slice(), DType::F32, &dev)?
         } else {
             let n: usize = shape.iter().product();
             let stream = seed ^ (out.len() as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -199,51 +235,9 @@ pub fn init_weights(cfg: &ModelConfig, init_std: f64, seed: u64) -> Result<Vec<(
                         .map(move |_| (rng.normal() * init_std) as f32)
                 })
                 .collect();
-            Tensor::from_vec(v, shape, &dev)?
+            Tensor::from_vec(v, shape.as_slice(), &dev)?
         };
         out.push((name, t));
-        Ok(())
-    };
-    put(
-        "model.embed_tokens.weight".into(),
-        &[cfg.vocab_size, h],
-        false,
-    )?;
-    for l in 0..cfg.num_layers {
-        let p = format!("model.layers.{l}");
-        put(format!("{p}.input_layernorm.weight"), &[h], true)?;
-        put(format!("{p}.post_attention_layernorm.weight"), &[h], true)?;
-        if cfg.family == crate::model::config::Family::Qwen3 {
-            put(format!("{p}.self_attn.q_norm.weight"), &[d], true)?;
-            put(format!("{p}.self_attn.k_norm.weight"), &[d], true)?;
-        }
-        put(
-            format!("{p}.self_attn.q_proj.weight"),
-            &[cfg.num_heads * d, h],
-            false,
-        )?;
-        put(
-            format!("{p}.self_attn.k_proj.weight"),
-            &[cfg.num_kv_heads * d, h],
-            false,
-        )?;
-        put(
-            format!("{p}.self_attn.v_proj.weight"),
-            &[cfg.num_kv_heads * d, h],
-            false,
-        )?;
-        put(
-            format!("{p}.self_attn.o_proj.weight"),
-            &[h, cfg.num_heads * d],
-            false,
-        )?;
-        put(format!("{p}.mlp.gate_proj.weight"), &[i, h], false)?;
-        put(format!("{p}.mlp.up_proj.weight"), &[i, h], false)?;
-        put(format!("{p}.mlp.down_proj.weight"), &[h, i], false)?;
-    }
-    put("model.norm.weight".into(), &[h], true)?;
-    if !cfg.tie_word_embeddings {
-        put("lm_head.weight".into(), &[cfg.vocab_size, h], false)?;
     }
     Ok(out)
 }

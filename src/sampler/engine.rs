@@ -83,6 +83,8 @@ pub struct EngineConfig {
     pub params: SamplingParams,
     pub eos_token_ids: Vec<u32>,
     pub thinking: Option<ThinkingBudget>,
+    /// Keys and values in fp8 e4m3 (CUDA, bf16 models): half the cache bytes of bf16.
+    pub kv_fp8: bool,
 }
 
 /// Counters for the end-of-run summary.
@@ -127,13 +129,64 @@ struct SeqMeta {
     thinking_forced: bool,
 }
 
+/// The logits rows as host f32. A bf16 model's logits cross as bf16 (half the bytes; the same
+/// values) and widen on the host, in parallel.
+fn logits_to_host(logits: &Tensor) -> Result<Vec<f32>> {
+    let flat = logits.flatten_all()?;
+    if flat.dtype() == candle_core::DType::BF16 {
+        let v: Vec<half::bf16> = flat.to_vec1()?;
+        return Ok(v.par_iter().map(|x| x.to_f32()).collect());
+    }
+    Ok(flat.to_dtype(candle_core::DType::F32)?.to_vec1()?)
+}
+
 /// Turns text back from tokens, for stop strings.
 pub type Decoder<'a> = &'a dyn Fn(&[u32]) -> String;
+
+/// The paged KV cache on the model's device.
+enum Cache {
+    Cpu(KvCache),
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::GpuKvCache),
+}
+
+impl Cache {
+    fn new(model: &Transformer, cfg: &EngineConfig) -> Result<Cache> {
+        let (bs, nb) = (cfg.scheduler.block_size, cfg.num_blocks);
+        if model.device().is_cuda() {
+            #[cfg(feature = "cuda")]
+            return Ok(Cache::Cuda(crate::cuda::GpuKvCache::new(
+                model.config(),
+                bs,
+                nb,
+                model.device(),
+                model.dtype(),
+                cfg.kv_fp8,
+            )?));
+        }
+        if !model.device().is_cpu() {
+            bail!("the sampler runs on the CPU or, built with the cuda feature, on CUDA GPUs");
+        }
+        if cfg.kv_fp8 {
+            bail!("an fp8 KV cache needs the CUDA sampler (build with --features cuda)");
+        }
+        Ok(Cache::Cpu(KvCache::new(model.config(), bs, nb)))
+    }
+
+    fn copy_block(&mut self, c: crate::sampler::block_pool::CopyOnWrite) -> Result<()> {
+        match self {
+            Cache::Cpu(k) => k.copy_block(c.src, c.dst),
+            #[cfg(feature = "cuda")]
+            Cache::Cuda(k) => k.copy_block(c.src, c.dst)?,
+        }
+        Ok(())
+    }
+}
 
 pub struct Engine<'m> {
     model: &'m Transformer,
     cfg: EngineConfig,
-    cache: KvCache,
+    cache: Cache,
     sched: Scheduler,
     seqs: Vec<SeqState>,
     meta: Vec<SeqMeta>,
@@ -142,6 +195,9 @@ pub struct Engine<'m> {
     /// One per sampling worker thread.
     scratch: Vec<Scratch>,
     pub stats: EngineStats,
+    /// On a GPU, wait for the device at each part of a step so that [`StepTimes`] holds device
+    /// time (slower: for the benchmark's split only). Without it, GPU parts are launch times.
+    pub sync_timing: bool,
 }
 
 impl<'m> Engine<'m> {
@@ -149,7 +205,7 @@ impl<'m> Engine<'m> {
         if let Err(e) = cfg.params.validate() {
             bail!("sampling parameters: {e}");
         }
-        let cache = KvCache::new(model.config(), cfg.scheduler.block_size, cfg.num_blocks);
+        let cache = Cache::new(model, &cfg)?;
         let sched = Scheduler::new(cfg.scheduler, cfg.num_blocks);
         Ok(Engine {
             model,
@@ -162,6 +218,7 @@ impl<'m> Engine<'m> {
             cancelled: Vec::new(),
             scratch: Vec::new(),
             stats: EngineStats::default(),
+            sync_timing: false,
         })
     }
 
@@ -281,7 +338,7 @@ impl<'m> Engine<'m> {
         }
         self.stats.steps += 1;
         for c in &step.copies {
-            self.cache.copy_block(c.src, c.dst);
+            self.cache.copy_block(*c)?;
         }
         // 1. the batch: scheduled tokens of every sequence, end to end
         let mut tokens = Vec::new();
@@ -294,31 +351,57 @@ impl<'m> Engine<'m> {
             self.stats.prompt_tokens_computed += range.filter(|&p| p < m.prompt_len).count() as u64;
         }
         // 2. forward through the paged cache
-        let dev = Device::Cpu;
+        let model = self.model;
+        let dev = model.device().clone();
+        self.sync_device(&dev)?;
         let t1 = Instant::now();
         self.stats.time.schedule += (t1 - t0).as_secs_f64();
         let attention_s;
         let hidden = {
             let seqs = &self.seqs;
-            let mut attn = PagedAttention::new(
-                &mut self.cache,
-                step.scheduled
-                    .iter()
-                    .map(|&(id, n)| SeqStep {
-                        block_table: &seqs[id.0].block_table,
-                        start_pos: seqs[id.0].num_computed,
-                        num_new: n,
-                    })
-                    .collect(),
-            );
-            let h = self.model.forward_hidden(
-                &Tensor::new(tokens.as_slice(), &dev)?,
-                &Tensor::new(positions.as_slice(), &dev)?,
-                &mut attn,
-            )?;
-            attention_s = attn.seconds;
-            h
+            let seq_steps: Vec<SeqStep> = step
+                .scheduled
+                .iter()
+                .map(|&(id, n)| SeqStep {
+                    block_table: &seqs[id.0].block_table,
+                    start_pos: seqs[id.0].num_computed,
+                    num_new: n,
+                })
+                .collect();
+            let tokens = Tensor::new(tokens.as_slice(), &dev)?;
+            let positions = Tensor::new(positions.as_slice(), &dev)?;
+            match &mut self.cache {
+                Cache::Cpu(cache) => {
+                    let mut attn = PagedAttention::new(cache, seq_steps);
+                    let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
+                    attention_s = attn.seconds;
+                    h
+                }
+                #[cfg(feature = "cuda")]
+                Cache::Cuda(cache) => {
+                    let gpu_seqs: Vec<crate::cuda::paged::GpuSeq> = seq_steps
+                        .iter()
+                        .map(|s| crate::cuda::paged::GpuSeq {
+                            block_table: s.block_table,
+                            start_pos: s.start_pos,
+                            num_new: s.num_new,
+                        })
+                        .collect();
+                    let meta =
+                        crate::cuda::GpuStep::new(cache, &gpu_seqs, model.config().num_heads)?;
+                    let mut attn = crate::cuda::GpuPagedAttention {
+                        cache,
+                        step: &meta,
+                        sync_timing: self.sync_timing,
+                        seconds: 0.0,
+                    };
+                    let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
+                    attention_s = attn.seconds;
+                    h
+                }
+            }
         };
+        self.sync_device(&dev)?;
         let t2 = Instant::now();
         self.stats.time.attention += attention_s;
         self.stats.time.layers += (t2 - t1).as_secs_f64() - attention_s;
@@ -340,7 +423,7 @@ impl<'m> Engine<'m> {
             return Ok(finished);
         }
         let picked = hidden.index_select(&Tensor::new(rows.as_slice(), &dev)?, 0)?;
-        let logits: Vec<f32> = self.model.logits(&picked)?.flatten_all()?.to_vec1()?;
+        let logits = logits_to_host(&model.logits(&picked)?)?;
         let t3 = Instant::now();
         self.stats.time.lm_head += (t3 - t2).as_secs_f64();
         let drawn = self.draw_tokens(&samplers, &logits);
@@ -353,6 +436,14 @@ impl<'m> Engine<'m> {
         }
         self.stats.time.sampling += t3.elapsed().as_secs_f64();
         Ok(finished)
+    }
+
+    /// With `sync_timing`, waits for the device so that the next clock reading is device time.
+    fn sync_device(&self, dev: &Device) -> Result<()> {
+        if self.sync_timing && !dev.is_cpu() {
+            dev.synchronize()?;
+        }
+        Ok(())
     }
 
     /// Draws one token per sampling sequence from its logits row (`logits` holds the rows end to

@@ -398,6 +398,7 @@ pub fn run(
         num_blocks,
         params: cfg.params.clone(),
         eos_token_ids: eos.to_vec(),
+        kv_fp8: false,
         thinking: cfg.thinking.clone(),
     };
     let mut engine = Engine::new(model, ecfg)?;

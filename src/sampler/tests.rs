@@ -380,6 +380,7 @@ mod engine {
             num_blocks,
             params,
             eos_token_ids: vec![482, 480],
+            kv_fp8: false,
             thinking: None,
         };
         let mut e = Engine::new(model, cfg).unwrap();
@@ -470,6 +471,7 @@ mod engine {
                 ..sampling()
             },
             eos_token_ids: vec![482],
+            kv_fp8: false,
             thinking: None,
         };
         let mut e = Engine::new(&model, cfg).unwrap();
@@ -510,6 +512,7 @@ mod engine {
                 ..sampling()
             },
             eos_token_ids: vec![482],
+            kv_fp8: false,
             thinking: Some(super::super::engine::ThinkingBudget {
                 max_thinking_tokens: 5,
                 think_end_id: 484,
@@ -568,6 +571,7 @@ mod engine {
                 ..greedy
             },
             eos_token_ids: vec![482, 480],
+            kv_fp8: false,
             thinking: None,
         };
         let mut e = Engine::new(&model, cfg).unwrap();

@@ -1,0 +1,48 @@
+//! Our CUDA kernels as embedded PTX, and the few helpers that launch them on candle's stream:
+//! loading a function by name and taking a tensor's device address. Knows nothing of what the
+//! kernels compute (see `kernels/*.cu`).
+
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, DevicePtr};
+use candle_core::{bail, CudaDevice, DType, Result, Storage, Tensor};
+
+/// `kernels/paged_attention.cu`, compiled for compute_90 (JIT-compiled by the driver for the GPU
+/// it runs on).
+pub const PAGED_ATTENTION_PTX: &str =
+    include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
+
+/// Loads `name` from the paged-attention module (the module is loaded once per device).
+pub fn paged_fn(dev: &CudaDevice, name: &str) -> Result<CudaFunction> {
+    Ok(dev
+        .get_or_load_custom_func(name, "selfdistill_paged_attention", PAGED_ATTENTION_PTX)?
+        .into_cuda_function())
+}
+
+/// Device address of the first element of `t`, which must be contiguous and on a CUDA device.
+/// Valid while `t` lives; the kernels run on candle's stream, so stream order is the only
+/// synchronisation they need.
+pub fn tensor_ptr(t: &Tensor) -> Result<u64> {
+    if !t.is_contiguous() {
+        bail!("tensor_ptr: the tensor is not contiguous");
+    }
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(c) = &*storage else {
+        bail!("tensor_ptr: not a CUDA tensor")
+    };
+    let stream = c.device.cuda_stream();
+    let off = (layout.start_offset() * t.dtype().size_in_bytes()) as u64;
+    let base = match t.dtype() {
+        DType::F32 => c.as_cuda_slice::<f32>()?.device_ptr(&stream).0,
+        DType::BF16 => c.as_cuda_slice::<half::bf16>()?.device_ptr(&stream).0,
+        DType::F16 => c.as_cuda_slice::<half::f16>()?.device_ptr(&stream).0,
+        DType::I64 => c.as_cuda_slice::<i64>()?.device_ptr(&stream).0,
+        DType::U32 => c.as_cuda_slice::<u32>()?.device_ptr(&stream).0,
+        DType::U8 => c.as_cuda_slice::<u8>()?.device_ptr(&stream).0,
+        other => bail!("tensor_ptr: dtype {other:?} is not used by our kernels"),
+    };
+    Ok(base + off)
+}
+
+/// Device address of a raw buffer.
+pub fn slice_ptr<T>(dev: &CudaDevice, s: &CudaSlice<T>) -> u64 {
+    s.device_ptr(&dev.cuda_stream()).0
+}

@@ -1,0 +1,438 @@
+//! The paged KV cache in GPU memory and the attention backend that reads it through
+//! `kernels/paged_attention.cu`. Same layout and semantics as the CPU reference
+//! (`sampler::kv_cache`): per layer, K and V are `[num_blocks][Hkv][block_size][D]`, a step's
+//! tokens are written to the slots their block tables give, then every token attends over
+//! positions `0..=pos` of its own sequence.
+//!
+//! The cache holds the model's dtype (f32 or bf16) or, as an option, fp8 e4m3 (stored as is,
+//! no scale: half the bytes of bf16, and KV reads dominate long decodes). A [`GpuStep`] uploads a
+//! step's metadata once (slot of each new token, each token's sequence and context length, the
+//! block tables padded to the longest) and is shared by every layer. Knows nothing of
+//! scheduling; the caller reserves slots and copies shared blocks before they are written.
+
+use std::time::Instant;
+
+use candle_core::cuda_backend::cudarc::driver::{
+    result, sys, CudaSlice, LaunchConfig, PushKernelArg,
+};
+use candle_core::op::BackpropOp;
+use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Result, Storage, Tensor};
+
+use super::kernels::{paged_fn, slice_ptr, tensor_ptr};
+use crate::model::attention::AttentionBackend;
+use crate::model::ModelConfig;
+use crate::sampler::block_pool::{BlockId, BlockTable};
+
+/// Threads per attention block (4 warps).
+const THREADS: u32 = 128;
+/// Keys a warp reads per iteration (`KB` in the kernel).
+const KEYS_PER_WARP_STEP: usize = 4;
+/// Shortest key partition worth a block of its own when a context is split.
+const MIN_PARTITION: usize = 256;
+
+#[derive(Debug)]
+pub struct GpuKvCache {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    model_dtype: DType,
+    fp8: bool,
+    k: Vec<CudaSlice<u8>>,
+    v: Vec<CudaSlice<u8>>,
+    dev: CudaDevice,
+    sm_count: usize,
+}
+
+impl GpuKvCache {
+    /// Bytes of one cache element.
+    pub fn elem_bytes(model_dtype: DType, fp8: bool) -> usize {
+        if fp8 {
+            1
+        } else {
+            model_dtype.size_in_bytes()
+        }
+    }
+
+    /// Bytes one token's keys and values take over all layers.
+    pub fn bytes_per_token(cfg: &ModelConfig, model_dtype: DType, fp8: bool) -> usize {
+        2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * Self::elem_bytes(model_dtype, fp8)
+    }
+
+    pub fn new(
+        cfg: &ModelConfig,
+        block_size: usize,
+        num_blocks: usize,
+        device: &Device,
+        model_dtype: DType,
+        fp8: bool,
+    ) -> Result<Self> {
+        let dev = device.as_cuda_device()?.clone();
+        match (model_dtype, fp8) {
+            (DType::F32, false) | (DType::BF16, _) => {}
+            (d, true) => bail!("an fp8 KV cache needs a bf16 model, not {d:?}"),
+            (d, false) => bail!("the CUDA sampler runs f32 or bf16 models, not {d:?}"),
+        }
+        let g = cfg.num_heads / cfg.num_kv_heads.max(1);
+        if ![1, 2, 4, 8].contains(&g) || cfg.head_dim > 256 || cfg.head_dim == 0 {
+            bail!(
+                "the CUDA paged attention handles 1, 2, 4 or 8 query heads per KV head and head_dim \
+                 up to 256; this model has {} / {} heads of {}",
+                cfg.num_heads,
+                cfg.num_kv_heads,
+                cfg.head_dim
+            );
+        }
+        let bytes = num_blocks
+            * block_size
+            * cfg.num_kv_heads
+            * cfg.head_dim
+            * Self::elem_bytes(model_dtype, fp8);
+        let mut k = Vec::with_capacity(cfg.num_layers);
+        let mut v = Vec::with_capacity(cfg.num_layers);
+        for _ in 0..cfg.num_layers {
+            k.push(dev.alloc_zeros::<u8>(bytes.max(1))?);
+            v.push(dev.alloc_zeros::<u8>(bytes.max(1))?);
+        }
+        let sm_count = dev
+            .cuda_stream()
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| candle_core::Error::Msg(format!("device attribute: {e:?}")))?
+            as usize;
+        Ok(GpuKvCache {
+            block_size,
+            num_blocks,
+            num_kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            model_dtype,
+            fp8,
+            k,
+            v,
+            dev,
+            sm_count,
+        })
+    }
+
+    fn block_bytes(&self) -> usize {
+        self.block_size
+            * self.num_kv_heads
+            * self.head_dim
+            * Self::elem_bytes(self.model_dtype, self.fp8)
+    }
+
+    /// Copies every layer's keys and values of block `src` into `dst` (copy on write).
+    pub fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
+        let n = self.block_bytes();
+        let stream = self.dev.cuda_stream();
+        for layer in self.k.iter().chain(self.v.iter()) {
+            let base = slice_ptr(&self.dev, layer);
+            // SAFETY: both ranges lie inside this layer's allocation (block ids < num_blocks,
+            // checked below), and the copy is ordered on candle's stream with every kernel.
+            if (src.0 as usize).max(dst.0 as usize) >= self.num_blocks {
+                bail!("copy_block: block id out of range");
+            }
+            unsafe {
+                result::memcpy_dtod_async(
+                    base + (dst.0 as usize * n) as u64,
+                    base + (src.0 as usize * n) as u64,
+                    n,
+                    stream.cu_stream(),
+                )
+                .map_err(|e| candle_core::Error::Msg(format!("copy_block: {e:?}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn kernel_suffix(&self) -> &'static str {
+        match (self.model_dtype, self.fp8) {
+            (DType::F32, _) => "f32",
+            (_, false) => "bf16",
+            (_, true) => "bf16_fp8",
+        }
+    }
+}
+
+/// One sequence's share of a step, as the GPU step needs it.
+#[derive(Debug, Clone, Copy)]
+pub struct GpuSeq<'a> {
+    pub block_table: &'a BlockTable,
+    pub start_pos: usize,
+    pub num_new: usize,
+}
+
+/// A step's metadata on the device, shared by every layer.
+pub struct GpuStep {
+    tokens: usize,
+    slots: Tensor,
+    tok_seq: Tensor,
+    tok_len: Tensor,
+    tables: Tensor,
+    max_blocks: usize,
+    part_size: usize,
+    num_parts: usize,
+    /// Split-K partials: (T, Hq, P, D) outputs and (T, Hq, P, 2) max and sum.
+    part_out: Option<CudaSlice<f32>>,
+    part_ml: Option<CudaSlice<f32>>,
+}
+
+impl GpuStep {
+    pub fn new(cache: &GpuKvCache, seqs: &[GpuSeq], num_heads: usize) -> Result<Self> {
+        let bs = cache.block_size;
+        let tokens: usize = seqs.iter().map(|s| s.num_new).sum();
+        let max_blocks = seqs
+            .iter()
+            .map(|s| s.block_table.blocks.len())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let mut slots = Vec::with_capacity(tokens);
+        let mut tok_seq = Vec::with_capacity(tokens);
+        let mut tok_len = Vec::with_capacity(tokens);
+        let mut tables = vec![0u32; seqs.len() * max_blocks];
+        let mut max_len = 1;
+        for (i, s) in seqs.iter().enumerate() {
+            for (j, b) in s.block_table.blocks.iter().enumerate() {
+                if b.0 as usize >= cache.num_blocks {
+                    bail!(
+                        "block {} is outside the cache ({} blocks)",
+                        b.0,
+                        cache.num_blocks
+                    );
+                }
+                tables[i * max_blocks + j] = b.0;
+            }
+            for p in s.start_pos..s.start_pos + s.num_new {
+                let slot = s
+                    .block_table
+                    .slot(p, bs)
+                    .ok_or_else(|| candle_core::Error::Msg("slot not reserved".into()))?;
+                slots.push(slot as i64);
+                tok_seq.push(i as u32);
+                tok_len.push(p as u32 + 1);
+                max_len = max_len.max(p + 1);
+            }
+        }
+        // Split long contexts when the (token, KV head) blocks alone would not fill the GPU
+        // twice over: each partition is one more block, merged by the reduce kernel.
+        let blocks = (tokens * cache.num_kv_heads).max(1);
+        let want = (2 * cache.sm_count).div_ceil(blocks);
+        let num_parts = want.clamp(1, max_len.div_ceil(MIN_PARTITION).max(1));
+        let part_size = max_len
+            .div_ceil(num_parts)
+            .next_multiple_of(KEYS_PER_WARP_STEP);
+        let num_parts = max_len.div_ceil(part_size);
+        let dev = Device::Cuda(cache.dev.clone());
+        let (part_out, part_ml) = if num_parts > 1 {
+            let rows = tokens * num_heads * num_parts;
+            // SAFETY: the kernel writes every (max, sum) pair, and every output row whose max is
+            // finite, before the reduce reads them; rows with max = -inf are never read.
+            unsafe {
+                (
+                    Some(cache.dev.alloc::<f32>(rows * cache.head_dim)?),
+                    Some(cache.dev.alloc::<f32>(rows * 2)?),
+                )
+            }
+        } else {
+            (None, None)
+        };
+        Ok(GpuStep {
+            tokens,
+            slots: Tensor::new(slots.as_slice(), &dev)?,
+            tok_seq: Tensor::new(tok_seq.as_slice(), &dev)?,
+            tok_len: Tensor::new(tok_len.as_slice(), &dev)?,
+            tables: Tensor::new(tables.as_slice(), &dev)?,
+            max_blocks,
+            part_size,
+            num_parts,
+            part_out,
+            part_ml,
+        })
+    }
+
+    /// Key partitions per token in this step (1 = no split).
+    pub fn num_parts(&self) -> usize {
+        self.num_parts
+    }
+}
+
+/// Attention over the GPU paged cache for one step.
+pub struct GpuPagedAttention<'a> {
+    pub cache: &'a mut GpuKvCache,
+    pub step: &'a GpuStep,
+    /// Synchronise around each call so that `seconds` is device time (profiling only).
+    pub sync_timing: bool,
+    pub seconds: f64,
+}
+
+impl AttentionBackend for GpuPagedAttention<'_> {
+    fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        if self.sync_timing {
+            sync(&self.cache.dev)?;
+        }
+        let t0 = Instant::now();
+        let out = self.attend_inner(layer, q, k, v);
+        if self.sync_timing {
+            sync(&self.cache.dev)?;
+        }
+        self.seconds += t0.elapsed().as_secs_f64();
+        out
+    }
+}
+
+impl GpuPagedAttention<'_> {
+    fn attend_inner(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        let cache = &*self.cache;
+        let step = self.step;
+        let (t, hq, d) = q.dims3()?;
+        let hkv = cache.num_kv_heads;
+        if t != step.tokens || d != cache.head_dim || k.dims3()? != (t, hkv, d) {
+            bail!(
+                "paged attention: q {:?} / k {:?} do not match the step ({} tokens, {hkv} KV heads \
+                 of {})",
+                q.dims(),
+                k.dims(),
+                step.tokens,
+                cache.head_dim
+            );
+        }
+        if q.dtype() != cache.model_dtype {
+            bail!(
+                "paged attention: q is {:?}, the cache {:?}",
+                q.dtype(),
+                cache.model_dtype
+            );
+        }
+        let (Some(kc), Some(vc)) = (cache.k.get(layer), cache.v.get(layer)) else {
+            bail!("no layer {layer} in the cache");
+        };
+        let dev = &cache.dev;
+        let stream = dev.cuda_stream();
+        let suffix = cache.kernel_suffix();
+        let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+        let (qp, kp, vp) = (tensor_ptr(&q)?, tensor_ptr(&k)?, tensor_ptr(&v)?);
+        let (kcp, vcp) = (slice_ptr(dev, kc), slice_ptr(dev, vc));
+        let (hkv_i, d_i, bs_i) = (hkv as i32, d as i32, cache.block_size as i32);
+        // 1. write the new keys and values
+        let f = paged_fn(dev, &format!("write_kv_{suffix}"))?;
+        let slots = tensor_ptr(&step.slots)?;
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&f);
+        b.arg(&kp)
+            .arg(&vp)
+            .arg(&kcp)
+            .arg(&vcp)
+            .arg(&slots)
+            .arg(&hkv_i)
+            .arg(&d_i)
+            .arg(&bs_i);
+        // SAFETY (every launch here): the arguments match the kernel's parameters in
+        // kernels/paged_attention.cu (pointers as u64, int as i32, float as f32), and the buffers
+        // behind them live until the step ends; candle's stream orders any free after the launch.
+        checked(unsafe { b.launch(cfg) })?;
+        // 2. attention, split over key partitions when the step is small
+        let n = t * hq * d;
+        // SAFETY: the attention (or its reduce) writes every element of the output.
+        let (storage, outp) = match q.dtype() {
+            DType::F32 => {
+                let s = unsafe { dev.alloc::<f32>(n)? };
+                let p = slice_ptr(dev, &s);
+                (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
+            }
+            _ => {
+                let s = unsafe { dev.alloc::<half::bf16>(n)? };
+                let p = slice_ptr(dev, &s);
+                (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
+            }
+        };
+        let e = d.div_ceil(32).next_power_of_two();
+        let g = hq / hkv;
+        let f = paged_fn(dev, &format!("paged_attn_{suffix}_e{e}_g{g}"))?;
+        let (pop, pmp) = match (&step.part_out, &step.part_ml) {
+            (Some(a), Some(b)) => (slice_ptr(dev, a), slice_ptr(dev, b)),
+            _ => (0u64, 0u64),
+        };
+        let (tables, tok_seq, tok_len) = (
+            tensor_ptr(&step.tables)?,
+            tensor_ptr(&step.tok_seq)?,
+            tensor_ptr(&step.tok_len)?,
+        );
+        let (hq_i, mb_i, ps_i, np_i) = (
+            hq as i32,
+            step.max_blocks as i32,
+            step.part_size as i32,
+            step.num_parts as i32,
+        );
+        let scale = 1f32 / (d as f32).sqrt();
+        let nw = (THREADS / 32) as usize;
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, hkv as u32, step.num_parts as u32),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: (4 * nw * g * (d + 2)) as u32,
+        };
+        let mut b = stream.launch_builder(&f);
+        b.arg(&outp)
+            .arg(&pop)
+            .arg(&pmp)
+            .arg(&qp)
+            .arg(&kcp)
+            .arg(&vcp)
+            .arg(&tables)
+            .arg(&tok_seq)
+            .arg(&tok_len)
+            .arg(&hq_i)
+            .arg(&hkv_i)
+            .arg(&d_i)
+            .arg(&bs_i)
+            .arg(&mb_i)
+            .arg(&ps_i)
+            .arg(&np_i)
+            .arg(&scale);
+        checked(unsafe { b.launch(cfg) })?;
+        if step.num_parts > 1 {
+            let rname = if suffix == "f32" {
+                "paged_attn_reduce_f32"
+            } else {
+                "paged_attn_reduce_bf16"
+            };
+            let f = paged_fn(dev, rname)?;
+            let cfg = LaunchConfig {
+                grid_dim: (t as u32, hq as u32, 1),
+                block_dim: (d.next_multiple_of(32).min(256) as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = stream.launch_builder(&f);
+            b.arg(&outp)
+                .arg(&pop)
+                .arg(&pmp)
+                .arg(&hq_i)
+                .arg(&d_i)
+                .arg(&np_i);
+            checked(unsafe { b.launch(cfg) })?;
+        }
+        Ok(Tensor::from_storage(
+            Storage::Cuda(storage),
+            (t, hq, d),
+            BackpropOp::none(),
+            false,
+        ))
+    }
+}
+
+/// A launch's result as candle's error type.
+fn checked<T>(r: std::result::Result<T, result::DriverError>) -> Result<()> {
+    r.map(|_| ())
+        .map_err(|e| candle_core::Error::Msg(format!("kernel launch: {e:?}")))
+}
+
+/// Waits for everything queued on candle's stream.
+fn sync(dev: &CudaDevice) -> Result<()> {
+    dev.cuda_stream()
+        .synchronize()
+        .map_err(|e| candle_core::Error::Msg(format!("synchronize: {e:?}")))
+}

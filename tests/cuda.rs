@@ -1,0 +1,330 @@
+//! GPU tests (`--features cuda`, on a machine with an NVIDIA GPU): the paged-attention kernels
+//! against the CPU reference (`sampler::kv_cache`), and greedy decoding of the tiny fixture on the
+//! GPU against the CPU sampler. CI compiles them (`cargo check --features cuda --all-targets`)
+//! but has no GPU to run them on; without a GPU every test fails rather than passing vacuously.
+//! Run them on a GPU machine as the README's GPU section says; the fixture folder is found at
+//! `$SELFDISTILL_SHARED/fixtures/tiny-qwen3` or `../shared/fixtures/tiny-qwen3`.
+#![cfg(feature = "cuda")]
+
+use std::path::PathBuf;
+
+use candle_core::{DType, Device, Tensor};
+use selfdistill::cuda::paged::GpuSeq;
+use selfdistill::cuda::{GpuKvCache, GpuPagedAttention, GpuStep};
+use selfdistill::model::attention::AttentionBackend;
+use selfdistill::model::ModelConfig;
+use selfdistill::sampler::block_pool::{BlockPool, BlockTable};
+use selfdistill::sampler::engine::{Engine, EngineConfig, Request, Sample};
+use selfdistill::sampler::kv_cache::{KvCache, PagedAttention, SeqStep};
+use selfdistill::sampler::sampling::SamplingParams;
+use selfdistill::sampler::scheduler::SchedulerConfig;
+
+fn gpu() -> Device {
+    Device::new_cuda(0).expect("these tests need a CUDA GPU")
+}
+
+fn config(hq: usize, hkv: usize, d: usize) -> ModelConfig {
+    ModelConfig::parse(&format!(
+        r#"{{"model_type": "qwen3", "hidden_size": {h}, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": {hq}, "num_key_value_heads": {hkv},
+        "head_dim": {d}, "vocab_size": 32, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 8192, "tie_word_embeddings": true, "rope_theta": 10000.0}}"#,
+        h = hq * d
+    ))
+    .unwrap()
+}
+
+/// ‖a − b‖ / ‖b‖ over f32 copies.
+fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
+    let a: Vec<f32> = a
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    let b: Vec<f32> = b
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().all(|x| x.is_finite()), "non-finite output");
+    let num: f64 = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| ((x - y) as f64).powi(2))
+        .sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    (num / den.max(1e-30)).sqrt()
+}
+
+/// Runs a prefill step (every sequence's whole history, in chunks as the scheduler would give
+/// them) and then two decode steps through both caches, with the same random inputs, and
+/// returns the worst relative error of the GPU outputs.
+fn compare(hq: usize, hkv: usize, d: usize, dtype: DType, fp8: bool, lens: &[usize]) -> f64 {
+    let cfg = config(hq, hkv, d);
+    let dev = gpu();
+    let bs = 16;
+    let num_blocks = lens.iter().map(|l| (l + 3).div_ceil(bs)).sum::<usize>() + 4;
+    let mut cpu = KvCache::new(&cfg, bs, num_blocks);
+    let mut gcache = GpuKvCache::new(&cfg, bs, num_blocks, &dev, dtype, fp8).unwrap();
+    let mut pool = BlockPool::new(num_blocks);
+    let mut tables: Vec<BlockTable> = lens.iter().map(|_| BlockTable::default()).collect();
+    let mut done = vec![0usize; lens.len()];
+    let mut worst: f64 = 0.0;
+    // steps: the prompts in two chunks, then two single-token steps
+    let plan: Vec<Vec<usize>> = vec![
+        lens.iter().map(|l| l.div_ceil(2)).collect(),
+        lens.iter().map(|l| l - l.div_ceil(2)).collect(),
+        vec![1; lens.len()],
+        vec![1; lens.len()],
+    ];
+    for (si, news) in plan.iter().enumerate() {
+        for (i, &n) in news.iter().enumerate() {
+            if n > 0 {
+                tables[i]
+                    .reserve(&mut pool, done[i], n, bs)
+                    .expect("blocks");
+            }
+        }
+        let t: usize = news.iter().sum();
+        let rnd = |h: usize| {
+            Tensor::randn(0f32, 1.0, (t, h, d), &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap()
+        };
+        let (q, k, v) = (rnd(hq), rnd(hkv), rnd(hkv));
+        let (qf, kf, vf) = (
+            q.to_dtype(DType::F32).unwrap(),
+            k.to_dtype(DType::F32).unwrap(),
+            v.to_dtype(DType::F32).unwrap(),
+        );
+        let steps: Vec<SeqStep> = news
+            .iter()
+            .enumerate()
+            .filter(|(_, &n)| n > 0)
+            .map(|(i, &n)| SeqStep {
+                block_table: &tables[i],
+                start_pos: done[i],
+                num_new: n,
+            })
+            .collect();
+        let gseqs: Vec<GpuSeq> = steps
+            .iter()
+            .map(|s| GpuSeq {
+                block_table: s.block_table,
+                start_pos: s.start_pos,
+                num_new: s.num_new,
+            })
+            .collect();
+        let gstep = GpuStep::new(&gcache, &gseqs, hq).unwrap();
+        for layer in 0..2 {
+            let want = PagedAttention::new(&mut cpu, steps.clone())
+                .attend(layer, &qf, &kf, &vf)
+                .unwrap();
+            let mut g = GpuPagedAttention {
+                cache: &mut gcache,
+                step: &gstep,
+                sync_timing: false,
+                seconds: 0.0,
+            };
+            let got = g
+                .attend(
+                    layer,
+                    &q.to_device(&dev).unwrap(),
+                    &k.to_device(&dev).unwrap(),
+                    &v.to_device(&dev).unwrap(),
+                )
+                .unwrap();
+            assert_eq!(got.dtype(), dtype);
+            let e = rel_err(&got.to_device(&Device::Cpu).unwrap(), &want);
+            println!(
+                "  hq {hq} hkv {hkv} d {d} {dtype:?}{} step {si} layer {layer}: {} tokens, {} \
+                 partitions, rel err {e:.2e}",
+                if fp8 { " fp8" } else { "" },
+                t,
+                gstep.num_parts()
+            );
+            worst = worst.max(e);
+        }
+        for (i, &n) in news.iter().enumerate() {
+            done[i] += n;
+        }
+    }
+    worst
+}
+
+#[test]
+fn paged_attention_matches_the_cpu_reference() {
+    // (Hq, Hkv, D): the tiny fixture, plain heads, Qwen3-4B's grouping, MQA with 8 heads
+    let shapes = [
+        (4, 2, 16),
+        (8, 8, 64),
+        (32, 8, 128),
+        (8, 1, 128),
+        (4, 4, 256),
+    ];
+    // one long context among short ones: the decode steps split it over partitions
+    let lens = [1, 37, 300, 1500];
+    for &(hq, hkv, d) in &shapes {
+        let e = compare(hq, hkv, d, DType::F32, false, &lens);
+        assert!(e < 1e-5, "f32 ({hq}, {hkv}, {d}): rel err {e}");
+        let e = compare(hq, hkv, d, DType::BF16, false, &lens);
+        assert!(e < 1e-2, "bf16 ({hq}, {hkv}, {d}): rel err {e}");
+        let e = compare(hq, hkv, d, DType::BF16, true, &lens);
+        assert!(
+            e < 8e-2,
+            "bf16 with an fp8 cache ({hq}, {hkv}, {d}): rel err {e}"
+        );
+    }
+}
+
+#[test]
+fn block_copies_move_every_layer() {
+    let cfg = config(4, 2, 16);
+    let dev = gpu();
+    let (bs, nb) = (16, 8);
+    let mut g = GpuKvCache::new(&cfg, bs, nb, &dev, DType::F32, false).unwrap();
+    let mut pool = BlockPool::new(nb);
+    let mut table = BlockTable::default();
+    table.reserve(&mut pool, 0, bs, bs).unwrap();
+    let step = GpuStep::new(
+        &g,
+        &[GpuSeq {
+            block_table: &table,
+            start_pos: 0,
+            num_new: bs,
+        }],
+        4,
+    )
+    .unwrap();
+    let q = Tensor::randn(0f32, 1.0, (bs, 4, 16), &dev).unwrap();
+    let k = Tensor::randn(0f32, 1.0, (bs, 2, 16), &dev).unwrap();
+    let v = Tensor::randn(0f32, 1.0, (bs, 2, 16), &dev).unwrap();
+    let mut outs = Vec::new();
+    for layer in 0..2 {
+        let mut a = GpuPagedAttention {
+            cache: &mut g,
+            step: &step,
+            sync_timing: false,
+            seconds: 0.0,
+        };
+        outs.push(a.attend(layer, &q, &k, &v).unwrap());
+    }
+    // Move the block and attend with the last token only: same output as before.
+    let src = table.blocks[0];
+    let dst = pool.allocate().unwrap();
+    g.copy_block(src, dst).unwrap();
+    let moved = BlockTable { blocks: vec![dst] };
+    let step = GpuStep::new(
+        &g,
+        &[GpuSeq {
+            block_table: &moved,
+            start_pos: bs - 1,
+            num_new: 1,
+        }],
+        4,
+    )
+    .unwrap();
+    for (layer, out) in outs.iter().enumerate() {
+        let mut a = GpuPagedAttention {
+            cache: &mut g,
+            step: &step,
+            sync_timing: false,
+            seconds: 0.0,
+        };
+        let last = |t: &Tensor| t.narrow(0, bs - 1, 1).unwrap();
+        let got = a.attend(layer, &last(&q), &last(&k), &last(&v)).unwrap();
+        let e = rel_err(&got, &last(out));
+        assert!(e < 1e-6, "layer {layer}: {e}");
+    }
+}
+
+fn fixture() -> PathBuf {
+    let root = std::env::var("SELFDISTILL_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"));
+    let p = root.join("fixtures/tiny-qwen3");
+    assert!(p.exists(), "fixture not found at {}", p.display());
+    p
+}
+
+fn greedy(dev: &Device, dtype: DType, prompts: &[Vec<u32>], n: u32) -> Vec<Sample> {
+    let ck = selfdistill::model::Checkpoint::open(fixture().to_str().unwrap()).unwrap();
+    let mut model = ck.load_transformer(dev, dtype).unwrap();
+    model.set_fused_inference(true).unwrap();
+    let cfg = EngineConfig {
+        scheduler: SchedulerConfig {
+            block_size: 16,
+            max_num_seqs: 8,
+            max_num_batched_tokens: 64,
+        },
+        num_blocks: 64,
+        params: SamplingParams {
+            temperature: 0.0,
+            max_new_tokens: 40,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        },
+        eos_token_ids: vec![],
+        kv_fp8: false,
+        thinking: None,
+    };
+    let mut e = Engine::new(&model, cfg).unwrap();
+    for (i, p) in prompts.iter().enumerate() {
+        e.add(Request {
+            problem_id: format!("p{i}"),
+            prompt: p.clone(),
+            n,
+        })
+        .unwrap();
+    }
+    let mut out = Vec::new();
+    while !e.is_idle() {
+        out.extend(e.step(None).unwrap());
+    }
+    out.sort_by_key(|s| (s.request, s.sample_index));
+    out
+}
+
+#[test]
+fn greedy_decode_on_the_gpu_matches_the_cpu_sampler() {
+    let prompts = vec![
+        vec![
+            41, 273, 317, 435, 295, 82, 220, 16, 21, 358, 220, 18, 358, 220, 19, 277, 220,
+        ],
+        vec![87],
+        vec![308, 434, 82, 86, 265, 305, 365, 65, 78],
+    ];
+    let cpu = greedy(&Device::Cpu, DType::F32, &prompts, 2);
+    let g32 = greedy(&gpu(), DType::F32, &prompts, 2);
+    assert_eq!(cpu.len(), 6);
+    for (c, g) in cpu.iter().zip(&g32) {
+        assert_eq!(
+            c.tokens,
+            g.tokens,
+            "f32 on the GPU, sample {:?}",
+            (c.request, c.sample_index)
+        );
+        assert!((c.cumulative_logprob - g.cumulative_logprob).abs() < 1e-3);
+    }
+    // bf16 weights round every logit: report how far the greedy paths agree.
+    let g16 = greedy(&gpu(), DType::BF16, &prompts, 2);
+    for (c, g) in cpu.iter().zip(&g16) {
+        let same = c
+            .tokens
+            .iter()
+            .zip(&g.tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        println!(
+            "bf16 sample {:?}: first {same} of {} tokens equal the CPU's",
+            (c.request, c.sample_index),
+            c.tokens.len()
+        );
+    }
+}
