@@ -9,10 +9,10 @@
 //   that sequence's row of block_tables ([S][max_blocks], int32 block ids)
 //
 // One thread block per (token, KV head, key partition): the G query heads that share a KV head
-// read each key and value row once. Each warp takes KB consecutive keys at a time; lane i holds
-// elements [i*E, i*E+E) of the head dimension, so a warp reads a row in one coalesced sweep.
-// Scores are reduced across the warp with shuffles, softmax is online (running max and sum),
-// and the warps' partial results are merged in shared memory. Long contexts with few tokens in
+// read each key and value row once. L lanes share a key row, 8 elements each (16-byte loads of
+// bf16), so a warp reads 32/L rows per load instruction and several rounds of them before any
+// arithmetic (see paged_attn). Scores are reduced with shuffles, softmax is online (running max
+// and sum), and the warps' partial results are merged in shared memory. Long contexts with few tokens in
 // flight are split into partitions (split-K); paged_attn_reduce merges the partitions.
 // Arithmetic is fp32 throughout; the cache holds T (fp32/bf16) or fp8 e4m3 (as is, no scale).
 
@@ -20,7 +20,6 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
-#define KB 4
 
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -59,21 +58,57 @@ __device__ void write_kv(const T* __restrict__ k, const T* __restrict__ v, C* __
   }
 }
 
-template <typename T, typename C, int E, int G>
+// Eight consecutive cache elements as floats: one 16-byte load (bf16), one 8-byte load (fp8),
+// two 16-byte loads (f32). Rows start at multiples of D elements and D % 8 == 0, so the loads are
+// aligned.
+__device__ __forceinline__ void load8(const __nv_bfloat16* p, float* o) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const float2 f = __bfloat1622float2(h[i]);
+    o[2 * i] = f.x;
+    o[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void load8(const __nv_fp8_e4m3* p, float* o) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const __nv_fp8_e4m3* e = reinterpret_cast<const __nv_fp8_e4m3*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; i++) o[i] = float(e[i]);
+}
+__device__ __forceinline__ void load8(const float* p, float* o) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0];
+  const float4 b = reinterpret_cast<const float4*>(p)[1];
+  o[0] = a.x; o[1] = a.y; o[2] = a.z; o[3] = a.w;
+  o[4] = b.x; o[5] = b.y; o[6] = b.z; o[7] = b.w;
+}
+
+// L lanes read one key row (8 elements each, so D <= 8L); a warp reads 32/L keys per load
+// instruction, R such rounds per iteration, K and V rows all issued before any arithmetic. Lane
+// (sub, sl) = (lane / L, lane % L) owns elements [8 sl, 8 sl + 8) of the keys sub, sub + 32/L, ...
+// Scores are summed over the L lanes of a key with shuffles; the running max is warp-wide, while
+// each sub-group accumulates the sum and output of its own keys (merged at the end).
+template <typename T, typename C, int L, int G, int ROUNDS>
 __device__ void paged_attn(T* __restrict__ out, float* __restrict__ part_out,
                            float* __restrict__ part_ml, const T* __restrict__ q,
                            const C* __restrict__ kc, const C* __restrict__ vc,
                            const int* __restrict__ block_tables, const int* __restrict__ tok_seq,
                            const int* __restrict__ tok_len, int hq, int hkv, int d, int bs,
                            int max_blocks, int part_size, int num_parts, float scale) {
+  constexpr int KPW = 32 / L;  // keys per warp per round
+  // rounds per iteration (0: the default for L)
+  constexpr int R = ROUNDS > 0 ? ROUNDS : (KPW >= 4 ? 2 : (KPW == 2 ? 4 : 8));
+  constexpr int STEP = KPW * R;  // keys per warp per iteration
   extern __shared__ float smem[];
   const int t = blockIdx.x, kvh = blockIdx.y, p = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int sub = lane / L, sl = lane % L;
+  const bool active = sl * 8 < d;
   const int len = tok_len[t];
   const int start = p * part_size;
   const int end = min(len, start + part_size);
   if (start >= end) {
-    // An empty partition (shorter context than its neighbours): weight zero in the reduce.
     if (threadIdx.x < G) {
       const int64_t r = ((int64_t)t * hq + kvh * G + threadIdx.x) * num_parts + p;
       part_ml[2 * r] = -INFINITY;
@@ -82,83 +117,78 @@ __device__ void paged_attn(T* __restrict__ out, float* __restrict__ part_out,
     return;
   }
   const int* table = block_tables + (int64_t)tok_seq[t] * max_blocks;
-  float qr[G][E];
+  float qr[G][8];
 #pragma unroll
   for (int g = 0; g < G; g++)
 #pragma unroll
-    for (int e = 0; e < E; e++) {
-      const int x = lane * E + e;
+    for (int e = 0; e < 8; e++) {
+      const int x = sl * 8 + e;
       qr[g][e] = x < d ? to_f(q[((int64_t)t * hq + kvh * G + g) * d + x]) * scale : 0.f;
     }
-  float m[G], l[G], acc[G][E];
+  float m[G], l[G], acc[G][8];
 #pragma unroll
   for (int g = 0; g < G; g++) {
     m[g] = -INFINITY;
     l[g] = 0.f;
 #pragma unroll
-    for (int e = 0; e < E; e++) acc[g][e] = 0.f;
+    for (int e = 0; e < 8; e++) acc[g][e] = 0.f;
   }
-  for (int j0 = start + warp * KB; j0 < end; j0 += nw * KB) {
-    int64_t base[KB];
-    float s[KB][G];
+  for (int j0 = start + warp * STEP; j0 < end; j0 += nw * STEP) {
+    float kr[R][8], vr[R][8];
+    bool valid[R];
 #pragma unroll
-    for (int kb = 0; kb < KB; kb++) {
-      const int j = j0 + kb;
-      base[kb] = -1;
-      if (j < end) {
+    for (int r = 0; r < R; r++) {
+      const int j = j0 + r * KPW + sub;
+      valid[r] = j < end;
+      if (valid[r] && active) {
         const int64_t blk = table[j / bs];
-        base[kb] = ((blk * hkv + kvh) * bs + (j % bs)) * (int64_t)d;
-      }
-      float kr[E];
+        const int64_t base = ((blk * hkv + kvh) * bs + (j % bs)) * (int64_t)d + sl * 8;
+        load8(kc + base, kr[r]);
+        load8(vc + base, vr[r]);
+      } else {
 #pragma unroll
-      for (int e = 0; e < E; e++) {
-        const int x = lane * E + e;
-        kr[e] = (base[kb] >= 0 && x < d) ? to_f(kc[base[kb] + x]) : 0.f;
-      }
-#pragma unroll
-      for (int g = 0; g < G; g++) {
-        float acc_s = 0.f;
-#pragma unroll
-        for (int e = 0; e < E; e++) acc_s += qr[g][e] * kr[e];
-        s[kb][g] = acc_s;
+        for (int e = 0; e < 8; e++) kr[r][e] = vr[r][e] = 0.f;
       }
     }
-#pragma unroll
-    for (int kb = 0; kb < KB; kb++)
-#pragma unroll
-      for (int g = 0; g < G; g++) {
-        const float x = warp_sum(s[kb][g]);
-        s[kb][g] = base[kb] >= 0 ? x : -INFINITY;
-      }
 #pragma unroll
     for (int g = 0; g < G; g++) {
+      float s[R];
+#pragma unroll
+      for (int r = 0; r < R; r++) {
+        float a = 0.f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) a += qr[g][e] * kr[r][e];
+#pragma unroll
+        for (int o = L / 2; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+        s[r] = valid[r] ? a : -INFINITY;
+      }
       float mx = m[g];
 #pragma unroll
-      for (int kb = 0; kb < KB; kb++) mx = fmaxf(mx, s[kb][g]);
+      for (int r = 0; r < R; r++) mx = fmaxf(mx, s[r]);
+#pragma unroll
+      for (int o = L; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
       const float alpha = __expf(m[g] - mx);  // m = -inf on the first keys: alpha = 0
+      m[g] = mx;
       l[g] *= alpha;
 #pragma unroll
-      for (int e = 0; e < E; e++) acc[g][e] *= alpha;
+      for (int e = 0; e < 8; e++) acc[g][e] *= alpha;
 #pragma unroll
-      for (int kb = 0; kb < KB; kb++) {
-        s[kb][g] = __expf(s[kb][g] - mx);
-        l[g] += s[kb][g];
+      for (int r = 0; r < R; r++) {
+        const float pr = __expf(s[r] - mx);
+        l[g] += pr;
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc[g][e] += pr * vr[r][e];
       }
-      m[g] = mx;
     }
+  }
+  // Merge the sub-groups of each warp (same max m within the warp)
 #pragma unroll
-    for (int kb = 0; kb < KB; kb++) {
-      if (base[kb] < 0) continue;
-      float vr[E];
+  for (int g = 0; g < G; g++) {
 #pragma unroll
-      for (int e = 0; e < E; e++) {
-        const int x = lane * E + e;
-        vr[e] = x < d ? to_f(vc[base[kb] + x]) : 0.f;
-      }
+    for (int o = L; o < 32; o <<= 1) {
+      l[g] += __shfl_xor_sync(0xffffffffu, l[g], o);
 #pragma unroll
-      for (int g = 0; g < G; g++)
-#pragma unroll
-        for (int e = 0; e < E; e++) acc[g][e] += s[kb][g] * vr[e];
+      for (int e = 0; e < 8; e++) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
     }
   }
   // Merge the warps: smem = m[nw][G], l[nw][G], acc[nw][G][d]
@@ -172,13 +202,15 @@ __device__ void paged_attn(T* __restrict__ out, float* __restrict__ part_out,
       sm_l[warp * G + g] = l[g];
     }
   }
+  if (sub == 0 && active) {
 #pragma unroll
-  for (int g = 0; g < G; g++)
+    for (int g = 0; g < G; g++)
 #pragma unroll
-    for (int e = 0; e < E; e++) {
-      const int x = lane * E + e;
-      if (x < d) sm_acc[(warp * G + g) * d + x] = acc[g][e];
-    }
+      for (int e = 0; e < 8; e++) {
+        const int x = sl * 8 + e;
+        if (x < d) sm_acc[(warp * G + g) * d + x] = acc[g][e];
+      }
+  }
   __syncthreads();
   for (int i = threadIdx.x; i < G * d; i += blockDim.x) {
     const int g = i / d, x = i % d;
@@ -233,27 +265,45 @@ __device__ void paged_attn_reduce(T* __restrict__ out, const float* __restrict__
     write_kv<T, C>(k, v, kc, vc, slots, hkv, d, bs);                                           \
   }
 
-#define ATTN(NAME, T, C, E, G)                                                                 \
-  extern "C" __global__ void paged_attn_##NAME##_e##E##_g##G(                                  \
+#define ATTN(NAME, T, C, LANES, G)                                                                 \
+  extern "C" __global__ void paged_attn_##NAME##_l##LANES##_g##G(                                  \
       T* out, float* part_out, float* part_ml, const T* q, const C* kc, const C* vc,          \
       const int* block_tables, const int* tok_seq, const int* tok_len, int hq, int hkv, int d, \
       int bs, int max_blocks, int part_size, int num_parts, float scale) {                     \
-    paged_attn<T, C, E, G>(out, part_out, part_ml, q, kc, vc, block_tables, tok_seq, tok_len,  \
+    paged_attn<T, C, LANES, G, 0>(out, part_out, part_ml, q, kc, vc, block_tables, tok_seq, tok_len,  \
                            hq, hkv, d, bs, max_blocks, part_size, num_parts, scale);           \
   }
 
-#define ATTN_G(NAME, T, C, E) \
-  ATTN(NAME, T, C, E, 1)      \
-  ATTN(NAME, T, C, E, 2)      \
-  ATTN(NAME, T, C, E, 4)      \
-  ATTN(NAME, T, C, E, 8)
+#define ATTN_G(NAME, T, C, LANES) \
+  ATTN(NAME, T, C, LANES, 1)      \
+  ATTN(NAME, T, C, LANES, 2)      \
+  ATTN(NAME, T, C, LANES, 4)      \
+  ATTN(NAME, T, C, LANES, 8)
 
 #define ATTN_ALL(NAME, T, C) \
   WRITE_KV(NAME, T, C)       \
-  ATTN_G(NAME, T, C, 1)      \
   ATTN_G(NAME, T, C, 2)      \
   ATTN_G(NAME, T, C, 4)      \
-  ATTN_G(NAME, T, C, 8)
+  ATTN_G(NAME, T, C, 8)      \
+  ATTN_G(NAME, T, C, 16)     \
+  ATTN_G(NAME, T, C, 32)
+
+// Variants of the Qwen3-4B shape (16 lanes per row, 4 query heads per KV head) with another
+// number of rounds per iteration, for `pipeline bench attention`.
+#define ATTN_R(NAME, T, C, R)                                                                  \
+  extern "C" __global__ void paged_attn_##NAME##_l16_g4_r##R(                                  \
+      T* out, float* part_out, float* part_ml, const T* q, const C* kc, const C* vc,          \
+      const int* block_tables, const int* tok_seq, const int* tok_len, int hq, int hkv, int d, \
+      int bs, int max_blocks, int part_size, int num_parts, float scale) {                     \
+    paged_attn<T, C, 16, 4, R>(out, part_out, part_ml, q, kc, vc, block_tables, tok_seq,       \
+                               tok_len, hq, hkv, d, bs, max_blocks, part_size, num_parts,      \
+                               scale);                                                         \
+  }
+ATTN_R(bf16, __nv_bfloat16, __nv_bfloat16, 1)
+ATTN_R(bf16, __nv_bfloat16, __nv_bfloat16, 2)
+ATTN_R(bf16, __nv_bfloat16, __nv_bfloat16, 8)
+ATTN_R(bf16_fp8, __nv_bfloat16, __nv_fp8_e4m3, 2)
+ATTN_R(bf16_fp8, __nv_bfloat16, __nv_fp8_e4m3, 8)
 
 ATTN_ALL(f32, float, float)
 ATTN_ALL(bf16, __nv_bfloat16, __nv_bfloat16)

@@ -100,6 +100,9 @@ enum BenchCommand {
     /// Training tokens/s and step peak memory on a random model, with and without recompute and
     /// the chunked loss.
     Train(cmd::bench_train::TrainBenchArgs),
+    /// One layer's decode attention over the GPU paged cache, per kernel variant, against the
+    /// copy bandwidth (cuda builds).
+    Attention(cmd::bench_sample::AttentionBenchArgs),
 }
 
 fn load_config(path: Option<PathBuf>, workdir: Option<PathBuf>) -> Result<Config> {
@@ -165,6 +168,9 @@ fn main() -> ExitCode {
         Command::Bench {
             command: BenchCommand::Train(args),
         } => cmd::bench_train::run(&args),
+        Command::Bench {
+            command: BenchCommand::Attention(args),
+        } => cmd::bench_sample::run_attention(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

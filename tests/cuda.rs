@@ -20,7 +20,7 @@ use selfdistill::sampler::sampling::SamplingParams;
 use selfdistill::sampler::scheduler::SchedulerConfig;
 
 fn gpu() -> Device {
-    Device::new_cuda(0).expect("these tests need a CUDA GPU")
+    selfdistill::cuda::sampler_device(0).expect("these tests need a CUDA GPU")
 }
 
 fn config(hq: usize, hkv: usize, d: usize) -> ModelConfig {
@@ -130,6 +130,7 @@ fn compare(hq: usize, hkv: usize, d: usize, dtype: DType, fp8: bool, lens: &[usi
                 cache: &mut gcache,
                 step: &gstep,
                 sync_timing: false,
+                variant: None,
                 seconds: 0.0,
             };
             let got = g
@@ -211,6 +212,7 @@ fn block_copies_move_every_layer() {
             cache: &mut g,
             step: &step,
             sync_timing: false,
+            variant: None,
             seconds: 0.0,
         };
         outs.push(a.attend(layer, &q, &k, &v).unwrap());
@@ -235,6 +237,7 @@ fn block_copies_move_every_layer() {
             cache: &mut g,
             step: &step,
             sync_timing: false,
+            variant: None,
             seconds: 0.0,
         };
         let last = |t: &Tensor| t.narrow(0, bs - 1, 1).unwrap();
@@ -253,7 +256,120 @@ fn fixture() -> PathBuf {
     p
 }
 
+#[test]
+fn gpu_candidates_equal_the_cpu_reference() {
+    use selfdistill::sampler::sampling::{top_candidates, SampleRng};
+    let dev = gpu();
+    for (ti, &(temperature, k)) in [(0.0f32, 1usize), (0.6, 20), (1.0, 5), (0.9, 300)]
+        .iter()
+        .enumerate()
+    {
+        let params = SamplingParams {
+            temperature,
+            top_k: if temperature == 0.0 { 0 } else { k },
+            ..SamplingParams::default()
+        };
+        for dtype in [DType::F32, DType::BF16] {
+            let (n, vocab) = (7, 151_936 / (ti + 1));
+            let mut rng = SampleRng::new(ti as u64, "rows", 0);
+            let mut rows = Vec::with_capacity(n * vocab);
+            for r in 0..n {
+                for _ in 0..vocab {
+                    rows.push(match rng.next_u64() % 1000 {
+                        0 => f32::NAN,
+                        1 => f32::NEG_INFINITY,
+                        2 if r == 3 => f32::INFINITY,
+                        // coarse values: many ties, as bf16 logits have
+                        _ => ((rng.next_f64() * 30.0 - 15.0) * 8.0).round() as f32 / 8.0,
+                    });
+                }
+            }
+            // row 5 is all -inf but for two tokens
+            for x in &mut rows[5 * vocab..6 * vocab] {
+                *x = f32::NEG_INFINITY;
+            }
+            rows[5 * vocab + 17] = 1.0;
+            rows[5 * vocab + 3] = 1.0;
+            let t = Tensor::from_vec(rows.clone(), (n, vocab), &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let host: Vec<f32> = t
+                .to_dtype(DType::F32)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let got =
+                selfdistill::cuda::sampling::top_candidates(&t, k, params.is_greedy(), temperature)
+                    .unwrap();
+            for r in 0..n {
+                let want = top_candidates(&host[r * vocab..(r + 1) * vocab], &params, k);
+                let g = &got[r];
+                assert_eq!(g.ids, want.ids, "setting {ti} {dtype:?} row {r}");
+                assert_eq!(g.values, want.values, "setting {ti} {dtype:?} row {r}");
+                assert_eq!(g.raw, want.raw);
+                assert_eq!(g.max, want.max);
+                let rel = (g.sum_exp - want.sum_exp).abs() / want.sum_exp.max(1e-30);
+                assert!(
+                    rel < 1e-5,
+                    "setting {ti} {dtype:?} row {r}: sum {} vs {}",
+                    g.sum_exp,
+                    want.sum_exp
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn seeded_sampling_on_the_gpu_matches_the_cpu_sampler() {
+    let prompts = vec![
+        vec![41, 273, 317, 435, 295, 82],
+        vec![87],
+        vec![308, 434, 82, 86],
+    ];
+    let params = SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.95,
+        max_new_tokens: 40,
+        ignore_eos: true,
+        seed: 7,
+        ..SamplingParams::default()
+    };
+    let cpu = run_fixture(&Device::Cpu, DType::F32, &prompts, 3, params.clone());
+    let g = run_fixture(&gpu(), DType::F32, &prompts, 3, params);
+    assert_eq!(cpu.len(), 9);
+    for (c, g) in cpu.iter().zip(&g) {
+        assert_eq!(
+            c.tokens,
+            g.tokens,
+            "sample {:?}",
+            (c.request, c.sample_index)
+        );
+        assert!((c.cumulative_logprob - g.cumulative_logprob).abs() < 1e-3);
+    }
+}
+
 fn greedy(dev: &Device, dtype: DType, prompts: &[Vec<u32>], n: u32) -> Vec<Sample> {
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_new_tokens: 40,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    run_fixture(dev, dtype, prompts, n, params)
+}
+
+fn run_fixture(
+    dev: &Device,
+    dtype: DType,
+    prompts: &[Vec<u32>],
+    n: u32,
+    params: SamplingParams,
+) -> Vec<Sample> {
     let ck = selfdistill::model::Checkpoint::open(fixture().to_str().unwrap()).unwrap();
     let mut model = ck.load_transformer(dev, dtype).unwrap();
     model.set_fused_inference(true).unwrap();
@@ -264,12 +380,7 @@ fn greedy(dev: &Device, dtype: DType, prompts: &[Vec<u32>], n: u32) -> Vec<Sampl
             max_num_batched_tokens: 64,
         },
         num_blocks: 64,
-        params: SamplingParams {
-            temperature: 0.0,
-            max_new_tokens: 40,
-            ignore_eos: true,
-            ..SamplingParams::default()
-        },
+        params,
         eos_token_ids: vec![],
         kv_fp8: false,
         thinking: None,

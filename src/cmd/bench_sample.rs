@@ -52,12 +52,22 @@ pub struct SampleBenchArgs {
 pub fn parse_device(s: &str) -> Result<Device> {
     match s {
         "cpu" => Ok(Device::Cpu),
-        "cuda" => Ok(Device::new_cuda(0)?),
+        "cuda" => cuda_device(0),
         _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(n)) => Ok(Device::new_cuda(n)?),
+            Some(Ok(n)) => cuda_device(n),
             _ => bail!("--device {s}: use cpu, cuda or cuda:N"),
         },
     }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_device(n: usize) -> Result<Device> {
+    Ok(crate::cuda::sampler_device(n)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(_: usize) -> Result<Device> {
+    bail!("this binary was built without the cuda feature (cargo build --features cuda)")
 }
 
 /// `auto` (f32 on the CPU, bf16 elsewhere), `f32` or `bf16`.
@@ -308,8 +318,14 @@ fn run_gpu(
         a.temperature
     );
     println!(
-        "{:>6} {:>14} {:>14} {:>16} {:>12}",
-        "batch", "prefill tok/s", "decode tok/s", "roofline tok/s", "of roofline"
+        "{:>6} {:>9} {:>8} {:>14} {:>14} {:>16} {:>12}",
+        "batch",
+        "KV blocks",
+        "KV GiB",
+        "prefill tok/s",
+        "decode tok/s",
+        "roofline tok/s",
+        "of roofline"
     );
     for &b in batches {
         let (prefill, decode, _) = timed_run(
@@ -327,8 +343,12 @@ fn run_gpu(
         let ctx_sum = b as f64 * (n * (p + 1.0) + n * (n - 1.0) / 2.0);
         let bytes = n * weight_bytes + kv_tok * ctx_sum;
         let roofline = b as f64 * n / (bytes / bw);
+        // as timed_run sizes the cache: blocks of 16 tokens, one spare per sequence
+        let blocks = ((a.prompt_len + a.new_tokens + 1).div_ceil(16) + 1) * b;
+        let kv_gib = blocks as f64 * 16.0 * kv_tok / (1u64 << 30) as f64;
         println!(
-            "{b:>6} {prefill:>14.0} {decode:>14.0} {roofline:>16.0} {:>11.1}%",
+            "{b:>6} {blocks:>9} {kv_gib:>8.1} {prefill:>14.0} {decode:>14.0} {roofline:>16.0} \
+             {:>11.1}%",
             100.0 * decode / roofline
         );
         let short = a.new_tokens.min(256);
@@ -400,4 +420,137 @@ fn decode_flops_per_token(cfg: &ModelConfig, ctx: usize) -> f64 {
     let proj = h * d * (cfg.num_heads * 2 + cfg.num_kv_heads * 2) + 3 * h * i;
     let attn = 4 * ctx * cfg.num_heads * d;
     2.0 * (cfg.num_layers * proj + cfg.vocab_size * h) as f64 + (cfg.num_layers * attn) as f64
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AttentionBenchArgs {
+    /// Model shape for the head counts and head_dim (see `bench sample --shape`).
+    #[arg(long, default_value = "qwen3-4b")]
+    pub shape: String,
+    /// Sequences decoding one token each.
+    #[arg(long, default_value_t = 128)]
+    pub batch: usize,
+    /// Keys and values each sequence attends over (2,176: the mean context of a 128-token
+    /// prompt generating 4,096 tokens).
+    #[arg(long, default_value_t = 2176)]
+    pub context: usize,
+    /// fp8 e4m3 keys and values.
+    #[arg(long)]
+    pub kv_fp8: bool,
+    /// Timed calls per variant.
+    #[arg(long, default_value_t = 20)]
+    pub iters: usize,
+}
+
+/// `pipeline bench attention`: one layer's decode attention over the GPU paged cache, alone, for
+/// each kernel variant: time per call and the KV bytes it reads per second against the device's
+/// copy bandwidth. The cache holds random keys and values.
+pub fn run_attention(a: &AttentionBenchArgs) -> Result<()> {
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = a;
+        bail!("bench attention needs a binary built with --features cuda");
+    }
+    #[cfg(feature = "cuda")]
+    {
+        use crate::cuda::paged::{write_kv, GpuSeq};
+        use crate::cuda::{GpuKvCache, GpuPagedAttention, GpuStep};
+        use crate::model::attention::AttentionBackend;
+        use crate::sampler::block_pool::{BlockPool, BlockTable};
+        let mut cfg = shape(&a.shape)?;
+        cfg.num_layers = 1;
+        let dev = cuda_device(0)?;
+        let (bw, _) = gpu_ceilings(&dev)?;
+        let (b, ctx, bs) = (a.batch, a.context.max(1), 16);
+        let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
+        let per_seq = ctx.div_ceil(bs);
+        let num_blocks = b * per_seq + 1;
+        let mut cache = GpuKvCache::new(&cfg, bs, num_blocks, &dev, DType::BF16, a.kv_fp8)?;
+        let mut pool = BlockPool::new(num_blocks);
+        let mut tables = vec![BlockTable::default(); b];
+        for t in &mut tables {
+            if t.reserve(&mut pool, 0, ctx, bs).is_none() {
+                bail!("the cache is too small");
+            }
+        }
+        // fill every position with random keys and values, a sequence at a time
+        for t in &tables {
+            let fill = GpuStep::new(
+                &cache,
+                &[GpuSeq {
+                    block_table: t,
+                    start_pos: 0,
+                    num_new: ctx,
+                }],
+                hq,
+            )?;
+            let k = Tensor::randn(0f32, 1.0, (ctx, hkv, d), &dev)?.to_dtype(DType::BF16)?;
+            let v = Tensor::randn(0f32, 1.0, (ctx, hkv, d), &dev)?.to_dtype(DType::BF16)?;
+            write_kv(&cache, &fill, 0, &k, &v)?;
+        }
+        let seqs: Vec<GpuSeq> = tables
+            .iter()
+            .map(|t| GpuSeq {
+                block_table: t,
+                start_pos: ctx - 1,
+                num_new: 1,
+            })
+            .collect();
+        let step = GpuStep::new(&cache, &seqs, hq)?;
+        let q = Tensor::randn(0f32, 1.0, (b, hq, d), &dev)?.to_dtype(DType::BF16)?;
+        let k = Tensor::randn(0f32, 1.0, (b, hkv, d), &dev)?.to_dtype(DType::BF16)?;
+        let v = Tensor::randn(0f32, 1.0, (b, hkv, d), &dev)?.to_dtype(DType::BF16)?;
+        let kv_bytes =
+            (b * ctx * hkv * d * 2 * GpuKvCache::elem_bytes(DType::BF16, a.kv_fp8)) as f64;
+        println!(
+            "decode attention, {} heads / {} KV heads of {d}, batch {b}, context {ctx}, KV {}: \
+             {:.2} GB per call, {} partitions; copy ceiling {:.0} GB/s",
+            hq,
+            hkv,
+            if a.kv_fp8 { "fp8" } else { "bf16" },
+            kv_bytes / 1e9,
+            step.num_parts(),
+            bw / 1e9
+        );
+        let variants: &[Option<&'static str>] = if (hq / hkv, d) == (4, 128) {
+            if a.kv_fp8 {
+                &[None, Some("_r2"), Some("_r8")]
+            } else {
+                &[None, Some("_r1"), Some("_r2"), Some("_r8")]
+            }
+        } else {
+            &[None]
+        };
+        println!(
+            "{:>10} {:>10} {:>10} {:>12}",
+            "variant", "ms/call", "GB/s", "of copy"
+        );
+        for &variant in variants {
+            let mut att = GpuPagedAttention {
+                cache: &mut cache,
+                step: &step,
+                sync_timing: false,
+                variant,
+                seconds: 0.0,
+            };
+            for _ in 0..3 {
+                att.attend(0, &q, &k, &v)?;
+            }
+            dev.synchronize()?;
+            let t0 = Instant::now();
+            for _ in 0..a.iters.max(1) {
+                att.attend(0, &q, &k, &v)?;
+            }
+            dev.synchronize()?;
+            let s = t0.elapsed().as_secs_f64() / a.iters.max(1) as f64;
+            println!(
+                "{:>10} {:>10.3} {:>10.0} {:>11.1}%",
+                variant.unwrap_or("default"),
+                s * 1e3,
+                kv_bytes / s / 1e9,
+                100.0 * kv_bytes / s / bw
+            );
+        }
+        Ok(())
+    }
 }

@@ -2,7 +2,7 @@
 //! loading a function by name and taking a tensor's device address. Knows nothing of what the
 //! kernels compute (see `kernels/*.cu`).
 
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, DevicePtr};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DriverError};
 use candle_core::{bail, CudaDevice, DType, Result, Storage, Tensor};
 
 /// `kernels/paged_attention.cu`, compiled for compute_90 (JIT-compiled by the driver for the GPU
@@ -10,11 +10,41 @@ use candle_core::{bail, CudaDevice, DType, Result, Storage, Tensor};
 pub const PAGED_ATTENTION_PTX: &str =
     include_str!(concat!(env!("OUT_DIR"), "/paged_attention.ptx"));
 
+/// `kernels/sampling.cu`, likewise.
+pub const SAMPLING_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sampling.ptx"));
+
 /// Loads `name` from the paged-attention module (the module is loaded once per device).
 pub fn paged_fn(dev: &CudaDevice, name: &str) -> Result<CudaFunction> {
+    module_fn(
+        dev,
+        name,
+        "selfdistill_paged_attention",
+        PAGED_ATTENTION_PTX,
+    )
+}
+
+/// Loads `name` from the module `module` built from `ptx` (loaded once per device).
+pub fn module_fn(dev: &CudaDevice, name: &str, module: &str, ptx: &str) -> Result<CudaFunction> {
     Ok(dev
-        .get_or_load_custom_func(name, "selfdistill_paged_attention", PAGED_ATTENTION_PTX)?
+        .get_or_load_custom_func(name, module, ptx)?
         .into_cuda_function())
+}
+
+/// A launch's result as candle's error type.
+pub fn checked<T>(r: std::result::Result<T, DriverError>) -> Result<()> {
+    r.map(|_| ())
+        .map_err(|e| candle_core::Error::Msg(format!("kernel launch: {e:?}")))
+}
+
+/// A CUDA device for the sampler: candle's, with per-tensor event tracking off. Every kernel we
+/// and candle launch runs on the device's one stream, so stream order already orders them, and
+/// the events cudarc records around each use of each buffer would only cost host time per
+/// launch (hundreds of launches per decode step).
+pub fn sampler_device(ordinal: usize) -> Result<candle_core::Device> {
+    let dev = candle_core::Device::new_cuda(ordinal)?;
+    // SAFETY: see above; nothing here uses a second stream.
+    unsafe { dev.as_cuda_device()?.disable_event_tracking() };
+    Ok(dev)
 }
 
 /// Device address of the first element of `t`, which must be contiguous and on a CUDA device.

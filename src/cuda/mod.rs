@@ -5,5 +5,7 @@
 
 pub mod kernels;
 pub mod paged;
+pub mod sampling;
 
+pub use kernels::sampler_device;
 pub use paged::{GpuKvCache, GpuPagedAttention, GpuStep};

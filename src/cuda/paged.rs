@@ -18,15 +18,15 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Result, Storage, Tensor};
 
-use super::kernels::{paged_fn, slice_ptr, tensor_ptr};
+use super::kernels::{checked, paged_fn, slice_ptr, tensor_ptr};
 use crate::model::attention::AttentionBackend;
 use crate::model::ModelConfig;
 use crate::sampler::block_pool::{BlockId, BlockTable};
 
 /// Threads per attention block (4 warps).
 const THREADS: u32 = 128;
-/// Keys a warp reads per iteration (`KB` in the kernel).
-const KEYS_PER_WARP_STEP: usize = 4;
+/// A multiple of the keys a warp reads per iteration (`STEP` in the kernel) at every head_dim.
+const KEYS_PER_WARP_STEP: usize = 8;
 /// Shortest key partition worth a block of its own when a context is split.
 const MIN_PARTITION: usize = 256;
 
@@ -74,10 +74,14 @@ impl GpuKvCache {
             (d, false) => bail!("the CUDA sampler runs f32 or bf16 models, not {d:?}"),
         }
         let g = cfg.num_heads / cfg.num_kv_heads.max(1);
-        if ![1, 2, 4, 8].contains(&g) || cfg.head_dim > 256 || cfg.head_dim == 0 {
+        if ![1, 2, 4, 8].contains(&g)
+            || cfg.head_dim > 256
+            || cfg.head_dim == 0
+            || !cfg.head_dim.is_multiple_of(8)
+        {
             bail!(
-                "the CUDA paged attention handles 1, 2, 4 or 8 query heads per KV head and head_dim \
-                 up to 256; this model has {} / {} heads of {}",
+                "the CUDA paged attention handles 1, 2, 4 or 8 query heads per KV head and a \
+                 head_dim that is a multiple of 8 up to 256; this model has {} / {} heads of {}",
                 cfg.num_heads,
                 cfg.num_kv_heads,
                 cfg.head_dim
@@ -263,6 +267,9 @@ pub struct GpuPagedAttention<'a> {
     pub step: &'a GpuStep,
     /// Synchronise around each call so that `seconds` is device time (profiling only).
     pub sync_timing: bool,
+    /// A kernel variant's name suffix (`_r2`: another number of rounds), for the attention
+    /// benchmark; `None` runs the default kernel.
+    pub variant: Option<&'static str>,
     pub seconds: f64,
 }
 
@@ -311,30 +318,12 @@ impl GpuPagedAttention<'_> {
         let stream = dev.cuda_stream();
         let suffix = cache.kernel_suffix();
         let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
-        let (qp, kp, vp) = (tensor_ptr(&q)?, tensor_ptr(&k)?, tensor_ptr(&v)?);
+        let qp = tensor_ptr(&q)?;
         let (kcp, vcp) = (slice_ptr(dev, kc), slice_ptr(dev, vc));
         let (hkv_i, d_i, bs_i) = (hkv as i32, d as i32, cache.block_size as i32);
         // 1. write the new keys and values
-        let f = paged_fn(dev, &format!("write_kv_{suffix}"))?;
-        let slots = tensor_ptr(&step.slots)?;
-        let cfg = LaunchConfig {
-            grid_dim: (t as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = stream.launch_builder(&f);
-        b.arg(&kp)
-            .arg(&vp)
-            .arg(&kcp)
-            .arg(&vcp)
-            .arg(&slots)
-            .arg(&hkv_i)
-            .arg(&d_i)
-            .arg(&bs_i);
-        // SAFETY (every launch here): the arguments match the kernel's parameters in
-        // kernels/paged_attention.cu (pointers as u64, int as i32, float as f32), and the buffers
-        // behind them live until the step ends; candle's stream orders any free after the launch.
-        checked(unsafe { b.launch(cfg) })?;
+        write_kv(cache, step, layer, &k, &v)?;
+
         // 2. attention, split over key partitions when the step is small
         let n = t * hq * d;
         // SAFETY: the attention (or its reduce) writes every element of the output.
@@ -350,9 +339,11 @@ impl GpuPagedAttention<'_> {
                 (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
             }
         };
-        let e = d.div_ceil(32).next_power_of_two();
+        // lanes per key row: 8 elements each, a power of two from 2 to 32
+        let lanes = (d / 8).next_power_of_two().max(2);
         let g = hq / hkv;
-        let f = paged_fn(dev, &format!("paged_attn_{suffix}_e{e}_g{g}"))?;
+        let variant = self.variant.unwrap_or("");
+        let f = paged_fn(dev, &format!("paged_attn_{suffix}_l{lanes}_g{g}{variant}"))?;
         let (pop, pmp) = match (&step.part_out, &step.part_ml) {
             (Some(a), Some(b)) => (slice_ptr(dev, a), slice_ptr(dev, b)),
             _ => (0u64, 0u64),
@@ -393,6 +384,9 @@ impl GpuPagedAttention<'_> {
             .arg(&ps_i)
             .arg(&np_i)
             .arg(&scale);
+        // SAFETY (every launch here): the arguments match the kernel's parameters in
+        // kernels/paged_attention.cu (pointers as u64, int as i32, float as f32), and the buffers
+        // behind them live until the step ends; candle's stream orders any free after the launch.
         checked(unsafe { b.launch(cfg) })?;
         if step.num_parts > 1 {
             let rname = if suffix == "f32" {
@@ -424,10 +418,49 @@ impl GpuPagedAttention<'_> {
     }
 }
 
-/// A launch's result as candle's error type.
-fn checked<T>(r: std::result::Result<T, result::DriverError>) -> Result<()> {
-    r.map(|_| ())
-        .map_err(|e| candle_core::Error::Msg(format!("kernel launch: {e:?}")))
+/// Writes `k`, `v` (T, Hkv, D), contiguous, into layer `layer` at the step's slots.
+pub fn write_kv(
+    cache: &GpuKvCache,
+    step: &GpuStep,
+    layer: usize,
+    k: &Tensor,
+    v: &Tensor,
+) -> Result<()> {
+    let (t, hkv, d) = k.dims3()?;
+    if t != step.tokens || v.dims3()? != (t, hkv, d) || hkv != cache.num_kv_heads {
+        bail!(
+            "write_kv: k {:?} / v {:?} do not match the step",
+            k.dims(),
+            v.dims()
+        );
+    }
+    let (Some(kc), Some(vc)) = (cache.k.get(layer), cache.v.get(layer)) else {
+        bail!("no layer {layer} in the cache");
+    };
+    let dev = &cache.dev;
+    let f = paged_fn(dev, &format!("write_kv_{}", cache.kernel_suffix()))?;
+    let (kp, vp) = (tensor_ptr(k)?, tensor_ptr(v)?);
+    let (kcp, vcp) = (slice_ptr(dev, kc), slice_ptr(dev, vc));
+    let slots = tensor_ptr(&step.slots)?;
+    let (hkv_i, d_i, bs_i) = (hkv as i32, d as i32, cache.block_size as i32);
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&f);
+    b.arg(&kp)
+        .arg(&vp)
+        .arg(&kcp)
+        .arg(&vcp)
+        .arg(&slots)
+        .arg(&hkv_i)
+        .arg(&d_i)
+        .arg(&bs_i);
+    let cfg = LaunchConfig {
+        grid_dim: (t as u32, 1, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match `write_kv_*` in kernels/paged_attention.cu; the tensors and
+    // the step outlive the launch (stream order).
+    checked(unsafe { b.launch(cfg) })
 }
 
 /// Waits for everything queued on candle's stream.

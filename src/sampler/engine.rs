@@ -393,6 +393,7 @@ impl<'m> Engine<'m> {
                         cache,
                         step: &meta,
                         sync_timing: self.sync_timing,
+                        variant: None,
                         seconds: 0.0,
                     };
                     let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
@@ -423,10 +424,11 @@ impl<'m> Engine<'m> {
             return Ok(finished);
         }
         let picked = hidden.index_select(&Tensor::new(rows.as_slice(), &dev)?, 0)?;
-        let logits = logits_to_host(&model.logits(&picked)?)?;
+        let logits = model.logits(&picked)?;
+        self.sync_device(&dev)?;
         let t3 = Instant::now();
         self.stats.time.lm_head += (t3 - t2).as_secs_f64();
-        let drawn = self.draw_tokens(&samplers, &logits);
+        let drawn = self.draw(&samplers, &logits)?;
         for (id, (s, rng)) in samplers.into_iter().zip(drawn) {
             self.fork_siblings(id);
             self.meta[id.0].rng = rng;
@@ -444,6 +446,58 @@ impl<'m> Engine<'m> {
             dev.synchronize()?;
         }
         Ok(())
+    }
+
+    /// Draws one token per sampling sequence from `logits` (one row each). On a GPU, when the
+    /// sampling settings allow it ([`super::sampling::candidates_needed`]), only each row's best candidates cross
+    /// to the host; otherwise the rows do.
+    fn draw(&mut self, samplers: &[SeqId], logits: &Tensor) -> Result<Vec<(Sampled, SampleRng)>> {
+        #[cfg(feature = "cuda")]
+        if logits.device().is_cuda() {
+            let fewest = samplers
+                .iter()
+                .map(|id| self.meta[id.0].tokens.len() - self.meta[id.0].prompt_len)
+                .min()
+                .unwrap_or(0);
+            if let Some(k) = super::sampling::candidates_needed(&self.cfg.params, fewest) {
+                let p = &self.cfg.params;
+                let rows =
+                    crate::cuda::sampling::top_candidates(logits, k, p.is_greedy(), p.temperature)?;
+                return self.draw_from_candidates(samplers, logits, &rows);
+            }
+        }
+        let host = logits_to_host(logits)?;
+        Ok(self.draw_tokens(samplers, &host))
+    }
+
+    /// [`super::sampling::sample_candidates`] per row; a row without candidates is sampled densely.
+    #[cfg(feature = "cuda")]
+    fn draw_from_candidates(
+        &mut self,
+        samplers: &[SeqId],
+        logits: &Tensor,
+        rows: &[super::sampling::CandidateRow],
+    ) -> Result<Vec<(Sampled, SampleRng)>> {
+        if self.scratch.is_empty() {
+            self.scratch.push(Scratch::new());
+        }
+        let scratch = &mut self.scratch[0];
+        let (params, eos) = (&self.cfg.params, &self.cfg.eos_token_ids);
+        let mut out = Vec::with_capacity(samplers.len());
+        for (i, (id, row)) in samplers.iter().zip(rows).enumerate() {
+            let m = &self.meta[id.0];
+            let mut rng = m.rng.clone();
+            let s = match super::sampling::sample_candidates(row, params, &mut rng, scratch) {
+                Some(s) => s,
+                None => {
+                    let dense = logits_to_host(&logits.get(i)?)?;
+                    let (prompt, generated) = m.tokens.split_at(m.prompt_len);
+                    sample(&dense, params, prompt, generated, eos, &mut rng, scratch)
+                }
+            };
+            out.push((s, rng));
+        }
+        Ok(out)
     }
 
     /// Draws one token per sampling sequence from its logits row (`logits` holds the rows end to

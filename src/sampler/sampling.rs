@@ -271,6 +271,118 @@ pub fn sample(
     }
 }
 
+/// Most candidates a row may bring from the GPU (`kernels/sampling.cu`'s KMAX).
+pub const MAX_CANDIDATES: usize = 1024;
+
+/// How many candidates per row suffice to draw exactly what [`sample`] draws from the dense row:
+/// 1 for greedy, `top_k` when set; `None` when the draw needs the whole row (penalties, which
+/// can reorder it; stop tokens still masked by `min_new_tokens`; no top-k).
+pub fn candidates_needed(params: &SamplingParams, generated: usize) -> Option<usize> {
+    let penalties = params.repetition_penalty != 1.0
+        || params.presence_penalty != 0.0
+        || params.frequency_penalty != 0.0;
+    if penalties || generated < params.min_new_tokens {
+        return None;
+    }
+    if params.is_greedy() {
+        return Some(1);
+    }
+    (params.top_k > 0 && params.top_k <= MAX_CANDIDATES).then_some(params.top_k)
+}
+
+/// One row's best candidates: `ids` and transformed `values` (sanitized, divided by the
+/// temperature unless greedy) ordered by (value desc, id asc), the sanitized raw logits of the
+/// same ids, and the raw row's max and sum of `exp(x - max)` (for the log-probability).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CandidateRow {
+    pub ids: Vec<u32>,
+    pub values: Vec<f32>,
+    pub raw: Vec<f32>,
+    pub max: f32,
+    pub sum_exp: f64,
+}
+
+/// The CPU reference of the GPU kernel: the best `k` candidates of `logits` under `params`.
+pub fn top_candidates(logits: &[f32], params: &SamplingParams, k: usize) -> CandidateRow {
+    let value = |x: f32| {
+        if params.is_greedy() {
+            sanitize(x)
+        } else {
+            sanitize(x / params.temperature)
+        }
+    };
+    let values: Vec<f32> = logits.iter().map(|&x| value(x)).collect();
+    let mut ids: Vec<u32> = (0u32..)
+        .zip(&values)
+        .filter(|(_, &v)| v > f32::NEG_INFINITY)
+        .map(|(i, _)| i)
+        .collect();
+    ids.sort_unstable_by(by_logit_desc(&values));
+    ids.truncate(k);
+    let clean: Vec<f32>;
+    let row = if logits.contains(&f32::INFINITY) {
+        clean = logits.iter().map(|&x| sanitize(x)).collect();
+        &clean
+    } else {
+        logits
+    };
+    let (max, sum_exp) = max_sum_exp(row);
+    CandidateRow {
+        values: ids.iter().map(|&i| values[i as usize]).collect(),
+        raw: ids.iter().map(|&i| logit_at(logits, i)).collect(),
+        ids,
+        max,
+        sum_exp,
+    }
+}
+
+/// [`sample`] from a row's best candidates (see [`candidates_needed`] for when they suffice):
+/// the same draw, token and log-probability (up to the rounding of the row's sum of exps).
+/// `None` when the row has no candidate (every value is `-inf`): the caller samples the dense
+/// row. Draws one uniform from `rng` when it returns `Some`.
+pub fn sample_candidates(
+    c: &CandidateRow,
+    params: &SamplingParams,
+    rng: &mut SampleRng,
+    scratch: &mut Scratch,
+) -> Option<Sampled> {
+    if c.ids.is_empty() {
+        return None;
+    }
+    let uniform = rng.next_f64();
+    let chosen = if params.is_greedy() {
+        Some(0)
+    } else {
+        let Scratch {
+            logits,
+            candidates,
+            weights,
+            ..
+        } = scratch;
+        logits.clear();
+        logits.extend_from_slice(&c.values);
+        candidates.clear();
+        candidates.extend(0..c.ids.len() as u32);
+        if params.top_p < 1.0 {
+            keep_top_p(logits, candidates, weights, params.top_p);
+        }
+        if params.min_p > 0.0 {
+            keep_min_p(logits, candidates, params.min_p);
+        }
+        draw(logits, candidates, weights, uniform)
+    };
+    let i = chosen.unwrap_or(0) as usize;
+    let logprob = if c.max == f32::NEG_INFINITY || c.max.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        (f64::from(c.raw[i]) - f64::from(c.max) - c.sum_exp.ln()) as f32
+    };
+    Some(Sampled {
+        token: c.ids[i],
+        logprob,
+    })
+}
+
 /// NaN → `-inf`, `+inf` → `f32::MAX` (so softmax stays defined); everything else unchanged.
 fn sanitize(logit: f32) -> f32 {
     if logit.is_nan() {
@@ -453,13 +565,16 @@ fn by_logit_desc(logits: &[f32]) -> impl Fn(&u32, &u32) -> Ordering + '_ {
     }
 }
 
-/// Keeps exactly the `top_k` best candidates (partial selection, no full sort).
+/// Keeps exactly the `top_k` best candidates (partial selection, then a sort of those kept).
+/// The kept ones end sorted best first, so that the draw's order (and so its outcome) is a
+/// function of the kept set alone, not of the selection algorithm: the GPU's top-k candidates
+/// ([`sample_candidates`]) then draw exactly what this draws.
 fn keep_top_k(logits: &[f32], candidates: &mut Vec<u32>, top_k: usize) {
-    if top_k >= candidates.len() {
-        return;
+    if top_k < candidates.len() {
+        candidates.select_nth_unstable_by(top_k - 1, by_logit_desc(logits));
+        candidates.truncate(top_k);
     }
-    candidates.select_nth_unstable_by(top_k - 1, by_logit_desc(logits));
-    candidates.truncate(top_k);
+    candidates.sort_unstable_by(by_logit_desc(logits));
 }
 
 /// First prefix length top-p examines; it grows ×8 until the prefix holds the wanted mass.
@@ -621,6 +736,76 @@ mod tests {
         scratch.logits.extend_from_slice(logits);
         apply_penalties(scratch, params, prompt, generated);
         scratch.logits.clone()
+    }
+
+    /// Rows with ties (values rounded to bf16-like steps), NaN, ±inf and -inf runs.
+    fn awkward_row(seed: u64, vocab: usize) -> Vec<f32> {
+        let mut rng = SampleRng::new(seed, "row", 0);
+        (0..vocab)
+            .map(|_| match rng.next_u64() % 50 {
+                0 => f32::NAN,
+                1 => f32::NEG_INFINITY,
+                2 if seed.is_multiple_of(3) => f32::INFINITY,
+                _ => ((rng.next_f64() * 12.0 - 6.0) * 4.0).round() as f32 / 4.0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn candidate_rows_draw_exactly_what_the_dense_row_draws() {
+        let settings = [
+            (0.0, 0, 1.0, 0.0),
+            (0.6, 20, 0.95, 0.0),
+            (1.0, 5, 1.0, 0.1),
+            (0.8, 50, 0.9, 0.05),
+            (1.3, 400, 0.99, 0.0),
+            (0.7, 1000, 1.0, 0.0),
+        ];
+        for (ti, &(temperature, top_k, top_p, min_p)) in settings.iter().enumerate() {
+            let params = SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                ..SamplingParams::default()
+            };
+            let k = candidates_needed(&params, 0).expect("no penalties: candidates suffice");
+            for seed in 0..40u64 {
+                let row = awkward_row(seed * 7 + ti as u64, 300 + seed as usize * 13);
+                let mut a = SampleRng::new(seed, "p", 1);
+                let mut b = a.clone();
+                let dense = sample_plain(&row, &params, &mut a);
+                let c = top_candidates(&row, &params, k);
+                let got = sample_candidates(&c, &params, &mut b, &mut Scratch::new())
+                    .expect("rows have finite values");
+                assert_eq!(got.token, dense.token, "setting {ti}, seed {seed}");
+                assert!(
+                    (got.logprob - dense.logprob).abs() <= 1e-5 * dense.logprob.abs().max(1.0),
+                    "setting {ti}, seed {seed}: {} vs {}",
+                    got.logprob,
+                    dense.logprob
+                );
+                assert_eq!(a.next_u64(), b.next_u64(), "one uniform drawn by each");
+            }
+        }
+        let penalised = SamplingParams {
+            repetition_penalty: 1.1,
+            top_k: 20,
+            temperature: 0.6,
+            ..SamplingParams::default()
+        };
+        assert_eq!(candidates_needed(&penalised, 0), None);
+        let min_new = SamplingParams {
+            min_new_tokens: 3,
+            ..SamplingParams::default()
+        };
+        assert_eq!(candidates_needed(&min_new, 2), None);
+        assert_eq!(candidates_needed(&min_new, 3), Some(1));
+        let no_top_k = SamplingParams {
+            temperature: 1.0,
+            ..SamplingParams::default()
+        };
+        assert_eq!(candidates_needed(&no_top_k, 0), None);
     }
 
     #[test]
