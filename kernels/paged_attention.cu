@@ -98,7 +98,8 @@ __device__ void paged_attn(T* __restrict__ out, float* __restrict__ part_out,
                            int max_blocks, int part_size, int num_parts, float scale) {
   constexpr int KPW = 32 / L;  // keys per warp per round
   // rounds per iteration (0: the default for L)
-  constexpr int R = ROUNDS > 0 ? ROUNDS : (KPW >= 4 ? 2 : (KPW == 2 ? 4 : 8));
+  // (2 measured best at L = 16; more rounds cost registers and so resident warps)
+  constexpr int R = ROUNDS > 0 ? ROUNDS : (KPW >= 2 ? 2 : 4);
   constexpr int STEP = KPW * R;  // keys per warp per iteration
   extern __shared__ float smem[];
   const int t = blockIdx.x, kvh = blockIdx.y, p = blockIdx.z;
@@ -300,9 +301,9 @@ __device__ void paged_attn_reduce(T* __restrict__ out, const float* __restrict__
                                scale);                                                         \
   }
 ATTN_R(bf16, __nv_bfloat16, __nv_bfloat16, 1)
-ATTN_R(bf16, __nv_bfloat16, __nv_bfloat16, 2)
+ATTN_R(bf16, __nv_bfloat16, __nv_bfloat16, 4)
 ATTN_R(bf16, __nv_bfloat16, __nv_bfloat16, 8)
-ATTN_R(bf16_fp8, __nv_bfloat16, __nv_fp8_e4m3, 2)
+ATTN_R(bf16_fp8, __nv_bfloat16, __nv_fp8_e4m3, 4)
 ATTN_R(bf16_fp8, __nv_bfloat16, __nv_fp8_e4m3, 8)
 
 ATTN_ALL(f32, float, float)

@@ -514,9 +514,9 @@ pub fn run_attention(a: &AttentionBenchArgs) -> Result<()> {
         );
         let variants: &[Option<&'static str>] = if (hq / hkv, d) == (4, 128) {
             if a.kv_fp8 {
-                &[None, Some("_r2"), Some("_r8")]
+                &[None, Some("_r4"), Some("_r8")]
             } else {
-                &[None, Some("_r1"), Some("_r2"), Some("_r8")]
+                &[None, Some("_r1"), Some("_r4"), Some("_r8")]
             }
         } else {
             &[None]
