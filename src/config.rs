@@ -622,6 +622,33 @@ path = "c.parquet"
     }
 
     #[test]
+    fn sample_device_dtype_and_kv_cache_dtype_are_checked_at_parse_time() {
+        let with = |extra: &str| {
+            format!("{OK}[sample]\nmodel = \"m\"\nprompt_template = \"raw\"\n{extra}\n")
+        };
+        assert!(parse(&with("device = \"cpu\"")).is_ok());
+        assert!(parse(&with("device = \"cuda:1\"\nkv_cache_dtype = \"fp8\"")).is_ok());
+        for (extra, want) in [
+            (
+                "device = \"cdua\"",
+                "sample.device must be cpu, cuda or cuda:N, got `cdua`",
+            ),
+            ("dtype = \"bf16\"", "sample.dtype bf16 needs a cuda device"),
+            (
+                "kv_cache_dtype = \"fp8\"",
+                "sample.kv_cache_dtype fp8 needs a cuda device",
+            ),
+            (
+                "device = \"cuda\"\nkv_cache_dtype = \"int4\"",
+                "sample.kv_cache_dtype must be auto or fp8, got `int4`",
+            ),
+        ] {
+            let e = parse(&with(extra)).unwrap_err().0;
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+    }
+
+    #[test]
     fn misspelled_enum_value_suggests_the_variant() {
         let bad = OK.replace("format = \"math\"", "format = \"maht\"");
         let e = parse(&bad).unwrap_err().0;

@@ -48,38 +48,6 @@ pub struct SampleBenchArgs {
     pub kv_fp8: bool,
 }
 
-/// `cpu`, `cuda` or `cuda:N`.
-pub fn parse_device(s: &str) -> Result<Device> {
-    match s {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => cuda_device(0),
-        _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(n)) => cuda_device(n),
-            _ => bail!("--device {s}: use cpu, cuda or cuda:N"),
-        },
-    }
-}
-
-#[cfg(feature = "cuda")]
-fn cuda_device(n: usize) -> Result<Device> {
-    Ok(crate::cuda::sampler_device(n)?)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn cuda_device(_: usize) -> Result<Device> {
-    bail!("this binary was built without the cuda feature (cargo build --features cuda)")
-}
-
-/// `auto` (f32 on the CPU, bf16 elsewhere), `f32` or `bf16`.
-pub fn parse_dtype(s: &str, dev: &Device) -> Result<DType> {
-    match s {
-        "auto" if dev.is_cpu() => Ok(DType::F32),
-        "auto" | "bf16" => Ok(DType::BF16),
-        "f32" => Ok(DType::F32),
-        other => bail!("--dtype {other}: use auto, f32 or bf16"),
-    }
-}
-
 /// The benchmark shapes (Qwen3 layout, tied embeddings).
 pub fn shape(name: &str) -> Result<ModelConfig> {
     let (h, i, l, q, kv, d, v) = match name {
@@ -209,8 +177,8 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
         .map(|b| b.trim().parse::<usize>())
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| anyhow::anyhow!("--batch {}: {e}", a.batch))?;
-    let dev = parse_device(&a.device)?;
-    let dtype = parse_dtype(&a.dtype, &dev)?;
+    let dev = crate::model::parse_device(&a.device)?;
+    let dtype = crate::model::parse_dtype(&a.dtype, &dev)?;
     if !dev.is_cpu() {
         #[cfg(feature = "cuda")]
         return run_gpu(a, &cfg, &batches, &dev, dtype);
@@ -459,7 +427,7 @@ pub fn run_attention(a: &AttentionBenchArgs) -> Result<()> {
         use crate::sampler::block_pool::{BlockPool, BlockTable};
         let mut cfg = shape(&a.shape)?;
         cfg.num_layers = 1;
-        let dev = cuda_device(0)?;
+        let dev = crate::model::parse_device("cuda")?;
         let (bw, _) = gpu_ceilings(&dev)?;
         let (b, ctx, bs) = (a.batch, a.context.max(1), 16);
         let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);

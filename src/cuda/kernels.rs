@@ -76,3 +76,14 @@ pub fn tensor_ptr(t: &Tensor) -> Result<u64> {
 pub fn slice_ptr<T>(dev: &CudaDevice, s: &CudaSlice<T>) -> u64 {
     s.device_ptr(&dev.cuda_stream()).0
 }
+
+/// (free, total) bytes of `dev`'s memory.
+pub fn memory_info(dev: &candle_core::Device) -> Result<(u64, u64)> {
+    let (free, total) = dev
+        .as_cuda_device()?
+        .cuda_stream()
+        .context()
+        .mem_get_info()
+        .map_err(|e| candle_core::Error::Msg(format!("memory info: {e:?}")))?;
+    Ok((free as u64, total as u64))
+}

@@ -197,3 +197,37 @@ fn hub_snapshot(id: &str) -> Result<PathBuf> {
     }
     Ok(dir)
 }
+
+/// `cpu`, `cuda` or `cuda:N` (a CUDA device needs a binary built with `--features cuda`).
+pub fn parse_device(s: &str) -> anyhow::Result<Device> {
+    match s {
+        "cpu" => Ok(Device::Cpu),
+        "cuda" => cuda_device(0),
+        _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => cuda_device(n),
+            _ => anyhow::bail!("device `{s}`: use cpu, cuda or cuda:N"),
+        },
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_device(n: usize) -> anyhow::Result<Device> {
+    Ok(crate::cuda::sampler_device(n)?)
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_device(_: usize) -> anyhow::Result<Device> {
+    anyhow::bail!("this binary was built without the cuda feature (cargo build --features cuda)")
+}
+
+/// Weights' dtype: `auto` (f32 on the CPU, bf16 on a GPU), `f32` or `bf16`; the CPU sampler
+/// runs f32 only.
+pub fn parse_dtype(s: &str, dev: &Device) -> anyhow::Result<DType> {
+    match s {
+        "auto" | "f32" if dev.is_cpu() => Ok(DType::F32),
+        _ if dev.is_cpu() => anyhow::bail!("dtype `{s}`: the CPU sampler runs f32 weights"),
+        "auto" | "bf16" => Ok(DType::BF16),
+        "f32" => Ok(DType::F32),
+        other => anyhow::bail!("dtype `{other}`: use auto, f32 or bf16"),
+    }
+}

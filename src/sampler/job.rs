@@ -54,6 +54,8 @@ pub struct JobConfig {
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
     pub kv_cache_bytes: u64,
+    /// fp8 e4m3 keys and values (CUDA).
+    pub kv_fp8: bool,
     pub target_correct: Option<u32>,
     /// Problems per committed part.
     pub part_problems: usize,
@@ -88,6 +90,12 @@ fn d_budget() -> usize {
 }
 fn d_block() -> usize {
     16
+}
+fn d_cpu() -> String {
+    "cpu".into()
+}
+fn d_auto() -> String {
+    "auto".into()
 }
 fn d_close() -> String {
     "\n</think>\n\n".into()
@@ -161,6 +169,19 @@ pub struct SampleSettings {
     #[serde(default = "d_block")]
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// `cpu`, or `cuda` / `cuda:N` (a binary built with `--features cuda`).
+    #[serde(default = "d_cpu")]
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Weights' dtype: `auto` (f32 on the CPU, bf16 on a GPU), `f32` or `bf16`.
+    #[serde(default = "d_auto")]
+    #[arg(long, default_value = "auto")]
+    pub dtype: String,
+    /// `auto` (the weights' dtype) or `fp8` (e4m3 keys and values: half the bytes of bf16;
+    /// CUDA with bf16 weights).
+    #[serde(default = "d_auto")]
+    #[arg(long, default_value = "auto")]
+    pub kv_cache_dtype: String,
     /// Stop sampling a problem once this many of its samples are correct (needs gold answers).
     #[arg(long)]
     pub target_correct: Option<u32>,
@@ -205,11 +226,58 @@ impl SampleSettings {
         if let Some(s) = &self.kv_cache {
             crate::bytes::parse_bytes(s).map_err(|e| format!("kv_cache: {e}"))?;
         }
+        let gpu = match self.device.as_str() {
+            "cpu" => false,
+            d if d == "cuda"
+                || d.strip_prefix("cuda:")
+                    .is_some_and(|n| n.parse::<usize>().is_ok()) =>
+            {
+                true
+            }
+            d => return Err(format!("device must be cpu, cuda or cuda:N, got `{d}`")),
+        };
+        match (self.dtype.as_str(), gpu) {
+            ("auto" | "f32", _) | ("bf16", true) => {}
+            ("bf16", false) => {
+                return Err("dtype bf16 needs a cuda device (the CPU sampler runs f32)".into())
+            }
+            (d, _) => return Err(format!("dtype must be auto, f32 or bf16, got `{d}`")),
+        }
+        match (self.kv_cache_dtype.as_str(), gpu) {
+            ("auto", _) => {}
+            ("fp8", true) if self.dtype != "f32" => {}
+            ("fp8", _) => {
+                return Err("kv_cache_dtype fp8 needs a cuda device and bf16 weights".into())
+            }
+            (d, _) => return Err(format!("kv_cache_dtype must be auto or fp8, got `{d}`")),
+        }
         if self.target_correct == Some(0) {
             return Err("target_correct must be at least 1".into());
         }
         Ok(())
     }
+}
+
+/// Bytes one token's keys and values take in the cache on the model's device.
+pub fn kv_bytes_per_token(model: &crate::model::Transformer, kv_fp8: bool) -> usize {
+    #[cfg(feature = "cuda")]
+    if model.device().is_cuda() {
+        return crate::cuda::GpuKvCache::bytes_per_token(model.config(), model.dtype(), kv_fp8);
+    }
+    let _ = kv_fp8;
+    KvCache::bytes_per_token(model.config())
+}
+
+/// Memory the default KV cache may take: a quarter of the host's available memory, or 90% of
+/// the GPU's free memory (the weights are loaded by then).
+fn free_kv_memory(device: &candle_core::Device) -> Result<u64> {
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        let (free, _) = crate::cuda::kernels::memory_info(device)?;
+        return Ok(free / 10 * 9);
+    }
+    let _ = device;
+    Ok(crate::cmd::preflight::available_memory_bytes().unwrap_or(4 << 30) / 4)
 }
 
 /// Loads the model and runs the job described by `s` over `problems` (gold answers, where not
@@ -239,19 +307,22 @@ pub fn run_settings(
         _ => None,
     };
     let prompts = build_prompts(problems, &template, chat.as_ref(), &tok)?;
-    let mut model = ck.load_transformer(&candle_core::Device::Cpu, candle_core::DType::F32)?;
+    let device = crate::model::parse_device(&s.device)?;
+    let dtype = crate::model::parse_dtype(&s.dtype, &device)?;
+    let kv_fp8 = s.kv_cache_dtype == "fp8";
+    let mut model = ck.load_transformer(&device, dtype)?;
     model.set_fused_inference(true)?;
     // Default KV cache: what max_num_seqs sequences of the longest prompt plus max_new_tokens
-    // need, capped at a quarter of the available memory.
+    // need, capped at a quarter of the available memory (on a GPU: 90% of its free memory).
     let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
-    let per_token = KvCache::bytes_per_token(model.config()) as u64;
+    let per_token = kv_bytes_per_token(&model, kv_fp8) as u64;
     let seqs = s.max_num_seqs.min(problems.len() * s.n as usize).max(1);
     let needed = (seqs * (longest + s.max_new_tokens + s.block_size)) as u64 * per_token;
     let kv_cache_bytes = match &s.kv_cache {
         Some(text) => {
             crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
         }
-        None => needed.min(crate::cmd::preflight::available_memory_bytes().unwrap_or(4 << 30) / 4),
+        None => needed.min(free_kv_memory(&device)?),
     };
     let thinking = match s.max_thinking_tokens {
         None => None,
@@ -271,6 +342,7 @@ pub fn run_settings(
         max_num_seqs: s.max_num_seqs,
         max_num_batched_tokens: s.max_num_batched_tokens,
         kv_cache_bytes,
+        kv_fp8,
         target_correct: s.target_correct,
         part_problems: 8,
         grade: GradeOptions {
@@ -378,7 +450,8 @@ pub fn run(
         .with_context(|| format!("cannot create {}", parts.display()))?;
     let done = committed_problems(&parts)?;
     let shash = sampling_hash(cfg, template);
-    let num_blocks = KvCache::blocks_for_budget(model.config(), cfg.block_size, cfg.kv_cache_bytes);
+    let per_block = (kv_bytes_per_token(model, cfg.kv_fp8) * cfg.block_size).max(1) as u64;
+    let num_blocks = (cfg.kv_cache_bytes / per_block) as usize;
     let tokens = num_blocks * cfg.block_size;
     let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
     let per_seq = longest + cfg.params.max_new_tokens;
@@ -398,7 +471,7 @@ pub fn run(
         num_blocks,
         params: cfg.params.clone(),
         eos_token_ids: eos.to_vec(),
-        kv_fp8: false,
+        kv_fp8: cfg.kv_fp8,
         thinking: cfg.thinking.clone(),
     };
     let mut engine = Engine::new(model, ecfg)?;

@@ -23,8 +23,10 @@ pub const OUTPUT: &str = "completions.parquet";
 /// Prompt length assumed for the KV estimate before the prompts exist.
 pub const ESTIMATE_PROMPT_TOKENS: usize = 512;
 
-/// Weights as computed on CPU (f32: a bf16 checkpoint doubles) plus the KV cache: `kv_cache`,
-/// or max_num_seqs sequences of a 512-token prompt plus max_new_tokens.
+/// Host memory: on the CPU, the weights as computed (f32: a bf16 checkpoint doubles) plus the KV
+/// cache (`kv_cache`, or max_num_seqs sequences of a 512-token prompt plus max_new_tokens); on a
+/// GPU, the checkpoint as read (weights and cache live on the device, whose memory is checked
+/// when the run starts: the default cache takes 90% of what the weights leave free).
 fn memory_estimate(s: &SampleSettings) -> Result<u64> {
     let ck = crate::model::Checkpoint::open(&s.model)?;
     let stored: u64 = ck
@@ -43,6 +45,9 @@ fn memory_estimate(s: &SampleSettings) -> Result<u64> {
             s.max_new_tokens,
             ck.config.max_position_embeddings
         );
+    }
+    if s.device != "cpu" {
+        return Ok(stored);
     }
     let per_token = crate::sampler::kv_cache::KvCache::bytes_per_token(&ck.config) as u64;
     let kv = match &s.kv_cache {
