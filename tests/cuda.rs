@@ -9,7 +9,6 @@
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
-use selfdistill::cuda::paged::GpuSeq;
 use selfdistill::cuda::{GpuKvCache, GpuPagedAttention, GpuStep};
 use selfdistill::model::attention::AttentionBackend;
 use selfdistill::model::ModelConfig;
@@ -113,15 +112,7 @@ fn compare(hq: usize, hkv: usize, d: usize, dtype: DType, fp8: bool, lens: &[usi
                 num_new: n,
             })
             .collect();
-        let gseqs: Vec<GpuSeq> = steps
-            .iter()
-            .map(|s| GpuSeq {
-                block_table: s.block_table,
-                start_pos: s.start_pos,
-                num_new: s.num_new,
-            })
-            .collect();
-        let gstep = GpuStep::new(&gcache, &gseqs, hq).unwrap();
+        let gstep = GpuStep::new(&gcache, &steps, hq).unwrap();
         for layer in 0..2 {
             let want = PagedAttention::new(&mut cpu, steps.clone())
                 .attend(layer, &qf, &kf, &vf)
@@ -195,7 +186,7 @@ fn block_copies_move_every_layer() {
     table.reserve(&mut pool, 0, bs, bs).unwrap();
     let step = GpuStep::new(
         &g,
-        &[GpuSeq {
+        &[SeqStep {
             block_table: &table,
             start_pos: 0,
             num_new: bs,
@@ -224,7 +215,7 @@ fn block_copies_move_every_layer() {
     let moved = BlockTable { blocks: vec![dst] };
     let step = GpuStep::new(
         &g,
-        &[GpuSeq {
+        &[SeqStep {
             block_table: &moved,
             start_pos: bs - 1,
             num_new: 1,
@@ -342,14 +333,21 @@ fn seeded_sampling_on_the_gpu_matches_the_cpu_sampler() {
     let cpu = run_fixture(&Device::Cpu, DType::F32, &prompts, 3, params.clone());
     let g = run_fixture(&gpu(), DType::F32, &prompts, 3, params);
     assert_eq!(cpu.len(), 9);
-    for (c, g) in cpu.iter().zip(&g) {
-        assert_eq!(
-            c.tokens,
-            g.tokens,
-            "sample {:?}",
-            (c.request, c.sample_index)
+    assert_same_samples(&cpu, &g, "seeded top-k/top-p on the GPU");
+}
+
+/// Same tokens, and log-probabilities within 1e-3, sample by sample.
+fn assert_same_samples(cpu: &[Sample], gpu: &[Sample], what: &str) {
+    assert_eq!(cpu.len(), gpu.len(), "{what}: sample counts");
+    for (c, g) in cpu.iter().zip(gpu) {
+        let id = (c.request, c.sample_index);
+        assert_eq!(c.tokens, g.tokens, "{what}, sample {id:?}");
+        assert!(
+            (c.cumulative_logprob - g.cumulative_logprob).abs() < 1e-3,
+            "{what}, sample {id:?}: logprob {} vs {}",
+            c.cumulative_logprob,
+            g.cumulative_logprob
         );
-        assert!((c.cumulative_logprob - g.cumulative_logprob).abs() < 1e-3);
     }
 }
 
@@ -414,15 +412,7 @@ fn greedy_decode_on_the_gpu_matches_the_cpu_sampler() {
     let cpu = greedy(&Device::Cpu, DType::F32, &prompts, 2);
     let g32 = greedy(&gpu(), DType::F32, &prompts, 2);
     assert_eq!(cpu.len(), 6);
-    for (c, g) in cpu.iter().zip(&g32) {
-        assert_eq!(
-            c.tokens,
-            g.tokens,
-            "f32 on the GPU, sample {:?}",
-            (c.request, c.sample_index)
-        );
-        assert!((c.cumulative_logprob - g.cumulative_logprob).abs() < 1e-3);
-    }
+    assert_same_samples(&cpu, &g32, "greedy f32 on the GPU");
     // bf16 weights round every logit: report how far the greedy paths agree.
     let g16 = greedy(&gpu(), DType::BF16, &prompts, 2);
     for (c, g) in cpu.iter().zip(&g16) {

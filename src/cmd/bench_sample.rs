@@ -421,10 +421,11 @@ pub fn run_attention(a: &AttentionBenchArgs) -> Result<()> {
     }
     #[cfg(feature = "cuda")]
     {
-        use crate::cuda::paged::{write_kv, GpuSeq};
+        use crate::cuda::paged::write_kv;
         use crate::cuda::{GpuKvCache, GpuPagedAttention, GpuStep};
         use crate::model::attention::AttentionBackend;
         use crate::sampler::block_pool::{BlockPool, BlockTable};
+        use crate::sampler::kv_cache::SeqStep;
         let mut cfg = shape(&a.shape)?;
         cfg.num_layers = 1;
         let dev = crate::model::parse_device("cuda")?;
@@ -445,7 +446,7 @@ pub fn run_attention(a: &AttentionBenchArgs) -> Result<()> {
         for t in &tables {
             let fill = GpuStep::new(
                 &cache,
-                &[GpuSeq {
+                &[SeqStep {
                     block_table: t,
                     start_pos: 0,
                     num_new: ctx,
@@ -456,9 +457,9 @@ pub fn run_attention(a: &AttentionBenchArgs) -> Result<()> {
             let v = Tensor::randn(0f32, 1.0, (ctx, hkv, d), &dev)?.to_dtype(DType::BF16)?;
             write_kv(&cache, &fill, 0, &k, &v)?;
         }
-        let seqs: Vec<GpuSeq> = tables
+        let seqs: Vec<SeqStep> = tables
             .iter()
-            .map(|t| GpuSeq {
+            .map(|t| SeqStep {
                 block_table: t,
                 start_pos: ctx - 1,
                 num_new: 1,

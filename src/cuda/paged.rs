@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use candle_core::cuda_backend::cudarc::driver::{
-    result, sys, CudaSlice, LaunchConfig, PushKernelArg,
+    result, sys, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg,
 };
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Result, Storage, Tensor};
@@ -21,7 +21,8 @@ use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Result, Storage,
 use super::kernels::{checked, paged_fn, slice_ptr, tensor_ptr};
 use crate::model::attention::AttentionBackend;
 use crate::model::ModelConfig;
-use crate::sampler::block_pool::{BlockId, BlockTable};
+use crate::sampler::block_pool::BlockId;
+use crate::sampler::kv_cache::SeqStep;
 
 /// Threads per attention block (4 warps).
 const THREADS: u32 = 128;
@@ -42,6 +43,10 @@ pub struct GpuKvCache {
     v: Vec<CudaSlice<u8>>,
     dev: CudaDevice,
     sm_count: usize,
+    /// The kernels for this cache's dtypes and head shape, loaded once.
+    write_fn: CudaFunction,
+    attn_fn: CudaFunction,
+    reduce_fn: CudaFunction,
 }
 
 impl GpuKvCache {
@@ -104,6 +109,15 @@ impl GpuKvCache {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| candle_core::Error::Msg(format!("device attribute: {e:?}")))?
             as usize;
+        let suffix = kernel_suffix(model_dtype, fp8);
+        let write_fn = paged_fn(&dev, &format!("write_kv_{suffix}"))?;
+        let attn_fn = paged_fn(&dev, &attn_name(suffix, cfg.head_dim, g, ""))?;
+        let reduce = if model_dtype == DType::F32 {
+            "f32"
+        } else {
+            "bf16"
+        };
+        let reduce_fn = paged_fn(&dev, &format!("paged_attn_reduce_{reduce}"))?;
         Ok(GpuKvCache {
             block_size,
             num_blocks,
@@ -115,6 +129,9 @@ impl GpuKvCache {
             v,
             dev,
             sm_count,
+            write_fn,
+            attn_fn,
+            reduce_fn,
         })
     }
 
@@ -148,22 +165,22 @@ impl GpuKvCache {
         }
         Ok(())
     }
+}
 
-    fn kernel_suffix(&self) -> &'static str {
-        match (self.model_dtype, self.fp8) {
-            (DType::F32, _) => "f32",
-            (_, false) => "bf16",
-            (_, true) => "bf16_fp8",
-        }
+/// The kernels' name suffix for a model dtype and cache dtype.
+fn kernel_suffix(model_dtype: DType, fp8: bool) -> &'static str {
+    match (model_dtype, fp8) {
+        (DType::F32, _) => "f32",
+        (_, false) => "bf16",
+        (_, true) => "bf16_fp8",
     }
 }
 
-/// One sequence's share of a step, as the GPU step needs it.
-#[derive(Debug, Clone, Copy)]
-pub struct GpuSeq<'a> {
-    pub block_table: &'a BlockTable,
-    pub start_pos: usize,
-    pub num_new: usize,
+/// The attention kernel for `d` (8 elements per lane, a power of two from 2 to 32 lanes per key
+/// row) and `g` query heads per KV head; `variant` names a benchmark variant (`_r4`).
+fn attn_name(suffix: &str, d: usize, g: usize, variant: &str) -> String {
+    let lanes = (d / 8).next_power_of_two().max(2);
+    format!("paged_attn_{suffix}_l{lanes}_g{g}{variant}")
 }
 
 /// A step's metadata on the device, shared by every layer.
@@ -182,7 +199,7 @@ pub struct GpuStep {
 }
 
 impl GpuStep {
-    pub fn new(cache: &GpuKvCache, seqs: &[GpuSeq], num_heads: usize) -> Result<Self> {
+    pub fn new(cache: &GpuKvCache, seqs: &[SeqStep], num_heads: usize) -> Result<Self> {
         let bs = cache.block_size;
         let tokens: usize = seqs.iter().map(|s| s.num_new).sum();
         let max_blocks = seqs
@@ -316,7 +333,6 @@ impl GpuPagedAttention<'_> {
         };
         let dev = &cache.dev;
         let stream = dev.cuda_stream();
-        let suffix = cache.kernel_suffix();
         let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
         let qp = tensor_ptr(&q)?;
         let (kcp, vcp) = (slice_ptr(dev, kc), slice_ptr(dev, vc));
@@ -339,11 +355,16 @@ impl GpuPagedAttention<'_> {
                 (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
             }
         };
-        // lanes per key row: 8 elements each, a power of two from 2 to 32
-        let lanes = (d / 8).next_power_of_two().max(2);
         let g = hq / hkv;
-        let variant = self.variant.unwrap_or("");
-        let f = paged_fn(dev, &format!("paged_attn_{suffix}_l{lanes}_g{g}{variant}"))?;
+        let variant_fn;
+        let f = match self.variant {
+            None => &cache.attn_fn,
+            Some(v) => {
+                let suffix = kernel_suffix(cache.model_dtype, cache.fp8);
+                variant_fn = paged_fn(dev, &attn_name(suffix, d, g, v))?;
+                &variant_fn
+            }
+        };
         let (pop, pmp) = match (&step.part_out, &step.part_ml) {
             (Some(a), Some(b)) => (slice_ptr(dev, a), slice_ptr(dev, b)),
             _ => (0u64, 0u64),
@@ -366,7 +387,7 @@ impl GpuPagedAttention<'_> {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: (4 * nw * g * (d + 2)) as u32,
         };
-        let mut b = stream.launch_builder(&f);
+        let mut b = stream.launch_builder(f);
         b.arg(&outp)
             .arg(&pop)
             .arg(&pmp)
@@ -389,18 +410,12 @@ impl GpuPagedAttention<'_> {
         // behind them live until the step ends; candle's stream orders any free after the launch.
         checked(unsafe { b.launch(cfg) })?;
         if step.num_parts > 1 {
-            let rname = if suffix == "f32" {
-                "paged_attn_reduce_f32"
-            } else {
-                "paged_attn_reduce_bf16"
-            };
-            let f = paged_fn(dev, rname)?;
             let cfg = LaunchConfig {
                 grid_dim: (t as u32, hq as u32, 1),
                 block_dim: (d.next_multiple_of(32).min(256) as u32, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let mut b = stream.launch_builder(&f);
+            let mut b = stream.launch_builder(&cache.reduce_fn);
             b.arg(&outp)
                 .arg(&pop)
                 .arg(&pmp)
@@ -438,13 +453,12 @@ pub fn write_kv(
         bail!("no layer {layer} in the cache");
     };
     let dev = &cache.dev;
-    let f = paged_fn(dev, &format!("write_kv_{}", cache.kernel_suffix()))?;
     let (kp, vp) = (tensor_ptr(k)?, tensor_ptr(v)?);
     let (kcp, vcp) = (slice_ptr(dev, kc), slice_ptr(dev, vc));
     let slots = tensor_ptr(&step.slots)?;
     let (hkv_i, d_i, bs_i) = (hkv as i32, d as i32, cache.block_size as i32);
     let stream = dev.cuda_stream();
-    let mut b = stream.launch_builder(&f);
+    let mut b = stream.launch_builder(&cache.write_fn);
     b.arg(&kp)
         .arg(&vp)
         .arg(&kcp)

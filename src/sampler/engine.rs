@@ -379,16 +379,8 @@ impl<'m> Engine<'m> {
                 }
                 #[cfg(feature = "cuda")]
                 Cache::Cuda(cache) => {
-                    let gpu_seqs: Vec<crate::cuda::paged::GpuSeq> = seq_steps
-                        .iter()
-                        .map(|s| crate::cuda::paged::GpuSeq {
-                            block_table: s.block_table,
-                            start_pos: s.start_pos,
-                            num_new: s.num_new,
-                        })
-                        .collect();
                     let meta =
-                        crate::cuda::GpuStep::new(cache, &gpu_seqs, model.config().num_heads)?;
+                        crate::cuda::GpuStep::new(cache, &seq_steps, model.config().num_heads)?;
                     let mut attn = crate::cuda::GpuPagedAttention {
                         cache,
                         step: &meta,

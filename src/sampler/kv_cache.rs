@@ -48,12 +48,6 @@ impl KvCache {
         2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * std::mem::size_of::<f32>()
     }
 
-    /// How many blocks fit in `bytes`.
-    pub fn blocks_for_budget(cfg: &ModelConfig, block_size: usize, bytes: u64) -> usize {
-        let per_block = (Self::bytes_per_token(cfg) * block_size).max(1) as u64;
-        (bytes / per_block) as usize
-    }
-
     fn row(&self) -> usize {
         self.num_kv_heads * self.head_dim
     }
