@@ -14,6 +14,7 @@ pub mod config;
 pub mod cuda;
 pub mod data;
 pub mod fault;
+pub mod gemm;
 pub mod model;
 pub mod pretrain;
 pub mod rng;

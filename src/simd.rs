@@ -1,5 +1,5 @@
-//! Small numeric kernels for the CPU hot loops of sampling (the matmul of a decode step at
-//! batch 1..=4, attention dot products and softmax, log-sum-exp over a vocab row): AVX2+FMA
+//! Small numeric kernels for the CPU hot loops of sampling (attention dot products and softmax,
+//! log-sum-exp over a vocab row; the matmul is [`crate::gemm`]): AVX2+FMA
 //! intrinsics where the CPU has them (detected once by std), portable code elsewhere.
 //!
 //! Knows nothing of models or caches. Accuracy is stated per function and tested below.
@@ -131,89 +131,6 @@ mod avx2 {
         (max, total)
     }
 
-    fn lanes(v: __m256) -> [f32; 8] {
-        let mut l = [0f32; 8];
-        // SAFETY: `l` holds eight f32s.
-        unsafe { _mm256_storeu_ps(l.as_mut_ptr(), v) };
-        l
-    }
-
-    /// See [`super::dot_tile`]: the same operations as [`super::dot_portable`] per element.
-    #[target_feature(enable = "avx2,fma")]
-    pub fn dot_tile(
-        x: &[f32],
-        w: &[f32],
-        k: usize,
-        mr: usize,
-        nr: usize,
-        tile: &mut [[f32; super::NR]; super::MR],
-    ) {
-        macro_rules! dispatch {
-            ($(($a:literal, $b:literal)),*) => {
-                match (mr, nr) {
-                    $(($a, $b) => tile_n::<$a, $b>(x, w, k, tile),)*
-                    _ => unreachable!("tile {mr}x{nr}"),
-                }
-            };
-        }
-        dispatch!(
-            (4, 3),
-            (4, 2),
-            (4, 1),
-            (3, 3),
-            (3, 2),
-            (3, 1),
-            (2, 6),
-            (2, 5),
-            (2, 4),
-            (2, 3),
-            (2, 2),
-            (2, 1),
-            (1, 6),
-            (1, 5),
-            (1, 4),
-            (1, 3),
-            (1, 2),
-            (1, 1)
-        )
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    fn tile_n<const A: usize, const B: usize>(
-        x: &[f32],
-        w: &[f32],
-        k: usize,
-        tile: &mut [[f32; super::NR]; super::MR],
-    ) {
-        assert!(x.len() >= A * k && w.len() >= B * k);
-        let k8 = k / 8 * 8;
-        let mut acc = [[_mm256_setzero_ps(); B]; A];
-        let mut p = 0;
-        while p < k8 {
-            let mut wv = [_mm256_setzero_ps(); B];
-            for (b, v) in wv.iter_mut().enumerate() {
-                // SAFETY: b * k + p + 8 <= B * k <= w.len() (asserted above).
-                *v = unsafe { _mm256_loadu_ps(w.as_ptr().add(b * k + p)) };
-            }
-            for (a, row) in acc.iter_mut().enumerate() {
-                // SAFETY: a * k + p + 8 <= A * k <= x.len().
-                let xv = unsafe { _mm256_loadu_ps(x.as_ptr().add(a * k + p)) };
-                for (b, c) in row.iter_mut().enumerate() {
-                    *c = _mm256_fmadd_ps(xv, wv[b], *c);
-                }
-            }
-            p += 8;
-        }
-        for a in 0..A {
-            for b in 0..B {
-                let tail =
-                    super::dot_tail(&x[a * k + k8..(a + 1) * k], &w[b * k + k8..(b + 1) * k]);
-                tile[a][b] = super::sum_lanes(lanes(acc[a][b])) + tail;
-            }
-        }
-    }
-
     #[target_feature(enable = "avx2,fma")]
     pub fn exp_sub_sum(xs: &mut [f32], max: f32) -> f32 {
         let m = _mm256_set1_ps(max);
@@ -270,87 +187,16 @@ pub fn exp_sub_sum(xs: &mut [f32], max: f32) -> f32 {
     total
 }
 
-/// Rows of `x` per tile.
-const MR: usize = 4;
-/// Rows of `w` per tile (at most; 3 when `x` has 3 or more rows, so that the twelve
-/// accumulators and the loads fit the 16 vector registers, 6 for 1 or 2 rows).
-const NR: usize = 6;
-/// Rows of `w` per parallel job (their `k` columns stay in L2 across the job).
-const W_ROWS_PER_JOB: usize = 48;
-/// Rows of `x` per pass over a job's rows of `w`.
-const X_ROWS_PER_PASS: usize = 32;
-
-/// `y (m x n) = x (m x k) @ w (n x k)^T`, **batch-invariant**: every `y[i][j]` is computed by the
-/// same sequence of float operations whatever `m` is, whichever rows are in `x` with it, and
-/// however the work is split across threads, so a sequence's logits do not depend on what else
-/// is in the step. (The sampler promises that a sample's tokens do not depend on batch size or
-/// composition; a gemm that picks its kernel and blocking by `m` would break that.)
-///
-/// Each `y[i][j]` is one dot product in the layout both operands already have (rows along
-/// `k`): eight lanes of fused multiply-adds in order of `k`, the lanes summed in a fixed
-/// order, then the `k % 8` tail. Tiles of 4 rows of `x` by 3 rows of `w` keep twelve
-/// accumulators in registers; jobs own 48 rows of `w` (rayon), so `w` streams from memory
-/// once per 32 rows of `x`. Nothing is packed.
-pub fn matmul_bi(x: &[f32], w: &[f32], m: usize, n: usize, k: usize, y: &mut [f32]) {
-    use rayon::prelude::*;
-    assert!(x.len() >= m * k && w.len() >= n * k && y.len() >= m * n);
-    let out = SendPtr(y.as_mut_ptr());
-    let job = |jb: usize| {
-        let j_end = ((jb + 1) * W_ROWS_PER_JOB).min(n);
-        let nr_step = if m <= 2 { NR } else { 3 };
-        for i0 in (0..m).step_by(X_ROWS_PER_PASS) {
-            let i_end = (i0 + X_ROWS_PER_PASS).min(m);
-            for j in (jb * W_ROWS_PER_JOB..j_end).step_by(nr_step) {
-                let nr = nr_step.min(j_end - j);
-                for i in (i0..i_end).step_by(MR) {
-                    let mr = MR.min(i_end - i);
-                    let mut tile = [[0f32; NR]; MR];
-                    dot_tile(&x[i * k..], &w[j * k..], k, mr, nr, &mut tile);
-                    for (a, row) in tile.iter().enumerate().take(mr) {
-                        for (b, v) in row.iter().enumerate().take(nr) {
-                            // SAFETY: (i + a, j + b) is inside y (m x n), and each job writes
-                            // only its own columns j, so no two threads write one element.
-                            unsafe { *out.get().add((i + a) * n + j + b) = *v };
-                        }
-                    }
-                }
-            }
-        }
-    };
-    let jobs = n.div_ceil(W_ROWS_PER_JOB);
-    if m * n * k < 1 << 15 {
-        (0..jobs).for_each(job);
-    } else {
-        (0..jobs).into_par_iter().for_each(job);
-    }
-}
-
 /// A raw pointer that may cross threads (the writers touch disjoint elements).
 #[derive(Clone, Copy)]
 pub(crate) struct SendPtr(pub(crate) *mut f32);
-// SAFETY: used only for writes to disjoint elements (see `matmul_bi` and the fused attention).
+// SAFETY: used only for writes to disjoint elements (see `gemm::matmul` and the fused attention).
 unsafe impl Send for SendPtr {}
 // SAFETY: as above.
 unsafe impl Sync for SendPtr {}
 impl SendPtr {
     pub(crate) fn get(self) -> *mut f32 {
         self.0
-    }
-}
-
-/// `tile[a][b] = x[a] · w[b]` for `a < mr`, `b < nr` (rows of length `k`, `k` apart).
-#[inline]
-fn dot_tile(x: &[f32], w: &[f32], k: usize, mr: usize, nr: usize, tile: &mut [[f32; NR]; MR]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (checked above).
-        unsafe { avx2::dot_tile(x, w, k, mr, nr, tile) };
-        return;
-    }
-    for a in 0..mr {
-        for b in 0..nr {
-            tile[a][b] = dot_portable(&x[a * k..(a + 1) * k], &w[b * k..(b + 1) * k]);
-        }
     }
 }
 
@@ -433,42 +279,6 @@ mod tests {
         assert_eq!(max, want_max);
         assert!((sum / want - 1.0).abs() < 1e-5, "{sum} vs {want}");
         assert_eq!(max_sum_exp(&[f32::NEG_INFINITY; 3]).1, 0.0);
-    }
-
-    fn data(len: usize, seed: usize) -> Vec<f32> {
-        (0..len)
-            .map(|i| (((i * 7 + seed) * 2_654_435_761) % 1000) as f32 / 500.0 - 1.0)
-            .collect()
-    }
-
-    #[test]
-    fn matmul_bi_matches_f64_and_each_row_is_bitwise_independent_of_the_batch() {
-        for &(m, n, k) in &[(1, 300, 70), (7, 1000, 256), (37, 257, 203), (70, 100, 40)] {
-            let (x, w) = (data(m * k, 1), data(n * k, 2));
-            let mut y = vec![0f32; m * n];
-            matmul_bi(&x, &w, m, n, k, &mut y);
-            for i in 0..m {
-                // the same row alone, and inside another batch at another index
-                let mut alone = vec![0f32; n];
-                matmul_bi(&x[i * k..(i + 1) * k], &w, 1, n, k, &mut alone);
-                let mut other = data(5 * k, 3);
-                other[2 * k..3 * k].copy_from_slice(&x[i * k..(i + 1) * k]);
-                let mut y5 = vec![0f32; 5 * n];
-                matmul_bi(&other, &w, 5, n, k, &mut y5);
-                for j in 0..n {
-                    let want: f64 = (0..k)
-                        .map(|p| f64::from(x[i * k + p]) * f64::from(w[j * k + p]))
-                        .sum();
-                    let got = y[i * n + j];
-                    assert!((f64::from(got) - want).abs() <= 1e-4 * want.abs().max(1.0));
-                    assert_eq!(got.to_bits(), alone[j].to_bits(), "row {i} col {j} alone");
-                    assert_eq!(got.to_bits(), y5[2 * n + j].to_bits(), "row {i} col {j}");
-                    // and the portable dot product (the order the AVX2 tiles must keep) too
-                    let d = dot_portable(&x[i * k..(i + 1) * k], &w[j * k..(j + 1) * k]);
-                    assert_eq!(got.to_bits(), d.to_bits());
-                }
-            }
-        }
     }
 
     #[test]

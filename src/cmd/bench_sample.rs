@@ -100,7 +100,7 @@ pub fn random_weights(cfg: &ModelConfig) -> Result<HashMap<String, Tensor>> {
         .collect())
 }
 
-/// (prefill tokens/s, decode tokens/s, the time split) for `batch` requests of `prompt_len` tokens generating
+/// (prefill tokens/s, decode tokens/s, the decode steps' time split) for `batch` requests of `prompt_len` tokens generating
 /// `new` tokens each.
 fn timed_run(
     model: &Transformer,
@@ -147,20 +147,23 @@ fn timed_run(
     e.step(None)?;
     let prefill_s = t0.elapsed().as_secs_f64();
     let first = e.stats.generated_tokens;
+    let at_prefill = e.stats.time;
     let t1 = Instant::now();
     while !e.is_idle() {
         e.step(None)?;
     }
     let decode_s = t1.elapsed().as_secs_f64();
-    let t = e.stats.time;
-    let share = |x: f64| 100.0 * x / (prefill_s + decode_s).max(1e-9);
+    // the split of the decode steps alone
+    let (t, p) = (e.stats.time, at_prefill);
+    let share = |x: f64, y: f64| 100.0 * (x - y) / decode_s.max(1e-9);
     let split = format!(
-        "layers {:.0}%, attention {:.0}%, lm_head {:.0}%, sampling {:.0}%, scheduling {:.0}%",
-        share(t.layers),
-        share(t.attention),
-        share(t.lm_head),
-        share(t.sampling),
-        share(t.schedule)
+        "decode step: layers {:.0}%, attention {:.0}%, lm_head {:.0}%, sampling {:.0}%, \
+         scheduling {:.0}%",
+        share(t.layers, p.layers),
+        share(t.attention, p.attention),
+        share(t.lm_head, p.lm_head),
+        share(t.sampling, p.sampling),
+        share(t.schedule, p.schedule)
     );
     Ok((
         (batch * prompt_len) as f64 / prefill_s.max(1e-9),
@@ -239,7 +242,7 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
             flops / 1e9,
             100.0 * flops / ceiling
         );
-        println!("       time: {split}");
+        println!("       {split}");
         let base = *first_decode.get_or_insert((b, decode));
         if b != base.0 {
             println!(

@@ -9,6 +9,7 @@ pub mod attention;
 pub mod config;
 pub mod diff_ops;
 pub mod fused_attention;
+mod packed;
 pub mod tokenizer;
 pub mod transformer;
 

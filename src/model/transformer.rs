@@ -11,6 +11,7 @@ use candle_nn::{Embedding, Linear, VarBuilder};
 
 use super::attention::AttentionBackend;
 use super::config::{Family, ModelConfig};
+use super::packed::{dropped, PackedLayer, PackedLinear};
 
 /// RMS norm: `x / sqrt(mean(x^2) + eps) * w`, over the last dim.
 #[derive(Debug, Clone)]
@@ -91,6 +92,8 @@ pub struct RopeRows {
     /// (T, 1, D) = [cos, cos], for the differentiable path.
     cos_full: Tensor,
     sin_full: Tensor,
+    /// `cos`, `sin` as host values, for the packed CPU layers (f32 on the CPU only).
+    host: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 impl RopeRows {
@@ -98,7 +101,13 @@ impl RopeRows {
         let (cos, sin) = rope.rows(positions)?;
         let cos_full = Tensor::cat(&[&cos, &cos], D::Minus1)?.unsqueeze(1)?;
         let sin_full = Tensor::cat(&[&sin, &sin], D::Minus1)?.unsqueeze(1)?;
+        let host = if cos.device().is_cpu() && cos.dtype() == DType::F32 {
+            Some((cos.flatten_all()?.to_vec1()?, sin.flatten_all()?.to_vec1()?))
+        } else {
+            None
+        };
         Ok(RopeRows {
+            host,
             cos,
             sin,
             cos_full,
@@ -161,6 +170,8 @@ struct Layer {
     /// matmul where it ran three (two); the separate projections above become views of them.
     qkv: Option<Linear>,
     gate_up: Option<Linear>,
+    /// For sampling on the CPU: the projections packed (the candle weights are then dropped).
+    packed: Option<PackedLayer>,
 }
 
 /// One matrix from projections that read the same input: the weights (and biases, if all have
@@ -181,46 +192,6 @@ fn stack_linears(parts: &[&Linear]) -> Result<(Linear, Vec<Linear>)> {
         start += n;
     }
     Ok((Linear::new(w, b), views))
-}
-
-/// `x @ w.t() + b` for `x` (T, in). For sampling on CPU (`inference`) it runs
-/// [`crate::simd::matmul_bi`], whose rows do not depend on the other rows of the batch: the
-/// sampler's promise that a sample's tokens do not depend on batch size or composition rests on
-/// it (candle's gemm picks kernels and blocking by the number of rows). It also needs no packing,
-/// which makes it faster than candle's gemm for the few rows of a decode step. Records no
-/// backward pass, hence `inference` only.
-fn linear_fwd(l: &Linear, x: &Tensor, inference: bool) -> Result<Tensor> {
-    if !inference || x.rank() != 2 || !x.device().is_cpu() || x.dtype() != DType::F32 {
-        return l.forward(x);
-    }
-    let y = matmul_bi(x, l.weight())?;
-    match l.bias() {
-        Some(b) => y.broadcast_add(b),
-        None => Ok(y),
-    }
-}
-
-/// `x (m, k) @ w (n, k)^T` through [`crate::simd::matmul_bi`]; f32 on CPU.
-fn matmul_bi(x: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let (m, k) = x.dims2()?;
-    let n = w.dim(0)?;
-    let x = x.contiguous()?;
-    let w = w.contiguous()?;
-    let mut y = vec![0f32; m * n];
-    {
-        let (xs, xl) = x.storage_and_layout();
-        let (ws, wl) = w.storage_and_layout();
-        let (candle_core::Storage::Cpu(xc), candle_core::Storage::Cpu(wc)) = (&*xs, &*ws) else {
-            candle_core::bail!("matmul_bi: not CPU tensors")
-        };
-        if w.dims2()? != (n, k) {
-            candle_core::bail!("matmul_bi: weight {:?} is not ({n}, {k})", w.dims());
-        }
-        let xv = &xc.as_slice::<f32>()?[xl.start_offset()..][..m * k];
-        let wv = &wc.as_slice::<f32>()?[wl.start_offset()..][..n * k];
-        crate::simd::matmul_bi(xv, wv, m, n, k, &mut y);
-    }
-    Tensor::from_vec(y, (m, n), x.device())
 }
 
 fn linear(i: usize, o: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
@@ -256,6 +227,7 @@ impl Layer {
             down_proj: candle_nn::linear_no_bias(cfg.intermediate_size, h, mlp.pp("down_proj"))?,
             qkv: None,
             gate_up: None,
+            packed: None,
         })
     }
 
@@ -272,6 +244,40 @@ impl Layer {
         Ok(())
     }
 
+    /// Packs the stacked projections for the CPU matmul and drops the candle weights.
+    fn pack(&mut self) -> Result<()> {
+        self.stack_projections()?;
+        let (Some(qkv), Some(gate_up)) = (&self.qkv, &self.gate_up) else {
+            candle_core::bail!("pack: projections not stacked")
+        };
+        self.packed = Some(PackedLayer {
+            qkv: PackedLinear::new(qkv)?,
+            o: PackedLinear::new(&self.o_proj)?,
+            gate_up: PackedLinear::new(gate_up)?,
+            down: PackedLinear::new(&self.down_proj)?,
+            input_norm: self.input_norm.weight.to_vec1()?,
+            post_norm: self.post_norm.weight.to_vec1()?,
+            qk_norms: match (&self.q_norm, &self.k_norm) {
+                (Some(q), Some(k)) => Some((q.weight.to_vec1()?, k.weight.to_vec1()?)),
+                _ => None,
+            },
+            eps: self.input_norm.eps as f32,
+        });
+        for l in [
+            &mut self.q_proj,
+            &mut self.k_proj,
+            &mut self.v_proj,
+            &mut self.o_proj,
+            &mut self.gate_proj,
+            &mut self.up_proj,
+            &mut self.down_proj,
+        ] {
+            *l = dropped(l)?;
+        }
+        (self.qkv, self.gate_up) = (None, None);
+        Ok(())
+    }
+
     /// (q, k, v) as (T, H, D) each.
     fn project_qkv(
         &self,
@@ -280,7 +286,7 @@ impl Layer {
         fused: bool,
     ) -> Result<(Tensor, Tensor, Tensor)> {
         if let (Some(qkv), true) = (&self.qkv, fused) {
-            let y = linear_fwd(qkv, h, fused)?;
+            let y = qkv.forward(h)?;
             let (nq, nkv) = (hq * d, hkv * d);
             return Ok((
                 y.narrow(1, 0, nq)?.reshape((t, hq, d))?,
@@ -289,9 +295,9 @@ impl Layer {
             ));
         }
         Ok((
-            linear_fwd(&self.q_proj, h, fused)?.reshape((t, hq, d))?,
-            linear_fwd(&self.k_proj, h, fused)?.reshape((t, hkv, d))?,
-            linear_fwd(&self.v_proj, h, fused)?.reshape((t, hkv, d))?,
+            self.q_proj.forward(h)?.reshape((t, hq, d))?,
+            self.k_proj.forward(h)?.reshape((t, hkv, d))?,
+            self.v_proj.forward(h)?.reshape((t, hkv, d))?,
         ))
     }
 
@@ -299,21 +305,18 @@ impl Layer {
     fn mlp(&self, h: &Tensor, fused: bool) -> Result<Tensor> {
         let (g, u) = match (&self.gate_up, fused) {
             (Some(gu), true) => {
-                let y = linear_fwd(gu, h, fused)?;
+                let y = gu.forward(h)?;
                 let i = y.dim(1)? / 2;
                 (y.narrow(1, 0, i)?, y.narrow(1, i, i)?)
             }
-            _ => (
-                linear_fwd(&self.gate_proj, h, fused)?,
-                linear_fwd(&self.up_proj, h, fused)?,
-            ),
+            _ => (self.gate_proj.forward(h)?, self.up_proj.forward(h)?),
         };
         let act = if !fused && super::diff_ops::supported(&g) {
             super::diff_ops::swiglu(&g, &u)?
         } else {
             (candle_nn::ops::silu(&g)? * u)?
         };
-        linear_fwd(&self.down_proj, &act, fused)
+        self.down_proj.forward(&act)
     }
 }
 
@@ -328,6 +331,8 @@ pub struct Transformer {
     rope: Rope,
     /// Fused RMS norm and RoPE kernels (no backward pass): set for sampling, never for training.
     fused: bool,
+    /// For sampling on the CPU: the LM head packed; when tied, embeddings are looked up in it.
+    packed_head: Option<PackedLinear>,
 }
 
 impl Transformer {
@@ -351,6 +356,7 @@ impl Transformer {
             lm_head,
             rope: Rope::new(cfg, vb.device(), vb.dtype())?,
             fused: false,
+            packed_head: None,
         })
     }
 
@@ -372,12 +378,36 @@ impl Transformer {
     /// so a model trained with this on would get zero gradients upstream of them. For sampling.
     ///
     /// On, it also stacks each layer's q/k/v and gate/up weights into one matrix each (once; the
-    /// separate projections become views of it, so no memory is added).
+    /// separate projections become views of it, so no memory is added). With f32 weights on the
+    /// CPU it then packs every projection and the LM head for [`crate::gemm`] and drops the
+    /// candle weights (the embedding table too when tied: lookups read the packed head), so the
+    /// model is for inference from then on and cannot be switched back.
     pub fn set_fused_inference(&mut self, on: bool) -> Result<()> {
+        if !on && self.packed_head.is_some() {
+            candle_core::bail!(
+                "the model's weights are packed for inference; load it again to train"
+            )
+        }
         self.fused = on;
-        if on {
-            for l in &mut self.layers {
+        if !on {
+            return Ok(());
+        }
+        let pack = self.device().is_cpu() && self.dtype() == DType::F32;
+        for l in &mut self.layers {
+            if pack && l.packed.is_none() {
+                l.pack()?;
+            } else {
                 l.stack_projections()?;
+            }
+        }
+        if pack && self.packed_head.is_none() {
+            self.packed_head = Some(PackedLinear::new(&self.lm_head)?);
+            self.lm_head = dropped(&self.lm_head)?;
+            if self.cfg.tie_word_embeddings {
+                let (v, h) = (self.cfg.vocab_size, self.cfg.hidden_size);
+                let e = Tensor::zeros((0, h), DType::F32, &Device::Cpu)?;
+                self.embed = Embedding::new(e, h);
+                debug_assert_eq!(self.packed_head.as_ref().map(|p| p.w.rows()), Some(v));
             }
         }
         Ok(())
@@ -405,7 +435,20 @@ impl Transformer {
 
     /// Token embeddings (T, hidden).
     pub fn embed(&self, tokens: &Tensor) -> Result<Tensor> {
-        self.embed.forward(tokens)
+        match &self.packed_head {
+            Some(p) if self.cfg.tie_word_embeddings => {
+                let ids = tokens.to_vec1::<u32>()?;
+                let mut rows = Vec::with_capacity(ids.len() * p.w.cols());
+                for &id in &ids {
+                    if id as usize >= p.w.rows() {
+                        candle_core::bail!("token id {id} outside the vocabulary ({})", p.w.rows())
+                    }
+                    rows.extend(p.w.row(id as usize));
+                }
+                Tensor::from_vec(rows, (ids.len(), p.w.cols()), tokens.device())
+            }
+            _ => self.embed.forward(tokens),
+        }
     }
 
     /// Decoder layer `i` on the residual stream `x` (T, hidden). Training with activation
@@ -421,6 +464,12 @@ impl Transformer {
         let t = x.dim(0)?;
         let fused = self.fused;
         let l = &self.layers[i];
+        if let Some(p) = &l.packed {
+            let Some((cos, sin)) = &rope.host else {
+                candle_core::bail!("packed layer {i}: RoPE rows not on the host")
+            };
+            return p.forward(i, x, (cos, sin), (hq, hkv, d), attn);
+        }
         // 1. attention block
         let h = l.input_norm.forward_with(x, fused)?;
         // (T, Hq, D), (T, Hkv, D), (T, Hkv, D)
@@ -432,7 +481,7 @@ impl Transformer {
         let q = rope.apply(&q, fused)?;
         let k = rope.apply(&k, fused)?;
         let a = attn.attend(i, &q, &k, &v)?.reshape((t, hq * d))?;
-        let x = (x + linear_fwd(&l.o_proj, &a, fused)?)?;
+        let x = (x + l.o_proj.forward(&a)?)?;
         // 2. MLP block (SwiGLU)
         let h = l.post_norm.forward_with(&x, fused)?;
         x + l.mlp(&h, fused)?
@@ -443,7 +492,8 @@ impl Transformer {
         self.norm.forward_with(x, self.fused)
     }
 
-    /// The LM head's weight (vocab, hidden): the embedding matrix when tied.
+    /// The LM head's weight (vocab, hidden): the embedding matrix when tied. Empty once packed
+    /// for inference (see [`Self::set_fused_inference`]).
     pub fn lm_head_weight(&self) -> &Tensor {
         self.lm_head.weight()
     }
@@ -454,7 +504,25 @@ impl Transformer {
 
     /// Logits (N, vocab) for hidden rows (N, hidden).
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        linear_fwd(&self.lm_head, hidden, self.fused)
+        match &self.packed_head {
+            Some(p) => p.forward(hidden),
+            None => self.lm_head.forward(hidden),
+        }
+    }
+
+    /// [`Self::logits`] as host values, row-major (no tensor round trip when the head is packed).
+    pub fn logits_host(&self, hidden: &Tensor) -> Result<Vec<f32>> {
+        match &self.packed_head {
+            Some(p) => {
+                let m = hidden.dim(0)?;
+                Ok(p.apply(&hidden.flatten_all()?.to_vec1::<f32>()?, m))
+            }
+            None => self
+                .logits(hidden)?
+                .flatten_all()?
+                .to_dtype(DType::F32)?
+                .to_vec1(),
+        }
     }
 
     /// Logits for every token: (T, vocab).

@@ -140,6 +140,12 @@ fn logits_to_host(logits: &Tensor) -> Result<Vec<f32>> {
     Ok(flat.to_dtype(candle_core::DType::F32)?.to_vec1()?)
 }
 
+/// A step's logits rows, end to end.
+enum Logits {
+    Host(Vec<f32>),
+    Device(Tensor),
+}
+
 /// Turns text back from tokens, for stop strings.
 pub type Decoder<'a> = &'a dyn Fn(&[u32]) -> String;
 
@@ -416,7 +422,12 @@ impl<'m> Engine<'m> {
             return Ok(finished);
         }
         let picked = hidden.index_select(&Tensor::new(rows.as_slice(), &dev)?, 0)?;
-        let logits = model.logits(&picked)?;
+        // on the CPU the logits go straight to a host vector (no tensor round trip)
+        let logits = if dev.is_cpu() {
+            Logits::Host(model.logits_host(&picked)?)
+        } else {
+            Logits::Device(model.logits(&picked)?)
+        };
         self.sync_device(&dev)?;
         let t3 = Instant::now();
         self.stats.time.lm_head += (t3 - t2).as_secs_f64();
@@ -443,7 +454,11 @@ impl<'m> Engine<'m> {
     /// Draws one token per sampling sequence from `logits` (one row each). On a GPU, when the
     /// sampling settings allow it ([`super::sampling::candidates_needed`]), only each row's best candidates cross
     /// to the host; otherwise the rows do.
-    fn draw(&mut self, samplers: &[SeqId], logits: &Tensor) -> Result<Vec<(Sampled, SampleRng)>> {
+    fn draw(&mut self, samplers: &[SeqId], logits: &Logits) -> Result<Vec<(Sampled, SampleRng)>> {
+        let logits = match logits {
+            Logits::Host(rows) => return Ok(self.draw_tokens(samplers, rows)),
+            Logits::Device(t) => t,
+        };
         #[cfg(feature = "cuda")]
         if logits.device().is_cuda() {
             let fewest = samplers

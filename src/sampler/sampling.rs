@@ -253,6 +253,9 @@ pub fn sample(
     scratch: &mut Scratch,
 ) -> Sampled {
     let uniform = rng.next_f64();
+    if params.is_greedy() && !has_penalties(params) && generated.len() >= params.min_new_tokens {
+        return greedy(logits);
+    }
     scratch.logits.clear();
     scratch.logits.extend(logits.iter().map(|&l| sanitize(l)));
     apply_penalties(scratch, params, prompt_tokens, generated);
@@ -271,6 +274,33 @@ pub fn sample(
     }
 }
 
+/// Greedy on an untransformed row: what the general path draws (the first maximum, NaN as
+/// `-inf`, `+inf` as `f32::MAX`) from one vectorised pass for the max and the log-sum-exp and a
+/// scan to the first maximum, without copying the row.
+fn greedy(logits: &[f32]) -> Sampled {
+    let (max, sum_exp) = max_sum_exp(logits);
+    if max.is_infinite() || max.is_nan() {
+        let token = argmax(logits).unwrap_or(0);
+        return Sampled {
+            token,
+            logprob: raw_logprob(logits, token),
+        };
+    }
+    let token = logits.iter().position(|&x| x == max).unwrap_or(0) as u32;
+    let max = f64::from(max);
+    Sampled {
+        token,
+        logprob: (f64::from(logit_at(logits, token)) - max - sum_exp.ln()) as f32,
+    }
+}
+
+/// Whether repetition, presence or frequency penalties change the row.
+fn has_penalties(params: &SamplingParams) -> bool {
+    params.repetition_penalty != 1.0
+        || params.presence_penalty != 0.0
+        || params.frequency_penalty != 0.0
+}
+
 /// Most candidates a row may bring from the GPU (`kernels/sampling.cu`'s KMAX).
 pub const MAX_CANDIDATES: usize = 1024;
 
@@ -278,10 +308,7 @@ pub const MAX_CANDIDATES: usize = 1024;
 /// 1 for greedy, `top_k` when set; `None` when the draw needs the whole row (penalties, which
 /// can reorder it; stop tokens still masked by `min_new_tokens`; no top-k).
 pub fn candidates_needed(params: &SamplingParams, generated: usize) -> Option<usize> {
-    let penalties = params.repetition_penalty != 1.0
-        || params.presence_penalty != 0.0
-        || params.frequency_penalty != 0.0;
-    if penalties || generated < params.min_new_tokens {
+    if has_penalties(params) || generated < params.min_new_tokens {
         return None;
     }
     if params.is_greedy() {
@@ -824,6 +851,32 @@ mod tests {
             sample_plain(&[-5.0, -4.0, -4.5], &params, &mut rng).token,
             1
         );
+    }
+
+    #[test]
+    fn greedy_fast_path_draws_what_the_general_path_draws() {
+        let rows: Vec<Vec<f32>> = vec![
+            vec![0.1, 3.0, 3.0, 2.9],
+            vec![-0.0, 0.0, -1.0],
+            vec![f32::NAN, -2.0, -1.0, f32::NAN],
+            vec![1.0, f32::INFINITY, 2.0, f32::INFINITY],
+            vec![f32::NAN, f32::NEG_INFINITY],
+            vec![f32::NEG_INFINITY; 3],
+            (0..1000)
+                .map(|i| ((i * 37 % 101) as f32).sin() * 5.0)
+                .collect(),
+        ];
+        for row in &rows {
+            let want = argmax(row).unwrap_or(0);
+            let got = greedy(row);
+            assert_eq!(got.token, want, "{row:?}");
+            let lp = raw_logprob(row, want);
+            assert!(
+                got.logprob.to_bits() == lp.to_bits() || (got.logprob.is_nan() && lp.is_nan()),
+                "{row:?}: {} vs {lp}",
+                got.logprob
+            );
+        }
     }
 
     #[test]

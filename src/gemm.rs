@@ -1,0 +1,367 @@
+//! The CPU matmul of sampling, `y (m x n) = x (m x k) @ w (n x k)^T`, with `w` packed once (when
+//! a model is set up for inference) into panels of 16 output columns laid along `k`, so that an
+//! outer-product kernel reads each step of a panel as one aligned 64-byte line.
+//!
+//! **Batch-invariant**: every `y[i][j]` is one chain of fused multiply-adds over `k` in order,
+//! from zero, whatever `m` is, whichever rows share the call, whichever tile shape or thread
+//! computes it, and across the `k` blocks (a block's partial sums are stored in `y` and picked up
+//! by the next block unchanged). The sampler's promise that a sample's tokens do not depend on
+//! batch size or composition rests on this; a gemm that picks its kernel and blocking by `m`
+//! (candle's does) would break it. The AVX2 kernels and the portable ones give the same bits.
+//!
+//! Knows nothing of models or tensors; `model::transformer` decides what gets packed.
+
+use rayon::prelude::*;
+
+use crate::simd::SendPtr;
+
+/// Output columns per panel (two AVX2 vectors).
+pub const NR: usize = 16;
+/// Rows of `x` per tile, at most (6 x 2 accumulators, 2 panel loads and a broadcast: 15 of the
+/// 16 vector registers).
+const MR: usize = 6;
+/// `k` per block: the panels of a group stay in L1 while the rows of `x` pass over them.
+const KC: usize = 128;
+/// Rows of `x` per block (their `KC` columns stay in L2 while every panel passes).
+const MC: usize = 96;
+/// Panels per parallel job.
+const PANELS_PER_JOB: usize = 6;
+/// Below this many multiply-adds the call runs on the calling thread.
+const PARALLEL_MIN: usize = 1 << 15;
+
+/// One step of a panel: 16 columns' values at one `k`, on its own cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([f32; NR]);
+
+/// A weight matrix `(n, k)` in panels of [`NR`] rows, each stored `k`-major (one [`Line`] per
+/// `k`); the last panel's missing rows are zeros.
+pub struct PackedMatrix {
+    n: usize,
+    k: usize,
+    lines: Vec<Line>,
+}
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PackedMatrix({} x {})", self.n, self.k)
+    }
+}
+
+impl PackedMatrix {
+    /// Packs `w` (`n` rows of `k`, row-major).
+    pub fn pack(w: &[f32], n: usize, k: usize) -> Self {
+        assert!(w.len() >= n * k, "pack: {} values for {n} x {k}", w.len());
+        let panels = n.div_ceil(NR);
+        let mut lines = vec![Line([0.0; NR]); panels * k];
+        lines
+            .par_chunks_mut(k.max(1))
+            .enumerate()
+            .for_each(|(p, panel)| {
+                for c in 0..NR.min(n - p * NR) {
+                    let row = &w[(p * NR + c) * k..][..k];
+                    for (line, v) in panel.iter_mut().zip(row) {
+                        line.0[c] = *v;
+                    }
+                }
+            });
+        PackedMatrix { n, k, lines }
+    }
+
+    /// Rows of the original matrix (the output features).
+    pub fn rows(&self) -> usize {
+        self.n
+    }
+
+    /// Columns of the original matrix (the input features).
+    pub fn cols(&self) -> usize {
+        self.k
+    }
+
+    /// Row `j` of the original matrix (an embedding lookup from a tied, packed LM head).
+    pub fn row(&self, j: usize) -> Vec<f32> {
+        assert!(j < self.n, "row {j} of {}", self.n);
+        let (p, c) = (j / NR, j % NR);
+        self.lines[p * self.k..(p + 1) * self.k]
+            .iter()
+            .map(|l| l.0[c])
+            .collect()
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.lines.len() * std::mem::size_of::<Line>()
+    }
+
+    fn panel(&self, p: usize) -> &[Line] {
+        &self.lines[p * self.k..(p + 1) * self.k]
+    }
+}
+
+/// `y = x @ w^T` for `x` (`m` rows of `w.cols()`) into `y` (`m` rows of `w.rows()`), batch
+/// invariant (see the module doc). Jobs of [`PANELS_PER_JOB`] panels run on rayon's pool.
+pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
+    let (n, k) = (w.n, w.k);
+    assert!(
+        x.len() >= m * k && y.len() >= m * n,
+        "matmul: {m} x {k} @ ({n} x {k})^T"
+    );
+    if k == 0 {
+        y[..m * n].fill(0.0);
+        return;
+    }
+    let panels = n.div_ceil(NR);
+    let out = SendPtr(y.as_mut_ptr());
+    let job = |jb: usize| {
+        let (p0, p1) = (jb * PANELS_PER_JOB, ((jb + 1) * PANELS_PER_JOB).min(panels));
+        for i0 in (0..m).step_by(MC) {
+            let i1 = (i0 + MC).min(m);
+            for k0 in (0..k).step_by(KC) {
+                let kc = KC.min(k - k0);
+                let mut i = i0;
+                while i < i1 {
+                    let r = MR.min(i1 - i);
+                    let mut p = p0;
+                    while p < p1 {
+                        let group = max_panels(r).min(p1 - p);
+                        let cols = (n - p * NR).min(group * NR);
+                        let tile = Tile {
+                            x: &x[i * k + k0..],
+                            ldx: k,
+                            panels: [p, p + 1, p + 2].map(|q| {
+                                if q < p + group {
+                                    &w.panel(q)[k0..k0 + kc]
+                                } else {
+                                    &[][..]
+                                }
+                            }),
+                            // SAFETY: rows i..i + r and columns p * NR..+cols are inside y
+                            // (m x n); each job writes only its own panels' columns.
+                            y: unsafe { out.get().add(i * n + p * NR) },
+                            ldy: n,
+                            cols,
+                            first: k0 == 0,
+                        };
+                        run_tile(r, group, &tile);
+                        p += group;
+                    }
+                    i += r;
+                }
+            }
+        }
+    };
+    let jobs = panels.div_ceil(PANELS_PER_JOB);
+    if m * n * k < PARALLEL_MIN {
+        (0..jobs).for_each(job);
+    } else {
+        (0..jobs).into_par_iter().for_each(job);
+    }
+}
+
+/// Panels per tile for `r` rows: as many as keep the accumulators (`r` x 2 per panel) in the 16
+/// vector registers with the panel loads and the broadcast (3 rows x 2 panels is one over: the
+/// compiler folds a panel load into the multiply-adds instead of spilling).
+fn max_panels(r: usize) -> usize {
+    match r {
+        1 => 3,
+        2 | 3 => 2,
+        _ => 1,
+    }
+}
+
+/// One tile: `r` rows of `x` (from column `k0`) times up to three panels' `kc` steps, added to
+/// (or, on the first block, written into) `y`.
+struct Tile<'a> {
+    x: &'a [f32],
+    ldx: usize,
+    panels: [&'a [Line]; 3],
+    y: *mut f32,
+    ldy: usize,
+    /// Columns of `y` this tile owns (up to 16 per panel; fewer in the matrix's last panel).
+    cols: usize,
+    first: bool,
+}
+
+fn run_tile(r: usize, p: usize, t: &Tile) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma() {
+        macro_rules! dispatch {
+            ($(($a:literal, $b:literal)),*) => {
+                match (r, p) {
+                    // SAFETY: the CPU has AVX2 and FMA (checked above); the tile's bounds are
+                    // the caller's (see `matmul`).
+                    $(($a, $b) => unsafe { avx2::tile::<$a, $b>(t) },)*
+                    _ => unreachable!("tile {r} x {p}"),
+                }
+            };
+        }
+        dispatch!(
+            (6, 1),
+            (5, 1),
+            (4, 1),
+            (3, 2),
+            (3, 1),
+            (2, 2),
+            (2, 1),
+            (1, 3),
+            (1, 2),
+            (1, 1)
+        );
+        return;
+    }
+    portable_tile(r, p, t);
+}
+
+/// The same operations as the AVX2 tiles, element by element.
+fn portable_tile(r: usize, p: usize, t: &Tile) {
+    let kc = t.panels[0].len();
+    for a in 0..r {
+        let xr = &t.x[a * t.ldx..][..kc];
+        for c in 0..t.cols {
+            let panel = t.panels[c / NR];
+            // SAFETY: (a, c) is inside the tile (see `matmul`).
+            let yp = unsafe { t.y.add(a * t.ldy + c) };
+            let mut acc = if t.first { 0.0 } else { unsafe { *yp } };
+            for (xv, line) in xr.iter().zip(panel) {
+                acc = xv.mul_add(line.0[c % NR], acc);
+            }
+            // SAFETY: as above.
+            unsafe { *yp = acc };
+        }
+    }
+    debug_assert!(p * NR >= t.cols);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::{Tile, NR};
+
+    /// `R` rows by `P` panels: `R x 2P` accumulators in registers over the block's `k` steps.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn tile<const R: usize, const P: usize>(t: &Tile) {
+        let kc = t.panels[0].len();
+        let mut acc = [[_mm256_setzero_ps(); 6]; R];
+        if !t.first {
+            for (a, row) in acc.iter_mut().enumerate() {
+                let mut buf = [0f32; 3 * NR];
+                // SAFETY: the tile's columns of row a are inside y (see `matmul`).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(t.y.add(a * t.ldy), buf.as_mut_ptr(), t.cols)
+                };
+                for (v, chunk) in row.iter_mut().zip(buf.chunks_exact(8)).take(2 * P) {
+                    // SAFETY: chunk holds eight f32s.
+                    *v = unsafe { _mm256_loadu_ps(chunk.as_ptr()) };
+                }
+            }
+        }
+        let xp = t.x.as_ptr();
+        assert!(t.x.len() >= (R - 1) * t.ldx + kc);
+        for s in 0..kc {
+            let mut b = [_mm256_setzero_ps(); 6];
+            for q in 0..P {
+                let line = t.panels[q][s].0.as_ptr();
+                // SAFETY: a line holds 16 f32s, 64-byte aligned.
+                b[2 * q] = unsafe { _mm256_load_ps(line) };
+                b[2 * q + 1] = unsafe { _mm256_load_ps(line.add(8)) };
+            }
+            for (a, row) in acc.iter_mut().enumerate() {
+                // SAFETY: a * ldx + s < x.len() (asserted above).
+                let xv = unsafe { _mm256_broadcast_ss(&*xp.add(a * t.ldx + s)) };
+                for (v, bv) in row.iter_mut().zip(&b).take(2 * P) {
+                    *v = _mm256_fmadd_ps(xv, *bv, *v);
+                }
+            }
+        }
+        for (a, row) in acc.iter().enumerate() {
+            let mut buf = [0f32; 3 * NR];
+            for (v, chunk) in row.iter().zip(buf.chunks_exact_mut(8)).take(2 * P) {
+                // SAFETY: chunk holds eight f32s.
+                unsafe { _mm256_storeu_ps(chunk.as_mut_ptr(), *v) };
+            }
+            // SAFETY: as for the load above.
+            unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr(), t.y.add(a * t.ldy), t.cols) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i * 7 + seed) * 2_654_435_761) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
+    }
+
+    /// The order every kernel must keep: one fused multiply-add chain over `k` from zero.
+    fn chain(x: &[f32], w: &[f32]) -> f32 {
+        x.iter().zip(w).fold(0f32, |acc, (a, b)| a.mul_add(*b, acc))
+    }
+
+    #[test]
+    fn matmul_is_the_fma_chain_and_each_row_is_bitwise_independent_of_the_batch() {
+        for &(m, n, k) in &[
+            (1, 300, 70),
+            (7, 1000, 256),
+            (37, 257, 203),
+            (70, 100, 40),
+            (3, 33, 300),
+            (100, 50, 1),
+            (13, 16, 129),
+        ] {
+            let (x, w) = (data(m * k, 1), data(n * k, 2));
+            let packed = PackedMatrix::pack(&w, n, k);
+            let mut y = vec![f32::NAN; m * n];
+            matmul(&x, m, &packed, &mut y);
+            for i in 0..m {
+                // the same row alone, and inside another batch at another index
+                let mut alone = vec![0f32; n];
+                matmul(&x[i * k..(i + 1) * k], 1, &packed, &mut alone);
+                let mut other = data(5 * k, 3);
+                other[2 * k..3 * k].copy_from_slice(&x[i * k..(i + 1) * k]);
+                let mut y5 = vec![0f32; 5 * n];
+                matmul(&other, 5, &packed, &mut y5);
+                for j in 0..n {
+                    let want = chain(&x[i * k..(i + 1) * k], &w[j * k..(j + 1) * k]);
+                    let got = y[i * n + j];
+                    assert_eq!(got.to_bits(), want.to_bits(), "{m}x{n}x{k} ({i}, {j})");
+                    assert_eq!(got.to_bits(), alone[j].to_bits(), "row {i} col {j} alone");
+                    assert_eq!(got.to_bits(), y5[2 * n + j].to_bits(), "row {i} col {j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn portable_tiles_give_the_avx2_bits_and_rows_unpack() {
+        let (m, n, k) = (9, 70, 300);
+        let (x, w) = (data(m * k, 4), data(n * k, 5));
+        let packed = PackedMatrix::pack(&w, n, k);
+        for j in [0, 15, 16, 69] {
+            assert_eq!(packed.row(j), &w[j * k..(j + 1) * k]);
+        }
+        let mut y = vec![0f32; m * n];
+        matmul(&x, m, &packed, &mut y);
+        // the portable tiles over the same blocking
+        let mut z = vec![0f32; m * n];
+        for k0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - k0);
+            for p in 0..n.div_ceil(NR) {
+                let t = Tile {
+                    x: &x[k0..],
+                    ldx: k,
+                    panels: [&packed.panel(p)[k0..k0 + kc], &[], &[]],
+                    y: z[p * NR..].as_mut_ptr(),
+                    ldy: n,
+                    cols: NR.min(n - p * NR),
+                    first: k0 == 0,
+                };
+                portable_tile(m, 1, &t);
+            }
+        }
+        assert!(y.iter().zip(&z).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}

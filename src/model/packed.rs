@@ -1,0 +1,220 @@
+//! The transformer's weights packed for sampling on the CPU, and a decoder layer computed on host
+//! slices around the packed matmul ([`crate::gemm`]): RMS norms, Qwen3's q/k norms, RoPE, the
+//! residual adds and the SwiGLU product run in place over plain `Vec<f32>`s, where candle would
+//! allocate a tensor (and often start a parallel job) per op. At a decode step's few rows those
+//! ops, not the matmuls, were most of a layer's time.
+//!
+//! Every op is per row, so a row's values do not depend on the other rows of the step (the
+//! sampler's batch-invariance promise). Inference only: nothing here records a backward pass.
+//! Knows nothing of caches: attention goes through the caller's backend.
+
+use std::sync::Arc;
+
+use candle_core::{Result, Tensor};
+use candle_nn::Linear;
+use rayon::prelude::*;
+
+use super::attention::AttentionBackend;
+use crate::gemm::PackedMatrix;
+use crate::simd::{dot_portable, exp_sub_sum};
+
+/// Elements below which a row-wise op runs on the calling thread.
+const PARALLEL_MIN: usize = 1 << 16;
+
+/// A projection packed for the batch-invariant matmul: the sampler's promise that a sample's
+/// tokens do not depend on batch size or composition rests on it (candle's gemm picks kernels
+/// and blocking by the number of rows), and it is faster than candle's gemm for the few rows of
+/// a decode step.
+#[derive(Debug, Clone)]
+pub(super) struct PackedLinear {
+    pub w: Arc<PackedMatrix>,
+    bias: Option<Vec<f32>>,
+}
+
+impl PackedLinear {
+    /// Packs `l` (f32 on the CPU).
+    pub fn new(l: &Linear) -> Result<Self> {
+        let (n, k) = l.weight().dims2()?;
+        let w = l.weight().contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+        Ok(PackedLinear {
+            w: Arc::new(PackedMatrix::pack(&w, n, k)),
+            bias: l.bias().map(|b| b.to_vec1::<f32>()).transpose()?,
+        })
+    }
+
+    /// `x @ w.t() + b` for `m` rows of `x`.
+    pub fn apply(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let n = self.w.rows();
+        let mut y = vec![0f32; m * n];
+        crate::gemm::matmul(x, m, &self.w, &mut y);
+        if let Some(b) = &self.bias {
+            for row in y.chunks_mut(n) {
+                for (v, b) in row.iter_mut().zip(b) {
+                    *v += b;
+                }
+            }
+        }
+        y
+    }
+
+    /// [`Self::apply`] on a (T, in) tensor.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (m, k) = x.dims2()?;
+        if k != self.w.cols() {
+            candle_core::bail!(
+                "packed linear: input {:?}, weight ({}, {k})",
+                x.dims(),
+                self.w.rows()
+            )
+        }
+        let y = self.apply(&host(x)?, m);
+        Tensor::from_vec(y, (m, self.w.rows()), x.device())
+    }
+}
+
+/// A tensor's values, row-major.
+fn host(x: &Tensor) -> Result<Vec<f32>> {
+    x.flatten_all()?.to_vec1::<f32>()
+}
+
+/// A placeholder for a weight that now lives packed: (0, in), so that any use of it fails on
+/// shapes instead of computing with stale values; its memory is freed.
+pub(super) fn dropped(l: &Linear) -> Result<Linear> {
+    let k = l.weight().dim(1)?;
+    let w = Tensor::zeros((0, k), l.weight().dtype(), l.weight().device())?;
+    Ok(Linear::new(w, None))
+}
+
+/// A decoder layer packed for the CPU: its projections (q/k/v and gate/up stacked) and norms.
+#[derive(Debug, Clone)]
+pub(super) struct PackedLayer {
+    pub qkv: PackedLinear,
+    pub o: PackedLinear,
+    pub gate_up: PackedLinear,
+    pub down: PackedLinear,
+    pub input_norm: Vec<f32>,
+    pub post_norm: Vec<f32>,
+    /// Qwen3's per-head norms of queries and keys.
+    pub qk_norms: Option<(Vec<f32>, Vec<f32>)>,
+    pub eps: f32,
+}
+
+/// Heads and head size of a layer: (query heads, KV heads, head_dim).
+pub(super) type Heads = (usize, usize, usize);
+
+impl PackedLayer {
+    /// The layer on the residual stream `x` (T, hidden); `cos`, `sin` are the step's RoPE rows
+    /// (T, D/2 each, row-major). Attention is the caller's backend, layer `index`.
+    pub fn forward(
+        &self,
+        index: usize,
+        x: &Tensor,
+        (cos, sin): (&[f32], &[f32]),
+        (hq, hkv, d): Heads,
+        attn: &mut dyn AttentionBackend,
+    ) -> Result<Tensor> {
+        let (t, hidden) = x.dims2()?;
+        let mut xs = host(x)?;
+        // attention block
+        let h = rms_rows(&xs, hidden, &self.input_norm, self.eps);
+        let mut qkv = self.qkv.apply(&h, t);
+        let (nq, nkv) = (hq * d, hkv * d);
+        let width = nq + 2 * nkv;
+        let half = d / 2;
+        let rotate_row = |(ti, row): (usize, &mut [f32])| {
+            let (c, s) = (&cos[ti * half..][..half], &sin[ti * half..][..half]);
+            for (head, v) in row[..nq + nkv].chunks_mut(d).enumerate() {
+                if let Some((qn, kn)) = &self.qk_norms {
+                    let w = if head < hq { qn } else { kn };
+                    let r = inv_rms(v, self.eps);
+                    for (v, w) in v.iter_mut().zip(w) {
+                        *v = *v * r * w;
+                    }
+                }
+                let (x1, x2) = v.split_at_mut(half);
+                for i in 0..half {
+                    let (a, b) = (x1[i], x2[i]);
+                    x1[i] = a * c[i] - b * s[i];
+                    x2[i] = b * c[i] + a * s[i];
+                }
+            }
+        };
+        if qkv.len() >= PARALLEL_MIN {
+            qkv.par_chunks_mut(width).enumerate().for_each(rotate_row);
+        } else {
+            qkv.chunks_mut(width).enumerate().for_each(rotate_row);
+        }
+        let part = |start: usize, len: usize, heads: usize| {
+            let v: Vec<f32> = qkv
+                .chunks(width)
+                .flat_map(|r| &r[start..start + len])
+                .copied()
+                .collect();
+            Tensor::from_vec(v, (t, heads, d), x.device())
+        };
+        let (q, k, v) = (
+            part(0, nq, hq)?,
+            part(nq, nkv, hkv)?,
+            part(nq + nkv, nkv, hkv)?,
+        );
+        let a = host(&attn.attend(index, &q, &k, &v)?)?;
+        add_into(&mut xs, &self.o.apply(&a, t));
+        // MLP block (SwiGLU)
+        let h = rms_rows(&xs, hidden, &self.post_norm, self.eps);
+        let gu = self.gate_up.apply(&h, t);
+        let inter = gu.len() / t.max(1) / 2;
+        let mut act = vec![0f32; t * inter];
+        let swiglu = |(a, g): (&mut [f32], &[f32])| {
+            let (g, u) = g.split_at(inter);
+            // a = exp(-g), then g * sigmoid(g) * u
+            for (a, g) in a.iter_mut().zip(g) {
+                *a = -g;
+            }
+            exp_sub_sum(a, 0.0);
+            for ((a, g), u) in a.iter_mut().zip(g).zip(u) {
+                *a = g / (1.0 + *a) * u;
+            }
+        };
+        if act.len() >= PARALLEL_MIN {
+            act.par_chunks_mut(inter)
+                .zip(gu.par_chunks(2 * inter))
+                .for_each(swiglu);
+        } else {
+            act.chunks_mut(inter)
+                .zip(gu.chunks(2 * inter))
+                .for_each(swiglu);
+        }
+        add_into(&mut xs, &self.down.apply(&act, t));
+        Tensor::from_vec(xs, (t, hidden), x.device())
+    }
+}
+
+/// `1 / sqrt(mean(x^2) + eps)`.
+fn inv_rms(x: &[f32], eps: f32) -> f32 {
+    1.0 / (dot_portable(x, x) / x.len() as f32 + eps).sqrt()
+}
+
+/// RMS norm of each row of `x` (rows of `width`), scaled by `w`.
+fn rms_rows(x: &[f32], width: usize, w: &[f32], eps: f32) -> Vec<f32> {
+    let mut y = vec![0f32; x.len()];
+    let norm = |(yr, xr): (&mut [f32], &[f32])| {
+        let r = inv_rms(xr, eps);
+        for ((y, x), w) in yr.iter_mut().zip(xr).zip(w) {
+            *y = x * r * w;
+        }
+    };
+    if x.len() >= PARALLEL_MIN {
+        y.par_chunks_mut(width)
+            .zip(x.par_chunks(width))
+            .for_each(norm);
+    } else {
+        y.chunks_mut(width).zip(x.chunks(width)).for_each(norm);
+    }
+    y
+}
+
+fn add_into(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
