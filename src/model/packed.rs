@@ -16,7 +16,7 @@ use rayon::prelude::*;
 
 use super::attention::AttentionBackend;
 use crate::gemm::PackedMatrix;
-use crate::simd::{dot_portable, exp_sub_sum};
+use crate::simd::exp_sub_sum;
 
 /// Elements below which a row-wise op runs on the calling thread.
 const PARALLEL_MIN: usize = 1 << 16;
@@ -145,11 +145,10 @@ impl PackedLayer {
             qkv.chunks_mut(width).enumerate().for_each(rotate_row);
         }
         let part = |start: usize, len: usize, heads: usize| {
-            let v: Vec<f32> = qkv
-                .chunks(width)
-                .flat_map(|r| &r[start..start + len])
-                .copied()
-                .collect();
+            let mut v = Vec::with_capacity(t * len);
+            for row in qkv.chunks(width) {
+                v.extend_from_slice(&row[start..start + len]);
+            }
             Tensor::from_vec(v, (t, heads, d), x.device())
         };
         let (q, k, v) = (
@@ -189,9 +188,18 @@ impl PackedLayer {
     }
 }
 
-/// `1 / sqrt(mean(x^2) + eps)`.
+/// `1 / sqrt(mean(x^2) + eps)`; the squares summed in eight lanes (plain multiply and add, which
+/// vectorise without the FMA target feature).
 fn inv_rms(x: &[f32], eps: f32) -> f32 {
-    1.0 / (dot_portable(x, x) / x.len() as f32 + eps).sqrt()
+    let mut lanes = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+    for c in chunks {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l += v * v;
+        }
+    }
+    1.0 / ((lanes.iter().sum::<f32>() + tail) / x.len() as f32 + eps).sqrt()
 }
 
 /// RMS norm of each row of `x` (rows of `width`), scaled by `w`.
