@@ -207,11 +207,14 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
         KvCache::bytes_per_token(&cfg),
         a.repeat.max(1)
     );
-    let ceiling = matmul_ceiling()?;
+    let (candle_rate, packed_rate) = (matmul_ceiling()?, packed_matmul_ceiling());
+    let ceiling = candle_rate.max(packed_rate);
     println!(
-        "matmul ceiling (candle f32 gemm, {0}x{0}x{0}): {1:.1} GFLOP/s",
+        "matmul ceiling ({0}x{0}x{0}, f32): candle's gemm {1:.1} GFLOP/s, the sampler's packed \
+         gemm {2:.1} GFLOP/s",
         CEILING_N,
-        ceiling / 1e9
+        candle_rate / 1e9,
+        packed_rate / 1e9
     );
     println!(
         "{:>6} {:>14} {:>14} {:>16} {:>14}",
@@ -382,6 +385,26 @@ pub fn matmul_ceiling() -> Result<f64> {
         best = best.min(t.elapsed().as_secs_f64());
     }
     Ok(2.0 * (n * n * n) as f64 / best)
+}
+
+/// The same square product through the sampler's packed, batch-invariant gemm
+/// ([`crate::gemm`]).
+pub fn packed_matmul_ceiling() -> f64 {
+    let n = CEILING_N;
+    let a: Vec<f32> = (0..n * n)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let w = crate::gemm::PackedMatrix::pack(&a, n, n);
+    let mut y = vec![0f32; n * n];
+    crate::gemm::matmul(&a, n, &w, &mut y); // warm-up
+    let mut best = f64::INFINITY;
+    for _ in 0..10 {
+        let t = Instant::now();
+        crate::gemm::matmul(&a, n, &w, &mut y);
+        std::hint::black_box(&y);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    2.0 * (n * n * n) as f64 / best
 }
 
 /// FLOPs of one decode token at context length `ctx`: every weight matrix once (lm_head
