@@ -298,57 +298,79 @@ fn validate_data(d: RawData, base: &Path, origin: &str) -> Result<DataConfig, Co
             "{origin}: `data.sources` is empty: add at least one [[data.sources]]"
         )));
     }
-    let mut sources = Vec::new();
+    let mut sources: Vec<SourceSpec> = Vec::new();
     for (i, s) in d.sources.into_iter().enumerate() {
         let key = format!("data.sources[{i}] ({})", s.name);
-        if sources.iter().any(|o: &SourceSpec| o.name == s.name) {
+        if sources.iter().any(|o| o.name == s.name) {
             return Err(ConfigError(format!(
                 "{origin}: `{key}.name`: two sources are named `{}`",
                 s.name
             )));
         }
-        if s.name.is_empty() || s.name.contains(['/', ' ']) {
-            return Err(ConfigError(format!(
-                "{origin}: `{key}.name`: must be non-empty, without '/' or spaces"
-            )));
-        }
-        let mut fields = FieldMap::preset(s.format);
-        if let Some(f) = s.id_field {
-            fields.id = Some(f);
-        }
-        if let Some(f) = s.problem_field {
-            fields.problem = vec![f];
-        }
-        if let Some(f) = s.answer_field {
-            fields.answer = Some(f);
-        }
-        if let Some(a) = s.answer_extract {
-            fields.answer_extract = a;
-        }
-        if let Some(f) = s.solution_field {
-            fields.solution = Some(f);
-        }
-        if s.format == SourceFormat::Mapped
-            && (fields.problem.is_empty() || fields.answer.is_none())
-        {
-            return Err(ConfigError(format!(
-                "{origin}: `{key}`: format = \"mapped\" needs `problem_field` and `answer_field`"
-            )));
-        }
-        let location = Location::parse(&s.path, base, s.split.as_deref())
-            .map_err(|e| ConfigError(format!("{origin}: `{key}.path`: {e}")))?;
-        sources.push(SourceSpec {
-            name: s.name,
-            format: s.format,
-            location,
-            fields,
-            limit: s.limit,
-        });
+        sources.push(validate_source(s, &key, base, origin)?);
     }
     Ok(DataConfig {
         sources,
         skip_bad_rows: d.skip_bad_rows,
     })
+}
+
+/// A source section (`[[data.sources]]`, or an eval set's `[source]`) as a resolved spec; `key`
+/// names it in errors.
+fn validate_source(
+    s: RawSource,
+    key: &str,
+    base: &Path,
+    origin: &str,
+) -> Result<SourceSpec, ConfigError> {
+    if s.name.is_empty() || s.name.contains(['/', ' ']) {
+        return Err(ConfigError(format!(
+            "{origin}: `{key}.name`: must be non-empty, without '/' or spaces"
+        )));
+    }
+    let mut fields = FieldMap::preset(s.format);
+    if let Some(f) = s.id_field {
+        fields.id = Some(f);
+    }
+    if let Some(f) = s.problem_field {
+        fields.problem = vec![f];
+    }
+    if let Some(f) = s.answer_field {
+        fields.answer = Some(f);
+    }
+    if let Some(a) = s.answer_extract {
+        fields.answer_extract = a;
+    }
+    if let Some(f) = s.solution_field {
+        fields.solution = Some(f);
+    }
+    if s.format == SourceFormat::Mapped && (fields.problem.is_empty() || fields.answer.is_none()) {
+        return Err(ConfigError(format!(
+            "{origin}: `{key}`: format = \"mapped\" needs `problem_field` and `answer_field`"
+        )));
+    }
+    let location = Location::parse(&s.path, base, s.split.as_deref())
+        .map_err(|e| ConfigError(format!("{origin}: `{key}.path`: {e}")))?;
+    Ok(SourceSpec {
+        name: s.name,
+        format: s.format,
+        location,
+        fields,
+        limit: s.limit,
+    })
+}
+
+/// A source table parsed from TOML (an eval set's `[source]`): the keys of `[[data.sources]]`.
+pub fn source_from_toml(
+    value: toml::Value,
+    key: &str,
+    base: &Path,
+    origin: &str,
+) -> Result<SourceSpec, ConfigError> {
+    let raw: RawSource = value
+        .try_into()
+        .map_err(|e| ConfigError(format!("{origin}: `{key}`: {e}")))?;
+    validate_source(raw, key, base, origin)
 }
 
 /// Range checks, and local paths (model folder, prompt template file) made relative to the

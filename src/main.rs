@@ -57,6 +57,8 @@ enum Command {
     },
     /// Sample completions for the problems of a file and write the completions Parquet.
     Sample(Box<cmd::sample::SampleArgs>),
+    /// Evaluate models on eval sets (evals/*.toml): pass@1 with 95% intervals, maj@n, pass@k.
+    Eval(Box<cmd::eval::EvalArgs>),
     /// Fine-tune every weight of a model on SFT rows and write it in Hugging Face layout.
     Train(Box<cmd::train::TrainArgs>),
     /// Join the outputs of a sharded `pipeline sample` run; refuses incomplete sets.
@@ -147,6 +149,7 @@ fn main() -> ExitCode {
         }
         Command::Grade(args) => cmd::grade::run(&args),
         Command::Sample(args) => cmd::sample::run(&args),
+        Command::Eval(args) => cmd::eval::run(&args),
         Command::Train(args) => cmd::train::run(&args),
         Command::Merge { output, inputs } => selfdistill::sampler::job::merge(&inputs, &output)
             .map(|n| {

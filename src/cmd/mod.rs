@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod bench_sample;
 pub mod bench_train;
+pub mod eval;
 pub mod grade;
 pub mod inspect;
 pub mod preflight;

@@ -1,0 +1,58 @@
+//! `pipeline eval`: evaluate one or more models on eval sets (`evals/*.toml`) with the same
+//! seeds, and print and write the metrics (see `eval`). Parses flags; the work is in `eval`.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use crate::eval::{self, EvalSet, Overrides};
+
+#[derive(Debug, clap::Args)]
+pub struct EvalArgs {
+    /// A checkpoint folder or a hub id (repeatable; the first is the baseline of the deltas).
+    #[arg(long = "model", required = true)]
+    pub models: Vec<String>,
+    /// Eval sets, comma-separated: names of `evals/<name>.toml` or paths of definition files.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub sets: Vec<String>,
+    /// Samples per problem (default: the set's).
+    #[arg(long)]
+    pub n: Option<u32>,
+    /// Sampling temperature (default: the set's; 0 = greedy).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    #[arg(long)]
+    pub max_new_tokens: Option<usize>,
+    /// Only the first N problems of each set.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// `cpu`, or `cuda` / `cuda:N` (default: the set's, cpu).
+    #[arg(long)]
+    pub device: Option<String>,
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    #[arg(long)]
+    pub output: PathBuf,
+}
+
+pub fn run(a: &EvalArgs) -> Result<()> {
+    let sets = a
+        .sets
+        .iter()
+        .map(|s| EvalSet::find(s))
+        .collect::<Result<Vec<_>>>()?;
+    let ov = Overrides {
+        n: a.n,
+        temperature: a.temperature,
+        max_new_tokens: a.max_new_tokens,
+        limit: a.limit,
+        device: a.device.clone(),
+        max_num_seqs: a.max_num_seqs,
+        seed: a.seed,
+    };
+    eval::evaluate(&a.models, &sets, &ov, &a.output)?;
+    println!("wrote {}", a.output.display());
+    Ok(())
+}

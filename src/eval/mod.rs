@@ -1,0 +1,399 @@
+//! Evaluation: eval set definitions (`evals/*.toml`) and `pipeline eval`. Each model samples
+//! each set with the set's settings and the same seeds (so models differ only by their
+//! weights), the samples are graded by the verifier, and the metrics of [`metrics`] are written
+//! per model and set, with a summary table (pass@1 with its 95% interval, the change from the
+//! first model, maj@n, pass@n, no answer, truncated, mean length).
+//!
+//! Output layout: `<out>/<model slug>/<set>/samples.parquet` (the completions schema, graded;
+//! resumable like any sampling job) and `metrics.json` beside it, written once the samples are
+//! complete; `<out>/metrics.json` and `<out>/eval.md` for the whole run.
+//!
+//! Knows nothing of pipeline stages; the sampling itself is `sampler::job`.
+
+pub mod metrics;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::data::source::SourceSpec;
+use crate::data::{hub, load_source};
+use crate::sampler::job::{self, SampleSettings};
+use metrics::{Outcome, SetMetrics};
+
+/// One eval set: where its problems come from and how to sample them.
+#[derive(Debug, Clone)]
+pub struct EvalSet {
+    pub name: String,
+    /// The definition file.
+    pub file: PathBuf,
+    pub source: SourceSpec,
+    /// The `[sample]` keys of the definition (any key of a config's `[sample]` but `model`).
+    pub sample: toml::Table,
+}
+
+/// Folders searched for `<name>.toml`: `$SELFDISTILL_EVALS`, `./evals`, and the `evals/` of the
+/// repository the binary was built in (found from the executable's path, `target/<profile>/`).
+pub fn search_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(d) = std::env::var_os("SELFDISTILL_EVALS") {
+        dirs.push(PathBuf::from(d));
+    }
+    dirs.push(PathBuf::from("evals"));
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(repo) = exe.ancestors().nth(3) {
+            dirs.push(repo.join("evals"));
+        }
+    }
+    dirs.push(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("evals"));
+    dirs
+}
+
+impl EvalSet {
+    /// A definition file.
+    pub fn load(file: &Path) -> Result<EvalSet> {
+        let origin = file.display().to_string();
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("cannot read {origin}"))?;
+        let mut table: toml::Table =
+            toml::from_str(&text).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
+        for key in table.keys() {
+            if key != "source" && key != "sample" {
+                bail!("{origin}: unknown key `{key}` (an eval set has [source] and [sample])");
+            }
+        }
+        let base = file.parent().unwrap_or(Path::new("."));
+        let source = table
+            .remove("source")
+            .with_context(|| format!("{origin}: no [source] section"))?;
+        let source = crate::config::source_from_toml(source, "source", base, &origin)?;
+        let sample = match table.remove("sample") {
+            Some(toml::Value::Table(t)) => t,
+            Some(_) => bail!("{origin}: `sample` must be a table"),
+            None => toml::Table::new(),
+        };
+        if sample.contains_key("model") {
+            bail!("{origin}: `sample.model`: the model comes from `--model`, not the eval set");
+        }
+        let set = EvalSet {
+            name: source.name.clone(),
+            file: file.to_path_buf(),
+            source,
+            sample,
+        };
+        set.settings("model")?; // the [sample] keys are checked now, not after a model loads
+        Ok(set)
+    }
+
+    /// A set by name (`<name>.toml` in [`search_dirs`]) or by the path of a definition file.
+    pub fn find(name_or_path: &str) -> Result<EvalSet> {
+        let p = Path::new(name_or_path);
+        if name_or_path.ends_with(".toml") || p.components().count() > 1 {
+            return EvalSet::load(p);
+        }
+        let dirs = search_dirs();
+        for d in &dirs {
+            let f = d.join(format!("{name_or_path}.toml"));
+            if f.is_file() {
+                return EvalSet::load(&f);
+            }
+        }
+        let known: Vec<String> = dirs
+            .iter()
+            .filter_map(|d| std::fs::read_dir(d).ok())
+            .flatten()
+            .filter_map(|e| {
+                let n = e.ok()?.file_name().to_string_lossy().into_owned();
+                n.strip_suffix(".toml").map(str::to_string)
+            })
+            .collect();
+        bail!(
+            "eval set `{name_or_path}`: no {name_or_path}.toml in {}; known sets: {}",
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+            if known.is_empty() {
+                "none".into()
+            } else {
+                known.join(", ")
+            }
+        )
+    }
+
+    /// The sampling settings of this set for `model`.
+    pub fn settings(&self, model: &str) -> Result<SampleSettings> {
+        let mut t = self.sample.clone();
+        t.insert("model".into(), toml::Value::String(model.into()));
+        let s: SampleSettings = toml::Value::Table(t)
+            .try_into()
+            .map_err(|e| anyhow::anyhow!("{}: `sample`: {e}", self.file.display()))?;
+        s.validate()
+            .map_err(|e| anyhow::anyhow!("{}: `sample.{e}`", self.file.display()))?;
+        Ok(s)
+    }
+}
+
+/// What the command line changes in every set's settings.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub n: Option<u32>,
+    pub temperature: Option<f32>,
+    pub max_new_tokens: Option<usize>,
+    pub limit: Option<usize>,
+    pub device: Option<String>,
+    pub max_num_seqs: Option<usize>,
+    pub seed: Option<u64>,
+}
+
+impl Overrides {
+    fn apply(&self, s: &mut SampleSettings) {
+        if let Some(n) = self.n {
+            s.n = n;
+        }
+        if let Some(t) = self.temperature {
+            s.temperature = t;
+        }
+        if let Some(m) = self.max_new_tokens {
+            s.max_new_tokens = m;
+        }
+        if let Some(d) = &self.device {
+            s.device = d.clone();
+        }
+        if let Some(b) = self.max_num_seqs {
+            s.max_num_seqs = b;
+        }
+        if let Some(seed) = self.seed {
+            s.seed = seed;
+        }
+    }
+}
+
+/// The metrics of one model on one set.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EvalResult {
+    pub model: String,
+    pub set: String,
+    pub metrics: SetMetrics,
+    /// Generated tokens per second of the sampling (0 when the samples were already complete).
+    pub tokens_per_second: f64,
+}
+
+/// A folder name for a model: its last path component and a short hash of the whole string.
+pub fn model_slug(model: &str) -> String {
+    let base: String = Path::new(model.trim_end_matches('/'))
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let hash = crate::store::hash_json(&serde_json::Value::String(model.into()));
+    format!("{base}-{}", &hash[..8])
+}
+
+/// Samples, grades and scores every set with every model; writes the layout of the module doc.
+pub fn evaluate(
+    models: &[String],
+    sets: &[EvalSet],
+    ov: &Overrides,
+    out: &Path,
+) -> Result<Vec<EvalResult>> {
+    if models.is_empty() || sets.is_empty() {
+        bail!("eval: give at least one --model and one set");
+    }
+    let mut results = Vec::new();
+    for set in sets {
+        let files = hub::resolve(&set.source.location)
+            .with_context(|| format!("eval set `{}` ({})", set.name, set.file.display()))?;
+        let mut spec = set.source.clone();
+        if ov.limit.is_some() {
+            spec.limit = ov.limit;
+        }
+        let (problems, _) = load_source(&spec, &files, false)
+            .with_context(|| format!("eval set `{}` ({})", set.name, set.file.display()))?;
+        if problems.iter().any(|p| p.gold_answer.is_empty()) {
+            bail!("eval set `{}`: some problems have no gold answer", set.name);
+        }
+        let levels: HashMap<&str, &str> = problems
+            .iter()
+            .filter_map(|p| Some((p.problem_id.as_str(), p.level.as_deref()?)))
+            .collect();
+        for model in models {
+            let mut s = set.settings(model)?;
+            ov.apply(&mut s);
+            s.validate()
+                .map_err(|e| anyhow::anyhow!("eval set `{}`: {e}", set.name))?;
+            let dir = out.join(model_slug(model)).join(&set.name);
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            let samples = dir.join("samples.parquet");
+            eprintln!(
+                "eval: {} on {} ({} problems, n = {})",
+                model,
+                set.name,
+                problems.len(),
+                s.n
+            );
+            let summary = job::run_settings(&s, &problems, (0, 1), &samples)?;
+            let outcomes = outcomes(&samples, &levels)?;
+            let m = metrics::compute(&outcomes, s.seed);
+            let r = EvalResult {
+                model: model.clone(),
+                set: set.name.clone(),
+                metrics: m,
+                tokens_per_second: summary.generated_tokens as f64 / summary.seconds.max(1e-9),
+            };
+            crate::store::write_json_atomic(&dir.join("metrics.json"), &r)?;
+            results.push(r);
+        }
+    }
+    crate::store::write_json_atomic(&out.join("metrics.json"), &results)?;
+    let table = table(&results, models);
+    crate::store::commit_file(&out.join("eval.md"), |tmp| Ok(std::fs::write(tmp, &table)?))?;
+    print!("{table}");
+    Ok(results)
+}
+
+/// The graded samples of a completions file as metric outcomes.
+pub fn outcomes(samples: &Path, levels: &HashMap<&str, &str>) -> Result<Vec<Outcome>> {
+    let rows = crate::data::schema::read_completions(samples)?;
+    rows.into_iter()
+        .map(|c| {
+            let Some(g) = c.grade else {
+                bail!(
+                    "{}: sample {} of {} is not graded",
+                    samples.display(),
+                    c.sample_index,
+                    c.problem_id
+                )
+            };
+            Ok(Outcome {
+                level: levels.get(c.problem_id.as_str()).map(|l| l.to_string()),
+                problem_id: c.problem_id,
+                sample_index: c.sample_index,
+                answer: g
+                    .extracted_answer
+                    .map(|a| crate::verify::normalize::normalize_answer(&a)),
+                correct: g.correct,
+                truncated: matches!(
+                    c.finish_reason.as_deref(),
+                    Some("length" | "thinking_budget")
+                ),
+                completion_tokens: c.num_completion_tokens.unwrap_or(0).max(0) as u64,
+            })
+        })
+        .collect()
+}
+
+/// The summary table (Markdown): one block per set, one row per model; the change in pass@1 is
+/// against the first model.
+pub fn table(results: &[EvalResult], models: &[String]) -> String {
+    let mut s = String::from(
+        "| set | model | pass@1 (95% CI) | vs first | maj@n | pass@n | no answer | truncated | mean tokens |\n\
+         | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    let pct = |x: f64| format!("{:.1}", 100.0 * x);
+    let mut sets: Vec<&str> = Vec::new();
+    for r in results {
+        if !sets.contains(&r.set.as_str()) {
+            sets.push(&r.set);
+        }
+    }
+    for set in sets {
+        let first = models
+            .first()
+            .and_then(|m| results.iter().find(|r| r.set == set && &r.model == m));
+        for r in results.iter().filter(|r| r.set == set) {
+            let m = &r.metrics;
+            let delta = match first {
+                Some(f) if f.model != r.model => {
+                    format!(
+                        "{:+.1}",
+                        100.0 * (m.pass_at_1.value - f.metrics.pass_at_1.value)
+                    )
+                }
+                _ => "-".into(),
+            };
+            let pass_n = m.pass_at_k.last().map_or(0.0, |p| p.1);
+            s.push_str(&format!(
+                "| {set} | {} | {} ({}-{}) | {delta} | {} | {} (n={}) | {} | {} | {:.0} |\n",
+                r.model,
+                pct(m.pass_at_1.value),
+                pct(m.pass_at_1.lo),
+                pct(m.pass_at_1.hi),
+                pct(m.maj_at_n.value),
+                pct(pass_n),
+                m.n,
+                pct(m.no_answer),
+                pct(m.truncated),
+                m.mean_completion_tokens
+            ));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_sets_load_and_their_settings_validate() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("evals");
+        let mut names = Vec::new();
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                let set = EvalSet::load(&p).unwrap_or_else(|e| panic!("{}: {e:#}", p.display()));
+                assert_eq!(p.file_stem().unwrap().to_string_lossy(), set.name);
+                set.settings("some/model").unwrap();
+                names.push(set.name);
+            }
+        }
+        names.sort();
+        for want in ["aime24", "amc23", "gsm8k_test", "math500"] {
+            assert!(
+                names.iter().any(|n| n == want),
+                "{want} missing from {names:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_definitions_name_the_file_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("x.toml");
+        let write = |text: &str| std::fs::write(&f, text).unwrap();
+        write("[source]\nname = \"x\"\nformat = \"gsm8k\"\npath = \"a.jsonl\"\n[sample]\ntemprature = 1\n");
+        let e = format!("{:#}", EvalSet::load(&f).unwrap_err());
+        assert!(e.contains("x.toml") && e.contains("temprature"), "{e}");
+        write("[source]\nname = \"x\"\nformat = \"gsm8k\"\npath = \"a.jsonl\"\n[sample]\ntop_p = 2.0\n");
+        let e = format!("{:#}", EvalSet::load(&f).unwrap_err());
+        assert!(e.contains("x.toml") && e.contains("top_p"), "{e}");
+        write("[source]\nname = \"x\"\nformat = \"gsm8k\"\npath = \"a.jsonl\"\n[sample]\nmodel = \"m\"\n");
+        let e = format!("{:#}", EvalSet::load(&f).unwrap_err());
+        assert!(e.contains("sample.model"), "{e}");
+        write("[sorce]\n");
+        let e = format!("{:#}", EvalSet::load(&f).unwrap_err());
+        assert!(e.contains("sorce"), "{e}");
+        let e = format!("{:#}", EvalSet::find("no_such_set").unwrap_err());
+        assert!(e.contains("no_such_set") && e.contains("gsm8k_test"), "{e}");
+    }
+
+    #[test]
+    fn slugs_are_folder_safe_and_distinct() {
+        let a = model_slug("runs/a/train/model");
+        let b = model_slug("runs/b/train/model");
+        assert!(a.starts_with("model-") && a != b);
+        assert!(model_slug("Qwen/Qwen3-4B").starts_with("Qwen3-4B-"));
+    }
+}

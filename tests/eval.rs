@@ -1,0 +1,80 @@
+//! `pipeline eval` on the tiny-qwen3 fixture: a set defined in a TOML file, two names for the
+//! same weights (so every metric must agree and the delta be zero), the files of the output
+//! layout, and a rerun that reuses the samples.
+
+mod common;
+
+use common::*;
+use selfdistill::data::schema::read_completions;
+use serde_json::Value;
+
+#[test]
+fn eval_writes_samples_metrics_and_a_table_and_reuses_samples() {
+    let Some(model) = shared("fixtures/tiny-qwen3") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let rows: Vec<String> = (0..10)
+        .map(|i| format!("{{\"q\": \"What is {i} + {i}?\", \"a\": \"{}\"}}", 2 * i))
+        .collect();
+    std::fs::write(dir.path().join("toy.jsonl"), rows.join("\n") + "\n").unwrap();
+    std::fs::write(
+        dir.path().join("toy.toml"),
+        "[source]\nname = \"toy\"\nformat = \"mapped\"\npath = \"toy.jsonl\"\n\
+         problem_field = \"q\"\nanswer_field = \"a\"\n\
+         [sample]\nprompt_template = \"raw\"\nn = 3\ntemperature = 0.8\nmax_new_tokens = 8\n\
+         seed = 5\nkv_cache = \"4 MiB\"\n",
+    )
+    .unwrap();
+    let m1 = model.to_str().unwrap().to_string();
+    let m2 = format!("{m1}/.");
+    let args = [
+        "eval", "--model", &m1, "--model", &m2, "--sets", "toy.toml", "--output", "out",
+    ];
+    let o = run(&args, dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let out = dir.path().join("out");
+    let all: Vec<Value> =
+        serde_json::from_slice(&std::fs::read(out.join("metrics.json")).unwrap()).unwrap();
+    assert_eq!(all.len(), 2);
+    // same weights, same seeds: the same metrics under both names
+    assert_eq!(all[0]["metrics"], all[1]["metrics"]);
+    let m = &all[0]["metrics"];
+    assert_eq!(
+        (
+            m["problems"].as_u64(),
+            m["n"].as_u64(),
+            m["samples"].as_u64()
+        ),
+        (Some(10), Some(3), Some(30))
+    );
+    assert_eq!(m["pass_at_k"].as_array().unwrap().len(), 3);
+    // the no-answer share is the samples' own
+    let slug = selfdistill::eval::model_slug(&m1);
+    let samples = read_completions(&out.join(&slug).join("toy/samples.parquet")).unwrap();
+    assert_eq!(samples.len(), 30);
+    let none = samples
+        .iter()
+        .filter(|c| c.grade.as_ref().unwrap().extracted_answer.is_none())
+        .count();
+    assert!((m["no_answer"].as_f64().unwrap() - none as f64 / 30.0).abs() < 1e-12);
+    let table = std::fs::read_to_string(out.join("eval.md")).unwrap();
+    assert!(
+        table.contains("| toy |") && table.contains("+0.0"),
+        "{table}"
+    );
+    assert!(out.join(&slug).join("toy/metrics.json").is_file());
+    // a rerun reuses the samples and gives the same numbers
+    let o = run(&args, dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let again: Vec<Value> =
+        serde_json::from_slice(&std::fs::read(out.join("metrics.json")).unwrap()).unwrap();
+    assert_eq!(again[0]["metrics"], all[0]["metrics"]);
+    // an unknown set is an error that lists the known ones
+    let o = run(
+        &["eval", "--model", &m1, "--sets", "nope", "--output", "o2"],
+        dir.path(),
+    );
+    assert!(!o.status.success());
+    assert!(text(&o).contains("gsm8k_test"), "{}", text(&o));
+}
