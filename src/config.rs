@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::bytes::parse_bytes;
 use crate::data::source::{AnswerExtract, FieldMap, Location, SourceFormat, SourceSpec};
 use crate::sampler::job::SampleSettings;
+use crate::stages::eval::EvalConfig;
 use crate::train::settings::TrainSettings;
 
 /// A config error, already phrased for a person: it names the file and, where known, line and key.
@@ -33,6 +34,7 @@ struct RawConfig {
     sample: Option<SampleSettings>,
     filter: Option<RawFilter>,
     train: Option<TrainSettings>,
+    eval: Option<EvalConfig>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -172,6 +174,15 @@ pub struct Config {
     pub filter: Option<FilterConfig>,
     /// `model` is always set (from `[sample].model` when the section leaves it out).
     pub train: Option<TrainSettings>,
+    pub eval: Option<EvalPlan>,
+}
+
+/// The `[eval]` section with its base model and sets resolved.
+#[derive(Debug, Clone)]
+pub struct EvalPlan {
+    pub settings: EvalConfig,
+    pub base_model: String,
+    pub sets: Vec<crate::eval::EvalSet>,
 }
 
 pub const DEFAULT_CHUNK_ROWS: usize = 4096;
@@ -244,6 +255,10 @@ impl Config {
             .train
             .map(|t| validate_train(t, base, origin, sample.as_ref(), filter.is_some()))
             .transpose()?;
+        let eval = raw
+            .eval
+            .map(|e| validate_eval(e, base, origin, train.as_ref(), sample.as_ref()))
+            .transpose()?;
         Ok(Config {
             origin: origin.to_string(),
             name,
@@ -253,8 +268,58 @@ impl Config {
             sample,
             filter,
             train,
+            eval,
         })
     }
+}
+
+/// The sets must load and their settings validate with the overrides; the base model defaults
+/// to the trainer's, then the sampler's.
+fn validate_eval(
+    e: EvalConfig,
+    base: &Path,
+    origin: &str,
+    train: Option<&TrainSettings>,
+    sample: Option<&SampleSettings>,
+) -> Result<EvalPlan, ConfigError> {
+    let err = |key: &str, msg: String| ConfigError(format!("{origin}: `eval.{key}`: {msg}"));
+    if e.sets.is_empty() {
+        return Err(err("sets", "is empty: name at least one eval set".into()));
+    }
+    let model = match (&e.model, train.and_then(|t| t.model.clone()), sample) {
+        (Some(m), _, _) => {
+            let local = base.join(m);
+            if local.exists() {
+                local.display().to_string()
+            } else {
+                m.clone()
+            }
+        }
+        (None, Some(m), _) => m,
+        (None, None, Some(s)) => s.model.clone(),
+        (None, None, None) => {
+            return Err(err(
+                "model",
+                "missing (no [train] or [sample] section to take it from)".into(),
+            ))
+        }
+    };
+    let sets = e
+        .load_sets(base)
+        .map_err(|x| err("sets", format!("{x:#}")))?;
+    for s in &sets {
+        let mut st = s
+            .settings(&model)
+            .map_err(|x| err("sets", format!("{x:#}")))?;
+        e.overrides().apply(&mut st);
+        st.validate()
+            .map_err(|x| err("sets", format!("`{}` with the overrides: {x}", s.name)))?;
+    }
+    Ok(EvalPlan {
+        settings: e,
+        base_model: model,
+        sets,
+    })
 }
 
 /// Range checks; the base model defaults to the sampler's, and a local folder resolves against

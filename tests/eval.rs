@@ -8,24 +8,84 @@ use common::*;
 use selfdistill::data::schema::read_completions;
 use serde_json::Value;
 
-#[test]
-fn eval_writes_samples_metrics_and_a_table_and_reuses_samples() {
-    let Some(model) = shared("fixtures/tiny-qwen3") else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
+/// The toy set: 10 sums, sampled raw, 3 samples each.
+fn toy_set(dir: &std::path::Path) {
     let rows: Vec<String> = (0..10)
         .map(|i| format!("{{\"q\": \"What is {i} + {i}?\", \"a\": \"{}\"}}", 2 * i))
         .collect();
-    std::fs::write(dir.path().join("toy.jsonl"), rows.join("\n") + "\n").unwrap();
+    std::fs::write(dir.join("toy.jsonl"), rows.join("\n") + "\n").unwrap();
     std::fs::write(
-        dir.path().join("toy.toml"),
+        dir.join("toy.toml"),
         "[source]\nname = \"toy\"\nformat = \"mapped\"\npath = \"toy.jsonl\"\n\
          problem_field = \"q\"\nanswer_field = \"a\"\n\
          [sample]\nprompt_template = \"raw\"\nn = 3\ntemperature = 0.8\nmax_new_tokens = 8\n\
          seed = 5\nkv_cache = \"4 MiB\"\n",
     )
     .unwrap();
+}
+
+#[test]
+fn eval_stage_caches_and_shares_the_base_models_evaluation_across_runs() {
+    let Some(model) = shared("fixtures/tiny-qwen3") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    toy_set(dir.path());
+    let config = |name: &str, temperature: f32| {
+        let p = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &p,
+            format!(
+                "[run]\nname = \"{name}\"\n[eval]\nsets = [\"toy.toml\"]\nmodel = \"{}\"\n\
+                 temperature = {temperature}\n",
+                model.display()
+            ),
+        )
+        .unwrap();
+        p
+    };
+    let a = config("a", 0.8);
+    let o = run(&["run", "all", "--config", a.to_str().unwrap()], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("| toy | base ("), "{}", text(&o));
+    let stage = stage_dir(&dir.path().join("runs/a"), "eval");
+    let first = std::fs::read(stage.join("metrics.json")).unwrap();
+    // the same run again: nothing to do
+    let o = run(&["run", "all", "--config", a.to_str().unwrap()], dir.path());
+    assert!(text(&o).contains("eval cached"), "{}", text(&o));
+    // another run with the same base and settings reuses the base model's evaluation
+    let b = config("b", 0.8);
+    let o = run(&["run", "all", "--config", b.to_str().unwrap()], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("base model: cached"), "{}", text(&o));
+    let stage_b = stage_dir(&dir.path().join("runs/b"), "eval");
+    assert_eq!(std::fs::read(stage_b.join("metrics.json")).unwrap(), first);
+    // another temperature evaluates again
+    let c = config("c", 0.5);
+    let o = run(&["run", "all", "--config", c.to_str().unwrap()], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("base model: cached"), "{}", text(&o));
+    // a bad set is an error that names the config key
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[eval]\nsets = [\"nope\"]\nmodel = \"x\"\n").unwrap();
+    let o = run(
+        &["run", "all", "--config", bad.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(
+        !o.status.success() && text(&o).contains("eval.sets"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn eval_writes_samples_metrics_and_a_table_and_reuses_samples() {
+    let Some(model) = shared("fixtures/tiny-qwen3") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    toy_set(dir.path());
     let m1 = model.to_str().unwrap().to_string();
     let m2 = format!("{m1}/.");
     let args = [

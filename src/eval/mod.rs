@@ -149,7 +149,8 @@ pub struct Overrides {
 }
 
 impl Overrides {
-    fn apply(&self, s: &mut SampleSettings) {
+    /// Sets every overridden field of `s`.
+    pub fn apply(&self, s: &mut SampleSettings) {
         if let Some(n) = self.n {
             s.n = n;
         }

@@ -2,11 +2,12 @@
 //! hash of its config section, its inputs' hashes and its code version; `run` executes the ones
 //! without a manifest, in order, and writes each manifest last.
 //!
-//! Stages live one per file (`data`, `sample`, `filter`, `train`; `eval` slots in the same way)
+//! Stages live one per file (`data`, `sample`, `filter`, `train`, `eval`)
 //! and never import each other: they meet only through the files named in their inputs. This
 //! module knows the order of stages, not what they compute.
 
 pub mod data;
+pub mod eval;
 pub mod filter;
 pub mod sample;
 pub mod train;
@@ -21,7 +22,7 @@ use crate::config::Config;
 use crate::store::{self, InputRef, Manifest, OutputFile, WorkDir};
 
 /// Every stage name, in pipeline order. A config's plan is the subsequence it configures.
-pub const STAGE_ORDER: &[&str] = &["data", "sample", "filter", "train"];
+pub const STAGE_ORDER: &[&str] = &["data", "sample", "filter", "train", "eval"];
 
 /// One stage of a plan, with everything that determines its output already resolved.
 #[derive(Debug, Clone)]
@@ -116,6 +117,16 @@ impl Plan {
                 .find(|s| s.name == "filter")
                 .context("the train stage needs the filter stage")?;
             stages.push(train::plan(t, filter, workdir)?);
+        }
+        if let Some(e) = &cfg.eval {
+            let trained = stages.iter().find(|s| s.name == "train");
+            stages.push(eval::plan(
+                &e.settings,
+                &e.base_model,
+                &e.sets,
+                trained,
+                workdir,
+            )?);
         }
         if stages.is_empty() {
             bail!(
@@ -396,6 +407,10 @@ fn run_stage(cfg: &Config, plan: &Plan, stage: &PlannedStage) -> Result<()> {
             plan,
             stage,
         )?,
+        "eval" => {
+            let e = cfg.eval.as_ref().context("no [eval] section")?;
+            eval::run(&e.settings, &e.base_model, &e.sets, plan, stage)?
+        }
         other => bail!("stage `{other}` has no runner"),
     };
     let wall_seconds = t0.elapsed().as_secs_f64();

@@ -1,0 +1,205 @@
+//! The eval stage: evaluates the base model and the train stage's model (when the pipeline
+//! trains) on the `[eval]` sets with the same seeds, and writes `metrics.json` and `eval.md`
+//! (base vs trained, with deltas and 95% intervals) to the stage dir.
+//!
+//! Each model's evaluation is cached on its own, keyed by the model (the base's fingerprint, or
+//! the train stage's key), the set definitions and their data, the overrides and the verifier,
+//! under `eval-cache/` beside the work dir: runs whose work dirs share a folder (the default
+//! `runs/<name>`) evaluate a shared base model once. An interrupted evaluation resumes from its
+//! samples. Knows nothing of the trainer.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use super::{output_file, stage_key, Estimate, Plan, PlannedStage, StageOutput};
+use crate::eval::{EvalResult, EvalSet, Overrides};
+use crate::store::{self, InputRef};
+
+/// Bump when the output for the same inputs changes.
+pub const CODE_VERSION: u32 = 1;
+pub const METRICS: &str = "metrics.json";
+pub const TABLE: &str = "eval.md";
+
+/// The `[eval]` section: which sets, whose base model, and what to override in the sets'
+/// sampling settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Names of `evals/<name>.toml`, or paths of definition files (relative to the config).
+    pub sets: Vec<String>,
+    /// The base model; default: `[train].model`, else `[sample].model`.
+    pub model: Option<String>,
+    pub n: Option<u32>,
+    pub temperature: Option<f32>,
+    pub max_new_tokens: Option<usize>,
+    pub limit: Option<usize>,
+    pub seed: Option<u64>,
+    pub device: Option<String>,
+    pub max_num_seqs: Option<usize>,
+}
+
+impl EvalConfig {
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            n: self.n,
+            temperature: self.temperature,
+            max_new_tokens: self.max_new_tokens,
+            limit: self.limit,
+            device: self.device.clone(),
+            max_num_seqs: self.max_num_seqs,
+            seed: self.seed,
+        }
+    }
+
+    /// The sets, resolved (names through [`crate::eval::search_dirs`], paths against `base`).
+    pub fn load_sets(&self, base: &Path) -> Result<Vec<EvalSet>> {
+        self.sets
+            .iter()
+            .map(|s| {
+                if s.ends_with(".toml") {
+                    EvalSet::load(&crate::config::resolve(base, s))
+                } else {
+                    EvalSet::find(s)
+                }
+            })
+            .collect()
+    }
+}
+
+/// The content of an eval set as a stage input: its definition and its data files.
+fn set_input(set: &EvalSet) -> Result<InputRef> {
+    let files = crate::data::hub::resolve(&set.source.location)?;
+    let mut parts = vec![store::hash_file(&set.file)?];
+    for f in &files {
+        parts.push(store::hash_file(f)?);
+    }
+    Ok(InputRef {
+        name: format!("set:{}", set.name),
+        location: set.file.display().to_string(),
+        hash: store::hash_json(&serde_json::json!(parts)),
+    })
+}
+
+pub fn plan(
+    e: &EvalConfig,
+    base_model: &str,
+    sets: &[EvalSet],
+    train: Option<&PlannedStage>,
+    workdir: &Path,
+) -> Result<PlannedStage> {
+    let mut inputs = vec![super::model_input(base_model)?, super::verifier_input()];
+    if let Some(t) = train {
+        inputs.push(InputRef {
+            name: "trained".into(),
+            location: t.dir.join(super::train::MODEL_DIR).display().to_string(),
+            hash: t.key.clone(),
+        });
+    }
+    for s in sets {
+        inputs.push(set_input(s)?);
+    }
+    let config = serde_json::to_value(e)?;
+    let key = stage_key("eval", CODE_VERSION, &config, &inputs);
+    Ok(PlannedStage {
+        name: "eval",
+        dir: store::stage_dir(workdir, "eval", &key),
+        key,
+        code_version: CODE_VERSION,
+        config,
+        inputs,
+        files: Vec::new(),
+        estimate: Estimate::default(),
+    })
+}
+
+/// The cache folder shared by the runs beside `workdir`.
+pub fn cache_root(workdir: &Path) -> PathBuf {
+    let parent = workdir.parent().filter(|p| !p.as_os_str().is_empty());
+    parent.unwrap_or(Path::new(".")).join("eval-cache")
+}
+
+pub fn run(
+    e: &EvalConfig,
+    base_model: &str,
+    sets: &[EvalSet],
+    plan: &Plan,
+    stage: &PlannedStage,
+) -> Result<StageOutput> {
+    let ov = e.overrides();
+    let shared: Vec<&InputRef> = stage
+        .inputs
+        .iter()
+        .filter(|i| i.name.starts_with("set:") || i.name == "verifier")
+        .collect();
+    let fingerprint = |name: &str| -> Result<String> {
+        Ok(stage
+            .inputs
+            .iter()
+            .find(|i| i.name == name)
+            .with_context(|| format!("eval stage without its `{name}` input"))?
+            .hash
+            .clone())
+    };
+    let mut models = vec![(
+        "base".to_string(),
+        base_model.to_string(),
+        fingerprint("model")?,
+    )];
+    if let Some(t) = plan.get("train") {
+        let dir = t.dir.join(super::train::MODEL_DIR);
+        models.push((
+            "trained".into(),
+            dir.display().to_string(),
+            fingerprint("trained")?,
+        ));
+    }
+    let root = cache_root(&plan.workdir);
+    let mut results = Vec::new();
+    let mut reused = 0u64;
+    for (label, model, fp) in &models {
+        let key = store::hash_json(&serde_json::json!({
+            "code_version": CODE_VERSION,
+            "model": fp,
+            "inputs": shared.iter().map(|i| (&i.name, &i.hash)).collect::<Vec<_>>(),
+            "config": stage.config,
+        }));
+        let dir = root.join(&key[..16]);
+        let done = dir.join(METRICS);
+        if done.is_file() {
+            println!("eval: {label} model: cached in {}", dir.display());
+            reused += 1;
+        } else {
+            crate::eval::evaluate(std::slice::from_ref(model), sets, &ov, &dir)?;
+        }
+        // read back in both cases, so that a cached and a fresh evaluation give the same bytes
+        let bytes =
+            std::fs::read(&done).with_context(|| format!("cannot read {}", done.display()))?;
+        let mut rs: Vec<EvalResult> = serde_json::from_slice(&bytes)
+            .with_context(|| format!("{}: unreadable", done.display()))?;
+        for r in &mut rs {
+            r.model = format!("{label} ({})", r.model);
+        }
+        results.extend(rs);
+    }
+    store::write_json_atomic(&stage.dir.join(METRICS), &results)?;
+    let labels: Vec<String> = results.iter().map(|r| r.model.clone()).collect();
+    let table = crate::eval::table(&results, &labels);
+    store::commit_file(&stage.dir.join(TABLE), |tmp| {
+        Ok(std::fs::write(tmp, &table)?)
+    })?;
+    println!("{table}");
+    Ok(StageOutput {
+        outputs: vec![
+            output_file(&stage.dir, &stage.dir.join(METRICS), results.len() as u64)?,
+            output_file(&stage.dir, &stage.dir.join(TABLE), 0)?,
+        ],
+        counts: vec![
+            ("models".into(), models.len() as u64),
+            ("sets".into(), sets.len() as u64),
+            ("model_evals_reused".into(), reused),
+        ],
+        rows: results.len() as u64,
+    })
+}
