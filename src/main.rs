@@ -54,6 +54,10 @@ enum Command {
         config: Option<PathBuf>,
         #[arg(long)]
         workdir: Option<PathBuf>,
+        /// Plan for another machine (a GPU box): validate and estimate, but do not compare the
+        /// estimates with this machine's free disk and memory (`run.disk_budget` still applies).
+        #[arg(long)]
+        plan_only: bool,
     },
     /// Sample completions for the problems of a file and write the completions Parquet.
     Sample(Box<cmd::sample::SampleArgs>),
@@ -144,9 +148,11 @@ fn main() -> ExitCode {
             };
             cfg.and_then(|cfg| cmd::status::run(workdir.as_deref(), cfg.as_ref()))
         }
-        Command::Preflight { config, workdir } => {
-            load_config(config, workdir).and_then(|cfg| cmd::preflight::run(&cfg))
-        }
+        Command::Preflight {
+            config,
+            workdir,
+            plan_only,
+        } => load_config(config, workdir).and_then(|cfg| cmd::preflight::run(&cfg, plan_only)),
         Command::Grade(args) => cmd::grade::run(&args),
         Command::Sample(args) => cmd::sample::run(&args),
         Command::Eval(args) => cmd::eval::run(&args),

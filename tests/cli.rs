@@ -617,3 +617,31 @@ fn misspelled_completion_field_is_an_error_not_empty_output() {
         text(&o)
     );
 }
+
+/// Every shipped pipeline validates and plans on a machine without the models or a GPU (hub
+/// models from their built-in cards), as CI runs it.
+#[test]
+fn shipped_pipelines_pass_preflight_plan_only() {
+    if shared("data").is_none() {
+        return;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let work = tempfile::tempdir().unwrap();
+    let mut n = 0;
+    for e in std::fs::read_dir(root.join("pipelines")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "toml") {
+            continue;
+        }
+        let o = bin()
+            .args(["preflight", "--plan-only", "--config", p.to_str().unwrap()])
+            .current_dir(work.path())
+            .env("HF_HUB_OFFLINE", "1")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}: {}", p.display(), text(&o));
+        assert!(text(&o).contains("preflight ok"), "{}", text(&o));
+        n += 1;
+    }
+    assert!(n >= 4, "{n} pipelines");
+}

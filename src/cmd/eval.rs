@@ -23,6 +23,9 @@ pub struct EvalArgs {
     pub temperature: Option<f32>,
     #[arg(long)]
     pub max_new_tokens: Option<usize>,
+    /// Chat template's `enable_thinking` (Qwen3), over the sets' own.
+    #[arg(long)]
+    pub enable_thinking: Option<bool>,
     /// Only the first N problems of each set.
     #[arg(long)]
     pub limit: Option<usize>,
@@ -46,7 +49,10 @@ pub fn run(a: &EvalArgs) -> Result<()> {
     let ov = Overrides {
         n: a.n,
         temperature: a.temperature,
+        top_p: None,
+        top_k: None,
         max_new_tokens: a.max_new_tokens,
+        enable_thinking: a.enable_thinking,
         limit: a.limit,
         device: a.device.clone(),
         max_num_seqs: a.max_num_seqs,

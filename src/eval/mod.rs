@@ -141,7 +141,10 @@ impl EvalSet {
 pub struct Overrides {
     pub n: Option<u32>,
     pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
     pub max_new_tokens: Option<usize>,
+    pub enable_thinking: Option<bool>,
     pub limit: Option<usize>,
     pub device: Option<String>,
     pub max_num_seqs: Option<usize>,
@@ -157,8 +160,17 @@ impl Overrides {
         if let Some(t) = self.temperature {
             s.temperature = t;
         }
+        if let Some(p) = self.top_p {
+            s.top_p = p;
+        }
+        if let Some(k) = self.top_k {
+            s.top_k = k;
+        }
         if let Some(m) = self.max_new_tokens {
             s.max_new_tokens = m;
+        }
+        if self.enable_thinking.is_some() {
+            s.enable_thinking = self.enable_thinking;
         }
         if let Some(d) = &self.device {
             s.device = d.clone();

@@ -6,6 +6,7 @@
 //! nothing of scheduling or config files.
 
 pub mod attention;
+pub mod cards;
 pub mod config;
 pub mod diff_ops;
 pub mod fused_attention;

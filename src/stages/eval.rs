@@ -33,7 +33,11 @@ pub struct EvalConfig {
     pub model: Option<String>,
     pub n: Option<u32>,
     pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
     pub max_new_tokens: Option<usize>,
+    /// Passed to the chat template (Qwen3: thinking on or off), over the sets' own.
+    pub enable_thinking: Option<bool>,
     pub limit: Option<usize>,
     pub seed: Option<u64>,
     pub device: Option<String>,
@@ -45,7 +49,10 @@ impl EvalConfig {
         Overrides {
             n: self.n,
             temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
             max_new_tokens: self.max_new_tokens,
+            enable_thinking: self.enable_thinking,
             limit: self.limit,
             device: self.device.clone(),
             max_num_seqs: self.max_num_seqs,
@@ -84,12 +91,12 @@ fn set_input(set: &EvalSet) -> Result<InputRef> {
 
 pub fn plan(
     e: &EvalConfig,
-    base_model: &str,
+    base: &super::ModelFacts,
     sets: &[EvalSet],
     train: Option<&PlannedStage>,
     workdir: &Path,
 ) -> Result<PlannedStage> {
-    let mut inputs = vec![super::model_input(base_model)?, super::verifier_input()];
+    let mut inputs = vec![base.input.clone(), super::verifier_input()];
     if let Some(t) = train {
         inputs.push(InputRef {
             name: "trained".into(),

@@ -92,6 +92,11 @@ pub fn stage_state(dir: &Path) -> Result<StageState> {
 impl Plan {
     /// Resolves every input (downloading hub files when needed) and keys every stage.
     pub fn build(cfg: &Config, workdir: &Path) -> Result<Plan> {
+        Plan::build_with(cfg, workdir, Models::default())
+    }
+
+    /// [`Self::build`], finding models through `models`.
+    pub fn build_with(cfg: &Config, workdir: &Path, models: Models) -> Result<Plan> {
         let mut stages: Vec<PlannedStage> = Vec::new();
         if let Some(d) = &cfg.data {
             stages.push(data::plan(d, workdir)?);
@@ -101,7 +106,7 @@ impl Plan {
                 .iter()
                 .find(|s| s.name == "data")
                 .context("the sample stage needs the data stage")?;
-            stages.push(sample::plan(s, data, workdir)?);
+            stages.push(sample::plan(s, data, workdir, &models.facts(&s.model)?)?);
         }
         if let Some(f) = &cfg.filter {
             let data = stages
@@ -116,17 +121,16 @@ impl Plan {
                 .iter()
                 .find(|s| s.name == "filter")
                 .context("the train stage needs the filter stage")?;
-            stages.push(train::plan(t, filter, workdir)?);
+            let model = t
+                .model
+                .as_deref()
+                .context("train.model is resolved at load")?;
+            stages.push(train::plan(t, filter, workdir, &models.facts(model)?)?);
         }
         if let Some(e) = &cfg.eval {
             let trained = stages.iter().find(|s| s.name == "train");
-            stages.push(eval::plan(
-                &e.settings,
-                &e.base_model,
-                &e.sets,
-                trained,
-                workdir,
-            )?);
+            let base = models.facts(&e.base_model)?;
+            stages.push(eval::plan(&e.settings, &base, &e.sets, trained, workdir)?);
         }
         if stages.is_empty() {
             bail!(
@@ -196,9 +200,65 @@ pub fn verifier_input() -> InputRef {
     }
 }
 
+/// How planning finds a model: its checkpoint (a hub id is downloaded when online), or, when
+/// `cards` is on (preflight) and the checkpoint cannot be had, the built-in card of a well-known
+/// hub id ([`crate::model::cards`]): its config, and weights of its dtype's size. The stage keys
+/// are then provisional (they change once the real files are fingerprinted).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Models {
+    pub cards: bool,
+}
+
+/// What planning needs of a model.
+pub struct ModelFacts {
+    pub config: crate::model::ModelConfig,
+    pub weight_bytes: u64,
+    pub input: InputRef,
+}
+
+impl Models {
+    pub fn facts(&self, model: &str) -> Result<ModelFacts> {
+        let err = match crate::model::Checkpoint::open(model) {
+            Ok(ck) => {
+                let weight_bytes = ck
+                    .weights
+                    .iter()
+                    .filter_map(|w| std::fs::metadata(w).ok())
+                    .map(|m| m.len())
+                    .sum();
+                return Ok(ModelFacts {
+                    input: checkpoint_input(&ck)?,
+                    config: ck.config,
+                    weight_bytes,
+                });
+            }
+            Err(e) => e,
+        };
+        match (self.cards, crate::model::cards::card(model)) {
+            (true, Some(config)) => {
+                let config = config?;
+                let bytes = crate::train::checkpoint::config_dtype(&config).size_in_bytes() as u64;
+                Ok(ModelFacts {
+                    weight_bytes: crate::train::memory::param_count(&config) * bytes,
+                    config,
+                    input: InputRef {
+                        name: "model".into(),
+                        location: format!("{model} (built-in card: not downloaded)"),
+                        hash: store::hash_json(&serde_json::json!(["card", model])),
+                    },
+                })
+            }
+            _ => Err(err),
+        }
+    }
+}
+
 /// A cheap fingerprint of a checkpoint folder: config and tokenizer contents, weight sizes.
 pub fn model_input(model: &str) -> Result<InputRef> {
-    let ck = crate::model::Checkpoint::open(model)?;
+    checkpoint_input(&crate::model::Checkpoint::open(model)?)
+}
+
+fn checkpoint_input(ck: &crate::model::Checkpoint) -> Result<InputRef> {
     let mut parts = vec![
         store::hash_file(&ck.dir.join("config.json"))?,
         store::hash_file(&ck.dir.join("tokenizer.json"))?,

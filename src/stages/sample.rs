@@ -27,29 +27,23 @@ pub const ESTIMATE_PROMPT_TOKENS: usize = 512;
 /// cache (`kv_cache`, or max_num_seqs sequences of a 512-token prompt plus max_new_tokens); on a
 /// GPU, the checkpoint as read (weights and cache live on the device, whose memory is checked
 /// when the run starts: the default cache takes 90% of what the weights leave free).
-fn memory_estimate(s: &SampleSettings) -> Result<u64> {
-    let ck = crate::model::Checkpoint::open(&s.model)?;
-    let stored: u64 = ck
-        .weights
-        .iter()
-        .filter_map(|w| std::fs::metadata(w).ok())
-        .map(|m| m.len())
-        .sum();
-    let widen = match ck.config.dtype.as_str() {
+fn memory_estimate(s: &SampleSettings, model: &super::ModelFacts) -> Result<u64> {
+    let stored = model.weight_bytes;
+    let widen = match model.config.dtype.as_str() {
         "bfloat16" | "float16" => 2,
         _ => 1,
     };
-    if s.max_new_tokens >= ck.config.max_position_embeddings {
+    if s.max_new_tokens >= model.config.max_position_embeddings {
         anyhow::bail!(
             "sample.max_new_tokens = {} does not fit the model's context of {} tokens",
             s.max_new_tokens,
-            ck.config.max_position_embeddings
+            model.config.max_position_embeddings
         );
     }
     if s.device != "cpu" {
         return Ok(stored);
     }
-    let per_token = crate::sampler::kv_cache::KvCache::bytes_per_token(&ck.config) as u64;
+    let per_token = crate::sampler::kv_cache::KvCache::bytes_per_token(&model.config) as u64;
     let kv = match &s.kv_cache {
         Some(text) => {
             crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
@@ -59,9 +53,14 @@ fn memory_estimate(s: &SampleSettings) -> Result<u64> {
     Ok(stored * widen + kv)
 }
 
-pub fn plan(s: &SampleSettings, data: &PlannedStage, workdir: &Path) -> Result<PlannedStage> {
-    let model = super::model_input(&s.model)?;
-    let memory_bytes = memory_estimate(s)?;
+pub fn plan(
+    s: &SampleSettings,
+    data: &PlannedStage,
+    workdir: &Path,
+    facts: &super::ModelFacts,
+) -> Result<PlannedStage> {
+    let model = facts.input.clone();
+    let memory_bytes = memory_estimate(s, facts)?;
     let inputs = vec![
         InputRef {
             name: "problems".into(),

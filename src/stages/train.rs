@@ -26,12 +26,16 @@ fn model_name(s: &TrainSettings) -> Result<&str> {
         .context("train.model is resolved when the config is read")
 }
 
-pub fn plan(s: &TrainSettings, filter: &PlannedStage, workdir: &Path) -> Result<PlannedStage> {
-    let model = super::model_input(model_name(s)?)?;
-    let ck = crate::model::Checkpoint::open(model_name(s)?)?;
-    let params = crate::train::memory::param_count(&ck.config);
-    let budget = crate::train::memory::budget(&ck.config, params, s);
-    let dtype_bytes = crate::train::checkpoint::checkpoint_dtype(&ck).size_in_bytes() as u64;
+pub fn plan(
+    s: &TrainSettings,
+    filter: &PlannedStage,
+    workdir: &Path,
+    facts: &super::ModelFacts,
+) -> Result<PlannedStage> {
+    let model = facts.input.clone();
+    let params = crate::train::memory::param_count(&facts.config);
+    let budget = crate::train::memory::budget(&facts.config, params, s);
+    let dtype_bytes = crate::train::checkpoint::config_dtype(&facts.config).size_in_bytes() as u64;
     let inputs = vec![
         InputRef {
             name: "sft".into(),

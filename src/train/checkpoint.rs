@@ -140,7 +140,12 @@ pub fn restore(dir: &Path, state: &TrainState, t: &Trainable, opt: &mut AdamW) -
 
 /// The dtype a checkpoint's config names.
 pub fn checkpoint_dtype(ck: &Checkpoint) -> DType {
-    match ck.config.dtype.as_str() {
+    config_dtype(&ck.config)
+}
+
+/// The dtype a config declares (`torch_dtype` / `dtype`); f32 when it declares none.
+pub fn config_dtype(cfg: &crate::model::ModelConfig) -> DType {
+    match cfg.dtype.as_str() {
         "bfloat16" => DType::BF16,
         "float16" => DType::F16,
         _ => DType::F32,
