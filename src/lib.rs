@@ -18,6 +18,7 @@ pub mod fault;
 pub mod gemm;
 pub mod model;
 pub mod pretrain;
+pub mod report;
 pub mod rng;
 pub mod sampler;
 pub mod simd;

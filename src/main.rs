@@ -48,6 +48,14 @@ enum Command {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Rebuild a work dir's report (report/report.md and its charts) from its stages.
+    Report {
+        #[arg(long)]
+        workdir: Option<PathBuf>,
+        /// Take the work dir from this config (`run.workdir`, or runs/<name>).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
     /// Validate a config, resolve its inputs, and check disk and memory before a run.
     Preflight {
         #[arg(long)]
@@ -147,6 +155,15 @@ fn main() -> ExitCode {
                 None => Ok(None),
             };
             cfg.and_then(|cfg| cmd::status::run(workdir.as_deref(), cfg.as_ref()))
+        }
+        Command::Report { workdir, config } => {
+            let dir = match (workdir, config) {
+                (Some(w), None) => Ok(w),
+                (w, Some(c)) => load_config(Some(c), w).map(|cfg| cfg.workdir),
+                (None, None) => Err(anyhow::anyhow!("give --workdir DIR or --config F")),
+            };
+            dir.and_then(|d| selfdistill::report::write(&d))
+                .map(|p| println!("wrote {}", p.display()))
         }
         Command::Preflight {
             config,

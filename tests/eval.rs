@@ -138,3 +138,82 @@ fn eval_writes_samples_metrics_and_a_table_and_reuses_samples() {
     assert!(!o.status.success());
     assert!(text(&o).contains("gsm8k_test"), "{}", text(&o));
 }
+
+/// data -> filter (reference solutions) -> train -> eval: the report shows base vs trained, the
+/// training curves, the filter's counts and the stages, and `pipeline report` rebuilds it the same.
+#[test]
+fn run_all_writes_a_report_that_pipeline_report_rebuilds() {
+    let (Some(data), Some(model)) = (
+        shared("data/gsm8k_train.jsonl"),
+        shared("fixtures/tiny-qwen3"),
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = format!(
+        r#"[run]
+workdir = "work"
+[[data.sources]]
+name = "gsm8k"
+format = "gsm8k"
+path = "{data}"
+limit = 24
+[filter]
+[filter.completions]
+path = "{data}"
+format = "gsm8k"
+completion_field = "answer"
+source = "gsm8k"
+[train]
+model = "{model}"
+lr = 0.003
+rows_per_step = 8
+max_steps = 3
+max_seq_len = 256
+micro_batch_tokens = 1024
+peak_tflops = 1.0
+[eval]
+sets = ["math500"]
+n = 2
+max_new_tokens = 8
+limit = 6
+"#,
+        data = data.display(),
+        model = model.display()
+    );
+    std::fs::write(dir.path().join("f.toml"), cfg).unwrap();
+    let o = run(&["run", "all", "--config", "f.toml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let report_dir = dir.path().join("work/report");
+    let report = std::fs::read_to_string(report_dir.join("report.md")).unwrap();
+    for want in [
+        "## Evaluation",
+        "| math500 | base (",
+        "| math500 | trained (",
+        "### pass@1 by level",
+        "## Training",
+        "3 steps; loss",
+        "## Filter",
+        "| kept | 24 |",
+        "| train | done |",
+    ] {
+        assert!(report.contains(want), "{want} missing:\n{report}");
+    }
+    for png in ["loss.png", "lr.png", "levels_math500.png"] {
+        let bytes = std::fs::read(report_dir.join(png)).unwrap();
+        assert_eq!(&bytes[..4], b"\x89PNG", "{png}");
+    }
+    std::fs::remove_dir_all(&report_dir).unwrap();
+    let o = run(&["report", "--workdir", "work"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        std::fs::read_to_string(report_dir.join("report.md")).unwrap(),
+        report
+    );
+    let o = run(&["report", "--workdir", "nowhere"], dir.path());
+    assert!(
+        !o.status.success() && text(&o).contains("no plan"),
+        "{}",
+        text(&o)
+    );
+}

@@ -206,6 +206,14 @@ max_per_problem = 1
     assert!(out.contains("==> sample"), "{out}");
     assert!(out.contains("6 problems (0 resumed), 12 samples"), "{out}");
     assert!(out.contains("input_rows            12"), "{out}");
+    // the report has the sampler's figures and the length histogram
+    let report = std::fs::read_to_string(dir.path().join("work/report/report.md")).unwrap();
+    assert!(report.contains("6 problems, 12 samples"), "{report}");
+    assert!(
+        report.contains("## Filter") && report.contains("lengths.png"),
+        "{report}"
+    );
+    assert!(dir.path().join("work/report/lengths.png").is_file());
     let o = run(&["run", "all", "--config", "p.toml"], dir.path());
     let out = text(&o);
     assert!(out.contains("--> sample cached"), "{out}");

@@ -401,6 +401,11 @@ pub fn run(cfg: &Config, target: &Target, force: &[String]) -> Result<()> {
         total.elapsed().as_secs_f64(),
         wd.root.display()
     );
+    // the stages are done whatever happens here: a report that cannot be drawn is a warning
+    match crate::report::write(&wd.root) {
+        Ok(p) => println!("report: {}", p.display()),
+        Err(e) => eprintln!("warning: no report: {e:#}"),
+    }
     Ok(())
 }
 

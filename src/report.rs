@@ -1,0 +1,420 @@
+//! The run report: `<workdir>/report/report.md` and its PNG charts, rebuilt from the stage store
+//! alone (plan, manifests and stage outputs), so `pipeline report --workdir DIR` regenerates it
+//! at any time and `pipeline run` writes it after its stages.
+//!
+//! Sections, each present when its stage is done: evaluation (base vs trained per set with
+//! deltas and 95% intervals, pass@1 by level with a chart), training (loss and learning-rate
+//! curves), sampling (throughput, samples saved by `target_correct`, the completion-length
+//! distribution), the filter's per-rule counts, and every stage's wall time. Knows the stages'
+//! output files, not how they are computed.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Context, Result};
+use plotters::prelude::*;
+
+use crate::stages::{self, PlanRecord, StageState};
+use crate::store;
+
+/// The report's folder in a work dir.
+pub const DIR: &str = "report";
+
+/// The font every chart's text is drawn with (no system fonts needed).
+const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+
+fn register_font() -> Result<()> {
+    static ONCE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let ok = ONCE.get_or_init(|| {
+        plotters::style::register_font("sans-serif", FontStyle::Normal, FONT).is_ok()
+    });
+    if *ok {
+        Ok(())
+    } else {
+        Err(anyhow!(
+            "the report's font (assets/DejaVuSans.ttf) does not load"
+        ))
+    }
+}
+
+/// One stage of the plan and its state.
+struct Stage {
+    name: String,
+    dir: PathBuf,
+    manifest: Option<store::Manifest>,
+}
+
+/// Writes the report of `workdir`; returns the path of `report.md`.
+pub fn write(workdir: &Path) -> Result<PathBuf> {
+    let plan_path = workdir.join(store::PLAN);
+    let plan: PlanRecord =
+        serde_json::from_slice(&std::fs::read(&plan_path).with_context(|| {
+            format!(
+                "{}: no plan (has `pipeline run` run here?)",
+                plan_path.display()
+            )
+        })?)
+        .with_context(|| format!("{}: unreadable", plan_path.display()))?;
+    let mut list = Vec::new();
+    for s in &plan.stages {
+        let dir = workdir.join("stages").join(&s.dir);
+        let manifest = match stages::stage_state(&dir)? {
+            StageState::Done(m) => Some(*m),
+            _ => None,
+        };
+        list.push(Stage {
+            name: s.name.clone(),
+            dir,
+            manifest,
+        });
+    }
+    let out = workdir.join(DIR);
+    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    let mut md = format!("# Report: {}\n\n", plan.config);
+    let done = |name: &str| list.iter().find(|s| s.name == name && s.manifest.is_some());
+    if let Some(s) = done("eval") {
+        eval_section(&mut md, &s.dir, &out)?;
+    }
+    if let Some(s) = done("train") {
+        train_section(&mut md, &s.dir, &out)?;
+    }
+    if let Some(s) = done("sample") {
+        sample_section(&mut md, s, &out)?;
+    }
+    if let Some(s) = done("filter") {
+        let m = s.manifest.as_ref().expect("done");
+        md.push_str("## Filter\n\n| rule or reason | rows |\n| --- | --- |\n");
+        for (k, v) in &m.counts {
+            let _ = writeln!(md, "| {k} | {v} |");
+        }
+        let _ = writeln!(md, "\nKept: {} SFT rows.\n", m.rows);
+    }
+    md.push_str("## Stages\n\n| stage | state | rows | wall time | key |\n| --- | --- | --- | --- | --- |\n");
+    for s in &list {
+        let (state, rows, wall) = match &s.manifest {
+            Some(m) => (
+                "done",
+                m.rows.to_string(),
+                format!("{:.1} s", m.wall_seconds),
+            ),
+            None => ("not done", "-".into(), "-".into()),
+        };
+        let key = s
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let _ = writeln!(md, "| {} | {state} | {rows} | {wall} | {key} |", s.name);
+    }
+    let path = out.join("report.md");
+    store::commit_file(&path, |tmp| Ok(std::fs::write(tmp, &md)?))?;
+    Ok(path)
+}
+
+fn eval_section(md: &mut String, dir: &Path, out: &Path) -> Result<()> {
+    let p = dir.join(stages::eval::METRICS);
+    let results: Vec<crate::eval::EvalResult> = serde_json::from_slice(
+        &std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?,
+    )
+    .with_context(|| format!("{}: unreadable", p.display()))?;
+    let mut models: Vec<String> = Vec::new();
+    for r in &results {
+        if !models.contains(&r.model) {
+            models.push(r.model.clone());
+        }
+    }
+    md.push_str("## Evaluation\n\n");
+    md.push_str(&crate::eval::table(&results, &models));
+    md.push('\n');
+    let with_levels: Vec<_> = results
+        .iter()
+        .filter(|r| !r.metrics.by_level.is_empty())
+        .collect();
+    if !with_levels.is_empty() {
+        md.push_str("### pass@1 by level\n\n| set | model | level | problems | pass@1 |\n| --- | --- | --- | --- | --- |\n");
+        for r in &with_levels {
+            for (level, n, p) in &r.metrics.by_level {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {level} | {n} | {:.1} |",
+                    r.set,
+                    r.model,
+                    100.0 * p
+                );
+            }
+        }
+        let mut sets: Vec<&str> = with_levels.iter().map(|r| r.set.as_str()).collect();
+        sets.dedup();
+        for set in sets {
+            let rs: Vec<_> = with_levels.iter().filter(|r| r.set == set).collect();
+            let labels: Vec<String> = rs[0].metrics.by_level.iter().map(|l| l.0.clone()).collect();
+            let series: Vec<(String, Vec<(f64, f64)>)> = rs
+                .iter()
+                .map(|r| {
+                    let pts = r
+                        .metrics
+                        .by_level
+                        .iter()
+                        .filter_map(|(l, _, p)| {
+                            Some((labels.iter().position(|x| x == l)? as f64, 100.0 * p))
+                        })
+                        .collect();
+                    (r.model.clone(), pts)
+                })
+                .collect();
+            let file = format!("levels_{set}.png");
+            let x_labels = labels.clone();
+            line_chart(
+                &out.join(&file),
+                &format!("{set}: pass@1 by level"),
+                ("level", "pass@1 (%)"),
+                &series,
+                Some(&move |x: f64| {
+                    let i = x.round();
+                    if (x - i).abs() > 0.01 || i < 0.0 {
+                        return String::new();
+                    }
+                    x_labels.get(i as usize).cloned().unwrap_or_default()
+                }),
+                Some((0.0, 100.0)),
+            )?;
+            let _ = writeln!(md, "\n![pass@1 by level, {set}]({file})\n");
+        }
+    }
+    Ok(())
+}
+
+fn train_section(md: &mut String, dir: &Path, out: &Path) -> Result<()> {
+    let p = dir
+        .join(stages::train::STATE_DIR)
+        .join(crate::train::trainer::METRICS);
+    let text =
+        std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
+    let steps: Vec<crate::train::trainer::Metrics> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}", p.display(), i + 1)))
+        .collect::<Result<_>>()?;
+    md.push_str("## Training\n\n");
+    let (Some(first), Some(last)) = (steps.first(), steps.last()) else {
+        md.push_str("No steps logged.\n\n");
+        return Ok(());
+    };
+    let _ = writeln!(
+        md,
+        "{} steps; loss {:.4} at step {} -> {:.4} at step {}; final lr {:.3e}; {:.0} tokens/s at the \
+         last step.\n",
+        steps.len(),
+        first.loss,
+        first.step,
+        last.loss,
+        last.step,
+        last.lr,
+        last.tokens_per_second
+    );
+    let loss: Vec<(f64, f64)> = steps.iter().map(|m| (m.step as f64, m.loss)).collect();
+    let lr: Vec<(f64, f64)> = steps.iter().map(|m| (m.step as f64, m.lr)).collect();
+    let (loss, lr) = (
+        vec![("loss".to_string(), loss)],
+        vec![("lr".to_string(), lr)],
+    );
+    line_chart(
+        &out.join("loss.png"),
+        "training loss",
+        ("step", "loss"),
+        &loss,
+        None,
+        None,
+    )?;
+    line_chart(
+        &out.join("lr.png"),
+        "learning rate",
+        ("step", "lr"),
+        &lr,
+        None,
+        None,
+    )?;
+    md.push_str("![training loss](loss.png)\n\n![learning rate](lr.png)\n\n");
+    Ok(())
+}
+
+fn sample_section(md: &mut String, s: &Stage, out: &Path) -> Result<()> {
+    let m = s.manifest.as_ref().expect("done");
+    let count = |k: &str| m.counts.iter().find(|c| c.0 == k).map_or(0, |c| c.1);
+    md.push_str("## Sampling\n\n");
+    let _ = writeln!(
+        md,
+        "{} problems, {} samples ({} correct), {} prompt and {} generated tokens in {:.1} s \
+         ({:.0} generated tokens/s), {} preemptions, {} samples saved by `target_correct`.\n",
+        count("problems"),
+        count("samples"),
+        count("correct"),
+        count("prompt_tokens"),
+        count("generated_tokens"),
+        m.wall_seconds,
+        count("generated_tokens") as f64 / m.wall_seconds.max(1e-9),
+        count("preemptions"),
+        count("samples_saved"),
+    );
+    let rows = crate::data::schema::read_completions(&s.dir.join(stages::sample::OUTPUT))?;
+    let mut lengths: Vec<u64> = rows
+        .iter()
+        .filter_map(|c| c.num_completion_tokens)
+        .map(|n| n.max(0) as u64)
+        .collect();
+    if lengths.is_empty() {
+        return Ok(());
+    }
+    lengths.sort_unstable();
+    let q = |f: f64| lengths[((lengths.len() - 1) as f64 * f).round() as usize];
+    let _ = writeln!(
+        md,
+        "Completion length (tokens): median {}, p90 {}, max {}.\n",
+        q(0.5),
+        q(0.9),
+        q(1.0)
+    );
+    histogram(
+        &out.join("lengths.png"),
+        "completion length",
+        "tokens",
+        &lengths,
+    )?;
+    md.push_str("![completion lengths](lengths.png)\n\n");
+    Ok(())
+}
+
+fn chart_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
+    anyhow!("drawing a chart: {e}")
+}
+
+/// Lines over a shared x axis; `x_label` names the ticks of a categorical axis (then padded by
+/// half a category each side), `y_range` fixes the y axis (accuracies: 0 to 100).
+fn line_chart(
+    path: &Path,
+    title: &str,
+    (x_desc, y_desc): (&str, &str),
+    series: &[(String, Vec<(f64, f64)>)],
+    x_label: Option<&dyn Fn(f64) -> String>,
+    y_range: Option<(f64, f64)>,
+) -> Result<()> {
+    register_font()?;
+    let pts = series.iter().flat_map(|s| s.1.iter());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in pts {
+        (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
+    }
+    if x0 > x1 {
+        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+    }
+    let pad = ((y1 - y0) * 0.05).max(1e-12);
+    let (y0, y1) = y_range.unwrap_or((y0 - pad, y1 + pad));
+    let (x0, x1) = match x_label {
+        Some(_) => (x0 - 0.5, x1 + 0.5),
+        None if x1 > x0 => (x0, x1),
+        None => (x0, x0 + 1.0),
+    };
+    let root = BitMapBackend::new(path, (800, 450)).into_drawing_area();
+    root.fill(&WHITE).map_err(chart_err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(x0..x1, y0..y1)
+        .map_err(chart_err)?;
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc(x_desc).y_desc(y_desc);
+    let fmt = |x: &f64| x_label.map_or_else(|| format!("{x}"), |f| f(*x));
+    if x_label.is_some() {
+        mesh.x_labels(series.iter().map(|s| s.1.len()).max().unwrap_or(1));
+    }
+    mesh.x_label_formatter(&fmt).draw().map_err(chart_err)?;
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+            .map_err(chart_err)?
+            .label(name.as_str())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .map_err(chart_err)?;
+    }
+    if series.len() > 1 {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(chart_err)?;
+    }
+    root.present().map_err(chart_err)?;
+    Ok(())
+}
+
+/// A histogram of `values` (sorted) in up to 40 equal bins.
+fn histogram(path: &Path, title: &str, x_desc: &str, values: &[u64]) -> Result<()> {
+    register_font()?;
+    let (lo, hi) = (values[0] as f64, *values.last().expect("non-empty") as f64);
+    let bins = 40usize;
+    let width = ((hi - lo) / bins as f64).max(1.0);
+    let mut counts = vec![0u64; bins];
+    for &v in values {
+        let b = (((v as f64 - lo) / width) as usize).min(bins - 1);
+        counts[b] += 1;
+    }
+    let top = *counts.iter().max().unwrap_or(&1) as f64;
+    let root = BitMapBackend::new(path, (800, 450)).into_drawing_area();
+    root.fill(&WHITE).map_err(chart_err)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(lo..lo + width * bins as f64, 0.0..top * 1.05)
+        .map_err(chart_err)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc("samples")
+        .draw()
+        .map_err(chart_err)?;
+    chart
+        .draw_series(counts.iter().enumerate().map(|(i, &c)| {
+            let x = lo + i as f64 * width;
+            Rectangle::new([(x, 0.0), (x + width, c as f64)], BLUE.mix(0.7).filled())
+        }))
+        .map_err(chart_err)?;
+    root.present().map_err(chart_err)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn charts_are_pngs() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("l.png");
+        let series = vec![
+            ("a".to_string(), vec![(0.0, 1.0), (1.0, 0.5), (2.0, 0.25)]),
+            ("b".to_string(), vec![(0.0, 0.9), (2.0, 0.1)]),
+        ];
+        let names = ["one".to_string(), "two".into(), "three".into()];
+        let label = move |x: f64| names.get(x as usize).cloned().unwrap_or_default();
+        line_chart(&p, "t", ("x", "y"), &series, Some(&label), Some((0.0, 1.0))).unwrap();
+        let h = dir.path().join("h.png");
+        histogram(&h, "t", "tokens", &[1, 2, 2, 3, 50, 51]).unwrap();
+        histogram(&dir.path().join("one.png"), "t", "tokens", &[7]).unwrap();
+        for f in [&p, &h] {
+            let bytes = std::fs::read(f).unwrap();
+            assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+            assert!(bytes.len() > 2000);
+        }
+    }
+}
