@@ -203,8 +203,8 @@ fn train_section(md: &mut String, dir: &Path, out: &Path) -> Result<()> {
     };
     let _ = writeln!(
         md,
-        "{} steps; loss {:.4} at step {} -> {:.4} at step {}; final lr {:.3e}; {:.0} tokens/s at the \
-         last step.\n",
+        "{} steps; loss {:.4} at step {} -> {:.4} at step {}; final lr {:.3e}.\n\n\
+         Speed at the last step: {:.0} tokens/s.\n",
         steps.len(),
         first.loss,
         first.step,

@@ -217,3 +217,130 @@ limit = 6
         text(&o)
     );
 }
+
+/// What a report must repeat exactly after any kill: everything above the stage table, less
+/// the lines with speeds (wall-clock dependent).
+fn report_numbers(workdir: &std::path::Path) -> String {
+    let report = std::fs::read_to_string(workdir.join("report/report.md")).unwrap();
+    report
+        .split("## Stages")
+        .next()
+        .unwrap()
+        .lines()
+        .filter(|l| !l.contains("tokens/s"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// `pipeline run all` killed inside every stage (at its fault points, and from outside at
+/// pseudo-random moments), then rerun: the same report numbers as a run that was never killed.
+#[test]
+fn run_all_killed_in_every_stage_then_rerun_gives_the_same_report() {
+    let (Some(data), Some(model)) = (
+        shared("data/gsm8k_train.jsonl"),
+        shared("fixtures/tiny-qwen3"),
+    ) else {
+        return;
+    };
+    let cfg = format!(
+        r#"[run]
+workdir = "work"
+[[data.sources]]
+name = "gsm8k"
+format = "gsm8k"
+path = "{data}"
+limit = 24
+[filter]
+chunk_rows = 8
+[filter.completions]
+path = "{data}"
+format = "gsm8k"
+completion_field = "answer"
+source = "gsm8k"
+[train]
+model = "{model}"
+lr = 0.003
+rows_per_step = 4
+max_steps = 5
+max_seq_len = 256
+micro_batch_tokens = 1024
+checkpoint_every = 1
+peak_tflops = 1.0
+[eval]
+sets = ["math500"]
+n = 2
+max_new_tokens = 8
+limit = 6
+"#,
+        data = data.display(),
+        model = model.display()
+    );
+    // the uninterrupted run (its own folder: the eval cache lives beside the work dir)
+    let clean = tempfile::tempdir().unwrap();
+    std::fs::write(clean.path().join("f.toml"), &cfg).unwrap();
+    let t0 = std::time::Instant::now();
+    let o = run(&["run", "all", "--config", "f.toml"], clean.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let total = t0.elapsed();
+    let want = report_numbers(&clean.path().join("work"));
+    assert!(
+        want.contains("## Evaluation") && want.contains("## Training"),
+        "{want}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("f.toml"), &cfg).unwrap();
+    let mut killed = 0;
+    for point in [
+        // in pipeline order: each run gets one point further than the last
+        "data.before_manifest",
+        "filter.chunk:2",
+        "commit.sft.parquet",
+        "filter.before_manifest",
+        "train.after_checkpoint:2",
+        "train.checkpoint_rename:2",
+        "train.before_manifest",
+        "sample.part",
+        "eval.before_manifest",
+    ] {
+        let o = bin()
+            .args(["run", "all", "--config", "f.toml"])
+            .current_dir(dir.path())
+            .env("SELFDISTILL_KILL_AT", point)
+            .output()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        if o.status.signal() == Some(9) {
+            killed += 1;
+        } else {
+            assert!(o.status.success(), "{point}: {}", text(&o));
+        }
+    }
+    assert_eq!(killed, 9, "every fault point is reached once");
+    let o = run(&["run", "all", "--config", "f.toml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(report_numbers(&dir.path().join("work")), want);
+    // from outside, at moments spread over a run's length (fixed, so the test repeats)
+    for frac in [0.13, 0.37, 0.61, 0.89] {
+        for d in ["work", "eval-cache"] {
+            std::fs::remove_dir_all(dir.path().join(d)).unwrap();
+        }
+        let mut child = bin()
+            .args(["run", "all", "--config", "f.toml"])
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(total.mul_f64(frac));
+        let _ = child.kill();
+        child.wait().unwrap();
+        let o = run(&["run", "all", "--config", "f.toml"], dir.path());
+        assert!(o.status.success(), "after a kill at {frac}: {}", text(&o));
+        assert_eq!(
+            report_numbers(&dir.path().join("work")),
+            want,
+            "after a kill at {frac}"
+        );
+    }
+}
