@@ -107,6 +107,13 @@ pub fn plan(
     for s in sets {
         inputs.push(set_input(s)?);
     }
+    // memory: the sampler's estimate for the hungriest set (one model at a time)
+    let mut memory_bytes = 0;
+    for s in sets {
+        let mut st = s.settings(&base.input.location)?;
+        e.overrides().apply(&mut st);
+        memory_bytes = memory_bytes.max(super::sample::memory_estimate(&st, base)?);
+    }
     let config = serde_json::to_value(e)?;
     let key = stage_key("eval", CODE_VERSION, &config, &inputs);
     Ok(PlannedStage {
@@ -117,7 +124,10 @@ pub fn plan(
         config,
         inputs,
         files: Vec::new(),
-        estimate: Estimate::default(),
+        estimate: Estimate {
+            disk_bytes: 0,
+            memory_bytes,
+        },
     })
 }
 

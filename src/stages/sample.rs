@@ -27,7 +27,7 @@ pub const ESTIMATE_PROMPT_TOKENS: usize = 512;
 /// cache (`kv_cache`, or max_num_seqs sequences of a 512-token prompt plus max_new_tokens); on a
 /// GPU, the checkpoint as read (weights and cache live on the device, whose memory is checked
 /// when the run starts: the default cache takes 90% of what the weights leave free).
-fn memory_estimate(s: &SampleSettings, model: &super::ModelFacts) -> Result<u64> {
+pub(super) fn memory_estimate(s: &SampleSettings, model: &super::ModelFacts) -> Result<u64> {
     let stored = model.weight_bytes;
     let widen = match model.config.dtype.as_str() {
         "bfloat16" | "float16" => 2,
