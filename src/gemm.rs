@@ -34,7 +34,7 @@ const PARALLEL_MIN: usize = 1 << 15;
 #[repr(C, align(64))]
 struct Line([f32; NR]);
 
-/// A weight matrix `(n, k)` in panels of [`NR`] rows, each stored `k`-major (one [`Line`] per
+/// A weight matrix `(n, k)` in panels of [`NR`] rows, each stored `k`-major (one `Line` per
 /// `k`); the last panel's missing rows are zeros.
 pub struct PackedMatrix {
     n: usize,
@@ -99,7 +99,7 @@ impl PackedMatrix {
 }
 
 /// `y = x @ w^T` for `x` (`m` rows of `w.cols()`) into `y` (`m` rows of `w.rows()`), batch
-/// invariant (see the module doc). Jobs of [`PANELS_PER_JOB`] panels run on rayon's pool.
+/// invariant (see the module doc). Jobs of `PANELS_PER_JOB` panels run on rayon's pool.
 pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
     let (n, k) = (w.n, w.k);
     assert!(

@@ -44,7 +44,7 @@ enum Command {
     Status {
         #[arg(long)]
         workdir: Option<PathBuf>,
-        /// Take the work dir from this config (`run.workdir`, or runs/<name>).
+        /// Take the work dir from this config (`run.workdir`, or `runs/<name>`).
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -52,7 +52,7 @@ enum Command {
     Report {
         #[arg(long)]
         workdir: Option<PathBuf>,
-        /// Take the work dir from this config (`run.workdir`, or runs/<name>).
+        /// Take the work dir from this config (`run.workdir`, or `runs/<name>`).
         #[arg(long)]
         config: Option<PathBuf>,
     },

@@ -213,7 +213,7 @@ fn dot_tail(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `a · b` in the order every kernel here uses: eight lanes of fused multiply-adds along the
-/// vectors, [`sum_lanes`], then the tail. (A plain `zip().sum()` is a serial chain of adds the
+/// vectors, `sum_lanes`, then the tail. (A plain `zip().sum()` is a serial chain of adds the
 /// compiler may not reorder, hence not vectorised.)
 #[inline(always)]
 pub fn dot_portable(a: &[f32], b: &[f32]) -> f32 {

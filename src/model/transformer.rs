@@ -4,7 +4,7 @@
 //! Built from differentiable ops: RMS norm, RoPE and the SwiGLU product are the single ops of
 //! [`super::diff_ops`] (f32 on the CPU) or written out in candle ops (elsewhere), never candle's
 //! fused kernels, which record no backward pass (those run only for sampling). For sampling on
-//! the CPU the weights are packed and each layer runs on host slices ([`super::packed`]); the
+//! the CPU the weights are packed and each layer runs on host slices (`model::packed`); the
 //! model is then inference-only. Tensor names mirror the Hugging Face checkpoint
 //! (`model.layers.N.self_attn.q_proj.weight`, ...). Knows nothing of scheduling or config files.
 

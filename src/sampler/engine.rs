@@ -67,7 +67,7 @@ pub struct Sample {
 }
 
 /// A thinking model's budget: after `max_thinking_tokens` generated tokens without
-/// `think_end_id`, the `closing` tokens (e.g. "\n</think>\n\n") are appended and the model
+/// `think_end_id`, the `closing` tokens (e.g. `"\n</think>\n\n"`) are appended and the model
 /// answers within what is left of `max_new_tokens`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ThinkingBudget {
