@@ -311,7 +311,7 @@ fn validate_eval(
         let mut st = s
             .settings(&model)
             .map_err(|x| err("sets", format!("{x:#}")))?;
-        e.overrides().apply(&mut st);
+        e.apply(&mut st);
         st.validate()
             .map_err(|x| err("sets", format!("`{}` with the overrides: {x}", s.name)))?;
     }

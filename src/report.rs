@@ -289,6 +289,27 @@ fn chart_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("drawing a chart: {e}")
 }
 
+/// An 800 x 450 white PNG canvas at `path`, with the report's font registered.
+fn canvas(path: &Path) -> Result<DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>> {
+    register_font()?;
+    let root = BitMapBackend::new(path, (800, 450)).into_drawing_area();
+    root.fill(&WHITE).map_err(chart_err)?;
+    Ok(root)
+}
+
+/// Every chart's title, margins and axis label areas.
+fn frame<'a, 'b>(
+    root: &'a DrawingArea<BitMapBackend<'b>, plotters::coord::Shift>,
+    title: &str,
+) -> ChartBuilder<'a, 'b, BitMapBackend<'b>> {
+    let mut b = ChartBuilder::on(root);
+    b.caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70);
+    b
+}
+
 /// Lines over a shared x axis; `x_label` names the ticks of a categorical axis (then padded by
 /// half a category each side), `y_range` fixes the y axis (accuracies: 0 to 100).
 fn line_chart(
@@ -299,7 +320,6 @@ fn line_chart(
     x_label: Option<&dyn Fn(f64) -> String>,
     y_range: Option<(f64, f64)>,
 ) -> Result<()> {
-    register_font()?;
     let pts = series.iter().flat_map(|s| s.1.iter());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in pts {
@@ -315,13 +335,8 @@ fn line_chart(
         None if x1 > x0 => (x0, x1),
         None => (x0, x0 + 1.0),
     };
-    let root = BitMapBackend::new(path, (800, 450)).into_drawing_area();
-    root.fill(&WHITE).map_err(chart_err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
+    let root = canvas(path)?;
+    let mut chart = frame(&root, title)
         .build_cartesian_2d(x0..x1, y0..y1)
         .map_err(chart_err)?;
     let mut mesh = chart.configure_mesh();
@@ -358,7 +373,6 @@ fn line_chart(
 
 /// A histogram of `values` (sorted) in up to 40 equal bins.
 fn histogram(path: &Path, title: &str, x_desc: &str, values: &[u64]) -> Result<()> {
-    register_font()?;
     let (lo, hi) = (values[0] as f64, *values.last().expect("non-empty") as f64);
     let bins = 40usize;
     let width = ((hi - lo) / bins as f64).max(1.0);
@@ -368,13 +382,8 @@ fn histogram(path: &Path, title: &str, x_desc: &str, values: &[u64]) -> Result<(
         counts[b] += 1;
     }
     let top = *counts.iter().max().unwrap_or(&1) as f64;
-    let root = BitMapBackend::new(path, (800, 450)).into_drawing_area();
-    root.fill(&WHITE).map_err(chart_err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
+    let root = canvas(path)?;
+    let mut chart = frame(&root, title)
         .build_cartesian_2d(lo..lo + width * bins as f64, 0.0..top * 1.05)
         .map_err(chart_err)?;
     chart

@@ -139,18 +139,12 @@ fn eval_writes_samples_metrics_and_a_table_and_reuses_samples() {
     assert!(text(&o).contains("gsm8k_test"), "{}", text(&o));
 }
 
-/// data -> filter (reference solutions) -> train -> eval: the report shows base vs trained, the
-/// training curves, the filter's counts and the stages, and `pipeline report` rebuilds it the same.
-#[test]
-fn run_all_writes_a_report_that_pipeline_report_rebuilds() {
-    let (Some(data), Some(model)) = (
-        shared("data/gsm8k_train.jsonl"),
-        shared("fixtures/tiny-qwen3"),
-    ) else {
-        return;
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = format!(
+/// A data -> filter (GSM8K reference solutions) -> train -> eval pipeline on the tiny fixture,
+/// with extra `[filter]` and `[train]` keys; `None` without `../shared`.
+fn pipeline_config(filter: &str, train: &str) -> Option<String> {
+    let data = shared("data/gsm8k_train.jsonl")?;
+    let model = shared("fixtures/tiny-qwen3")?;
+    Some(format!(
         r#"[run]
 workdir = "work"
 [[data.sources]]
@@ -159,7 +153,7 @@ format = "gsm8k"
 path = "{data}"
 limit = 24
 [filter]
-[filter.completions]
+{filter}[filter.completions]
 path = "{data}"
 format = "gsm8k"
 completion_field = "answer"
@@ -167,12 +161,10 @@ source = "gsm8k"
 [train]
 model = "{model}"
 lr = 0.003
-rows_per_step = 8
-max_steps = 3
 max_seq_len = 256
 micro_batch_tokens = 1024
 peak_tflops = 1.0
-[eval]
+{train}[eval]
 sets = ["math500"]
 n = 2
 max_new_tokens = 8
@@ -180,7 +172,17 @@ limit = 6
 "#,
         data = data.display(),
         model = model.display()
-    );
+    ))
+}
+
+/// data -> filter (reference solutions) -> train -> eval: the report shows base vs trained, the
+/// training curves, the filter's counts and the stages, and `pipeline report` rebuilds it the same.
+#[test]
+fn run_all_writes_a_report_that_pipeline_report_rebuilds() {
+    let Some(cfg) = pipeline_config("", "rows_per_step = 8\nmax_steps = 3\n") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("f.toml"), cfg).unwrap();
     let o = run(&["run", "all", "--config", "f.toml"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
@@ -236,45 +238,10 @@ fn report_numbers(workdir: &std::path::Path) -> String {
 /// pseudo-random moments), then rerun: the same report numbers as a run that was never killed.
 #[test]
 fn run_all_killed_in_every_stage_then_rerun_gives_the_same_report() {
-    let (Some(data), Some(model)) = (
-        shared("data/gsm8k_train.jsonl"),
-        shared("fixtures/tiny-qwen3"),
-    ) else {
+    let train = "rows_per_step = 4\nmax_steps = 5\ncheckpoint_every = 1\n";
+    let Some(cfg) = pipeline_config("chunk_rows = 8\n", train) else {
         return;
     };
-    let cfg = format!(
-        r#"[run]
-workdir = "work"
-[[data.sources]]
-name = "gsm8k"
-format = "gsm8k"
-path = "{data}"
-limit = 24
-[filter]
-chunk_rows = 8
-[filter.completions]
-path = "{data}"
-format = "gsm8k"
-completion_field = "answer"
-source = "gsm8k"
-[train]
-model = "{model}"
-lr = 0.003
-rows_per_step = 4
-max_steps = 5
-max_seq_len = 256
-micro_batch_tokens = 1024
-checkpoint_every = 1
-peak_tflops = 1.0
-[eval]
-sets = ["math500"]
-n = 2
-max_new_tokens = 8
-limit = 6
-"#,
-        data = data.display(),
-        model = model.display()
-    );
     // the uninterrupted run (its own folder: the eval cache lives beside the work dir)
     let clean = tempfile::tempdir().unwrap();
     std::fs::write(clean.path().join("f.toml"), &cfg).unwrap();

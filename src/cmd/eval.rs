@@ -1,11 +1,11 @@
 //! `pipeline eval`: evaluate one or more models on eval sets (`evals/*.toml`) with the same
 //! seeds, and print and write the metrics (see `eval`). Parses flags; the work is in `eval`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
-use crate::eval::{self, EvalSet, Overrides};
+use crate::eval::{self, EvalConfig};
 
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
@@ -41,12 +41,9 @@ pub struct EvalArgs {
 }
 
 pub fn run(a: &EvalArgs) -> Result<()> {
-    let sets = a
-        .sets
-        .iter()
-        .map(|s| EvalSet::find(s))
-        .collect::<Result<Vec<_>>>()?;
-    let ov = Overrides {
+    let cfg = EvalConfig {
+        sets: a.sets.clone(),
+        model: None,
         n: a.n,
         temperature: a.temperature,
         top_p: None,
@@ -54,11 +51,12 @@ pub fn run(a: &EvalArgs) -> Result<()> {
         max_new_tokens: a.max_new_tokens,
         enable_thinking: a.enable_thinking,
         limit: a.limit,
+        seed: a.seed,
         device: a.device.clone(),
         max_num_seqs: a.max_num_seqs,
-        seed: a.seed,
     };
-    eval::evaluate(&a.models, &sets, &ov, &a.output)?;
+    let sets = cfg.load_sets(Path::new("."))?;
+    eval::evaluate(&a.models, &sets, &cfg, &a.output)?;
     println!("wrote {}", a.output.display());
     Ok(())
 }

@@ -136,22 +136,46 @@ impl EvalSet {
     }
 }
 
-/// What the command line changes in every set's settings.
-#[derive(Debug, Clone, Default)]
-pub struct Overrides {
+/// The `[eval]` section of a config, and the flags of `pipeline eval`: which sets, whose base
+/// model (the stage's; the command takes `--model`), and what to override in every set's
+/// sampling settings.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Names of `evals/<name>.toml`, or paths of definition files (relative to the config).
+    pub sets: Vec<String>,
+    /// The base model; default: `[train].model`, else `[sample].model`.
+    pub model: Option<String>,
     pub n: Option<u32>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<usize>,
     pub max_new_tokens: Option<usize>,
+    /// Passed to the chat template (Qwen3: thinking on or off), over the sets' own.
     pub enable_thinking: Option<bool>,
+    /// Only the first N problems of each set.
     pub limit: Option<usize>,
+    pub seed: Option<u64>,
     pub device: Option<String>,
     pub max_num_seqs: Option<usize>,
-    pub seed: Option<u64>,
 }
 
-impl Overrides {
+impl EvalConfig {
+    /// The sets, resolved (names through [`search_dirs`], paths ending in `.toml` against
+    /// `base`).
+    pub fn load_sets(&self, base: &Path) -> Result<Vec<EvalSet>> {
+        self.sets
+            .iter()
+            .map(|s| {
+                if s.ends_with(".toml") {
+                    EvalSet::load(&crate::config::resolve(base, s))
+                } else {
+                    EvalSet::find(s)
+                }
+            })
+            .collect()
+    }
+
     /// Sets every overridden field of `s`.
     pub fn apply(&self, s: &mut SampleSettings) {
         if let Some(n) = self.n {
@@ -217,7 +241,7 @@ pub fn model_slug(model: &str) -> String {
 pub fn evaluate(
     models: &[String],
     sets: &[EvalSet],
-    ov: &Overrides,
+    ov: &EvalConfig,
     out: &Path,
 ) -> Result<Vec<EvalResult>> {
     if models.is_empty() || sets.is_empty() {

@@ -11,69 +11,16 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use serde::{Deserialize, Serialize};
 
 use super::{output_file, stage_key, Estimate, Plan, PlannedStage, StageOutput};
-use crate::eval::{EvalResult, EvalSet, Overrides};
+pub use crate::eval::EvalConfig;
+use crate::eval::{EvalResult, EvalSet};
 use crate::store::{self, InputRef};
 
 /// Bump when the output for the same inputs changes.
 pub const CODE_VERSION: u32 = 1;
 pub const METRICS: &str = "metrics.json";
 pub const TABLE: &str = "eval.md";
-
-/// The `[eval]` section: which sets, whose base model, and what to override in the sets'
-/// sampling settings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EvalConfig {
-    /// Names of `evals/<name>.toml`, or paths of definition files (relative to the config).
-    pub sets: Vec<String>,
-    /// The base model; default: `[train].model`, else `[sample].model`.
-    pub model: Option<String>,
-    pub n: Option<u32>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<usize>,
-    pub max_new_tokens: Option<usize>,
-    /// Passed to the chat template (Qwen3: thinking on or off), over the sets' own.
-    pub enable_thinking: Option<bool>,
-    pub limit: Option<usize>,
-    pub seed: Option<u64>,
-    pub device: Option<String>,
-    pub max_num_seqs: Option<usize>,
-}
-
-impl EvalConfig {
-    pub fn overrides(&self) -> Overrides {
-        Overrides {
-            n: self.n,
-            temperature: self.temperature,
-            top_p: self.top_p,
-            top_k: self.top_k,
-            max_new_tokens: self.max_new_tokens,
-            enable_thinking: self.enable_thinking,
-            limit: self.limit,
-            device: self.device.clone(),
-            max_num_seqs: self.max_num_seqs,
-            seed: self.seed,
-        }
-    }
-
-    /// The sets, resolved (names through [`crate::eval::search_dirs`], paths against `base`).
-    pub fn load_sets(&self, base: &Path) -> Result<Vec<EvalSet>> {
-        self.sets
-            .iter()
-            .map(|s| {
-                if s.ends_with(".toml") {
-                    EvalSet::load(&crate::config::resolve(base, s))
-                } else {
-                    EvalSet::find(s)
-                }
-            })
-            .collect()
-    }
-}
 
 /// The content of an eval set as a stage input: its definition and its data files.
 fn set_input(set: &EvalSet) -> Result<InputRef> {
@@ -111,7 +58,7 @@ pub fn plan(
     let mut memory_bytes = 0;
     for s in sets {
         let mut st = s.settings(&base.input.location)?;
-        e.overrides().apply(&mut st);
+        e.apply(&mut st);
         memory_bytes = memory_bytes.max(super::sample::memory_estimate(&st, base)?);
     }
     let config = serde_json::to_value(e)?;
@@ -144,7 +91,6 @@ pub fn run(
     plan: &Plan,
     stage: &PlannedStage,
 ) -> Result<StageOutput> {
-    let ov = e.overrides();
     let shared: Vec<&InputRef> = stage
         .inputs
         .iter()
@@ -188,7 +134,7 @@ pub fn run(
             println!("eval: {label} model: cached in {}", dir.display());
             reused += 1;
         } else {
-            crate::eval::evaluate(std::slice::from_ref(model), sets, &ov, &dir)?;
+            crate::eval::evaluate(std::slice::from_ref(model), sets, e, &dir)?;
         }
         // read back in both cases, so that a cached and a fresh evaluation give the same bytes
         let bytes =
