@@ -14,6 +14,7 @@ use crate::bytes::parse_bytes;
 use crate::data::source::{AnswerExtract, FieldMap, Location, SourceFormat, SourceSpec};
 use crate::sampler::job::SampleSettings;
 use crate::stages::eval::EvalConfig;
+use crate::stages::PRETRAINED;
 use crate::train::settings::TrainSettings;
 
 /// A config error, already phrased for a person: it names the file and, where known, line and key.
@@ -31,6 +32,7 @@ struct RawConfig {
     #[serde(default)]
     run: RawRun,
     data: Option<RawData>,
+    pretrain: Option<RawPretrain>,
     sample: Option<SampleSettings>,
     filter: Option<RawFilter>,
     train: Option<TrainSettings>,
@@ -43,6 +45,23 @@ struct RawRun {
     name: Option<String>,
     workdir: Option<String>,
     disk_budget: Option<String>,
+    rounds: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPretrain {
+    source: toml::Value,
+    #[serde(default = "raw_template")]
+    prompt_template: String,
+    model: crate::pretrain::ModelShape,
+    #[serde(default)]
+    seed: u64,
+    train: TrainSettings,
+}
+
+fn raw_template() -> String {
+    "raw".into()
 }
 
 #[derive(Debug, Deserialize)]
@@ -169,7 +188,10 @@ pub struct Config {
     pub name: String,
     pub workdir: PathBuf,
     pub disk_budget_bytes: Option<u64>,
+    /// Times sample -> filter -> train repeats, each round from the last round's model.
+    pub rounds: u32,
     pub data: Option<DataConfig>,
+    pub pretrain: Option<crate::pretrain::PretrainConfig>,
     pub sample: Option<SampleSettings>,
     pub filter: Option<FilterConfig>,
     /// `model` is always set (from `[sample].model` when the section leaves it out).
@@ -187,7 +209,35 @@ pub struct EvalPlan {
 
 pub const DEFAULT_CHUNK_ROWS: usize = 4096;
 
+/// The embedded default pipeline: `pipelines/tiny-arith.toml`, compiled in.
+pub const EMBEDDED_DEFAULT: &str = include_str!("../pipelines/tiny-arith.toml");
+
 impl Config {
+    /// The embedded default (a tiny model pretrained and self-distilled on generated arithmetic).
+    /// Its relative paths (data/arith/, evals/) resolve against `pipelines/` of the current
+    /// folder when it is this repository, else against the repository the binary was built from.
+    pub fn embedded_default() -> Result<Config, ConfigError> {
+        let here = Path::new("pipelines");
+        let base = if here.join("tiny-arith.toml").is_file() {
+            here.to_path_buf()
+        } else {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines")
+        };
+        if !base.join("../data/arith/spec.toml").is_file() {
+            return Err(ConfigError(format!(
+                "the embedded default reads data/arith/ and evals/ of the repository; neither \
+                 ./pipelines nor {} has them: run from the repository or pass --config",
+                base.display()
+            )));
+        }
+        Config::from_toml(
+            EMBEDDED_DEFAULT,
+            "<embedded default: pipelines/tiny-arith.toml>",
+            &base,
+            "tiny-arith",
+        )
+    }
+
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
@@ -224,13 +274,18 @@ impl Config {
             Some(s) => Some(parse_bytes(&s).map_err(|e| err("run.disk_budget", e.to_string()))?),
             None => None,
         };
+        let rounds = raw.run.rounds.unwrap_or(1);
+        if rounds == 0 {
+            return Err(err("run.rounds", "must be at least 1".into()));
+        }
         let data = raw
             .data
             .map(|d| validate_data(d, base, origin))
             .transpose()?;
+        let has_pretrain = raw.pretrain.is_some();
         let sample = raw
             .sample
-            .map(|s| validate_sample(s, base, origin))
+            .map(|s| validate_sample(s, base, origin, has_pretrain))
             .transpose()?;
         let filter = raw
             .filter
@@ -253,18 +308,41 @@ impl Config {
         }
         let train = raw
             .train
-            .map(|t| validate_train(t, base, origin, sample.as_ref(), filter.is_some()))
+            .map(|t| {
+                validate_train(t, base, origin, sample.as_ref(), filter.is_some(), has_pretrain)
+            })
             .transpose()?;
+        if rounds > 1 && (sample.is_none() || train.is_none()) {
+            return Err(err(
+                "run.rounds",
+                format!("{rounds} rounds repeat sample -> filter -> train: add [sample] and [train]"),
+            ));
+        }
         let eval = raw
             .eval
-            .map(|e| validate_eval(e, base, origin, train.as_ref(), sample.as_ref()))
+            .map(|e| {
+                validate_eval(e, base, origin, train.as_ref(), sample.as_ref(), has_pretrain)
+            })
             .transpose()?;
+        let pretrain = match raw.pretrain {
+            Some(p) => Some(validate_pretrain(
+                p,
+                base,
+                origin,
+                data.as_ref(),
+                sample.as_ref(),
+                eval.as_ref(),
+            )?),
+            None => None,
+        };
         Ok(Config {
             origin: origin.to_string(),
             name,
             workdir,
             disk_budget_bytes,
+            rounds,
             data,
+            pretrain,
             sample,
             filter,
             train,
@@ -281,6 +359,7 @@ fn validate_eval(
     origin: &str,
     train: Option<&TrainSettings>,
     sample: Option<&SampleSettings>,
+    has_pretrain: bool,
 ) -> Result<EvalPlan, ConfigError> {
     let err = |key: &str, msg: String| ConfigError(format!("{origin}: `eval.{key}`: {msg}"));
     if e.sets.is_empty() {
@@ -297,6 +376,7 @@ fn validate_eval(
         }
         (None, Some(m), _) => m,
         (None, None, Some(s)) => s.model.clone(),
+        (None, None, None) if has_pretrain => PRETRAINED.to_string(),
         (None, None, None) => {
             return Err(err(
                 "model",
@@ -330,6 +410,7 @@ fn validate_train(
     origin: &str,
     sample: Option<&SampleSettings>,
     has_filter: bool,
+    has_pretrain: bool,
 ) -> Result<TrainSettings, ConfigError> {
     t.validate()
         .map_err(|e| ConfigError(format!("{origin}: `train.{e}")))?;
@@ -340,8 +421,15 @@ fn validate_train(
         )));
     }
     let model = match (t.model.take(), sample) {
+        (Some(_), _) if has_pretrain => {
+            return Err(ConfigError(format!(
+                "{origin}: `train.model`: with [pretrain], the trainer starts from the pretrained \
+                 model: remove the key"
+            )))
+        }
         (Some(m), _) => m,
         (None, Some(s)) => s.model.clone(),
+        (None, None) if has_pretrain => PRETRAINED.to_string(),
         (None, None) => {
             return Err(ConfigError(format!(
                 "{origin}: `train.model`: missing (no [sample] section to take it from)"
@@ -355,6 +443,100 @@ fn validate_train(
         model
     });
     Ok(t)
+}
+
+/// The pretraining source must have solutions; the prompt template must be the sampler's and
+/// every eval set's (the model learns one prompt format); the tokenizer covers the data stage's
+/// and the eval sets' sources.
+fn validate_pretrain(
+    p: RawPretrain,
+    base: &Path,
+    origin: &str,
+    data: Option<&DataConfig>,
+    sample: Option<&SampleSettings>,
+    eval: Option<&EvalPlan>,
+) -> Result<crate::pretrain::PretrainConfig, ConfigError> {
+    let err = |key: &str, msg: String| ConfigError(format!("{origin}: `pretrain.{key}`: {msg}"));
+    let source = source_from_toml(p.source, "pretrain.source", base, origin)?;
+    if source.fields.solution.is_none() {
+        return Err(err(
+            "source",
+            "the rows learned from need worked solutions: set solution_field".into(),
+        ));
+    }
+    p.model.validate("pretrain.model").map_err(|e| ConfigError(format!("{origin}: `{e}`")))?;
+    let mut train = p.train;
+    if train.model.is_some() {
+        return Err(err(
+            "train.model",
+            "the pretrain stage trains its own initial checkpoint: remove the key".into(),
+        ));
+    }
+    train
+        .validate()
+        .map_err(|e| ConfigError(format!("{origin}: `pretrain.train.{e}")))?;
+    train.model = None;
+    let prompt_template = match p.prompt_template.as_str() {
+        "raw" => "raw".to_string(),
+        "chat" => {
+            return Err(err(
+                "prompt_template",
+                "a model built from scratch has no chat template: use raw or a Jinja file".into(),
+            ))
+        }
+        f => {
+            let path = resolve(base, f);
+            if !path.is_file() {
+                return Err(err("prompt_template", format!("`{f}` is not raw or an existing file")));
+            }
+            path.display().to_string()
+        }
+    };
+    if let Some(s) = sample {
+        if s.prompt_template != prompt_template {
+            return Err(ConfigError(format!(
+                "{origin}: `sample.prompt_template` = `{}` differs from `pretrain.prompt_template` \
+                 = `{prompt_template}`: the model only knows the format it was pretrained on",
+                s.prompt_template
+            )));
+        }
+    }
+    let mut tokenizer_sources: Vec<SourceSpec> = data.map(|d| d.sources.clone()).unwrap_or_default();
+    if let Some(e) = eval {
+        for set in &e.sets {
+            let st = set
+                .settings(PRETRAINED)
+                .map_err(|x| err("prompt_template", format!("{x:#}")))?;
+            let theirs = match st.prompt_template.as_str() {
+                "raw" | "chat" => st.prompt_template.clone(),
+                f => resolve(set.file.parent().unwrap_or(Path::new(".")), f)
+                    .display()
+                    .to_string(),
+            };
+            if theirs != prompt_template {
+                return Err(err(
+                    "prompt_template",
+                    format!(
+                        "`{prompt_template}`, but eval set `{}` ({}) prompts with `{theirs}`: the \
+                         model only knows the format it was pretrained on",
+                        set.name,
+                        set.file.display()
+                    ),
+                ));
+            }
+            let mut src = set.source.clone();
+            src.name = format!("eval-{}", set.name);
+            tokenizer_sources.push(src);
+        }
+    }
+    Ok(crate::pretrain::PretrainConfig {
+        source,
+        tokenizer_sources,
+        prompt_template,
+        model: p.model,
+        seed: p.seed,
+        train,
+    })
 }
 
 fn validate_data(d: RawData, base: &Path, origin: &str) -> Result<DataConfig, ConfigError> {
@@ -444,7 +626,23 @@ fn validate_sample(
     mut s: SampleSettings,
     base: &Path,
     origin: &str,
+    has_pretrain: bool,
 ) -> Result<SampleSettings, ConfigError> {
+    match (s.model.is_empty(), has_pretrain) {
+        (true, true) => s.model = PRETRAINED.to_string(),
+        (true, false) => {
+            return Err(ConfigError(format!(
+                "{origin}: `sample.model`: missing (a checkpoint folder or a hub id)"
+            )))
+        }
+        (false, true) => {
+            return Err(ConfigError(format!(
+                "{origin}: `sample.model`: with [pretrain], the sampler uses the pretrained \
+                 model: remove the key"
+            )))
+        }
+        (false, false) => {}
+    }
     s.validate()
         .map_err(|e| ConfigError(format!("{origin}: `sample.{e}")))?;
     let local = base.join(&s.model);

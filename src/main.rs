@@ -3,10 +3,10 @@
 //!
 //! Knows nothing beyond argument shapes; every behaviour lives in the library.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 use selfdistill::cmd;
@@ -103,6 +103,16 @@ enum DataCommand {
         #[arg(long, default_value_t = 3)]
         rows: usize,
     },
+    /// Generate the arithmetic word problems of a spec (levels, splits, seed) as
+    /// `<output>/<split>.jsonl`: the embedded default's data (data/arith/spec.toml).
+    Arith {
+        /// The spec: `seed`, `[[levels]]` and `[[splits]]`.
+        #[arg(long, default_value = "data/arith/spec.toml")]
+        spec: PathBuf,
+        /// Where the splits go; default: the spec's folder.
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -120,13 +130,10 @@ enum BenchCommand {
 }
 
 fn load_config(path: Option<PathBuf>, workdir: Option<PathBuf>) -> Result<Config> {
-    let Some(path) = path else {
-        bail!(
-            "no --config given: pass one of the configs in pipelines/ (e.g. --config \
-             pipelines/reference.toml)"
-        );
+    let mut cfg = match path {
+        Some(path) => Config::load(&path)?,
+        None => Config::embedded_default()?,
     };
-    let mut cfg = Config::load(&path)?;
     if let Some(w) = workdir {
         cfg.workdir = w;
     }
@@ -185,6 +192,15 @@ fn main() -> ExitCode {
         Command::Data {
             command: DataCommand::Inspect { file, rows },
         } => cmd::inspect::run(&file, rows),
+        Command::Data {
+            command: DataCommand::Arith { spec, output },
+        } => selfdistill::arith::ArithSpec::load(&spec).and_then(|s| {
+            let dir = output.unwrap_or_else(|| spec.parent().unwrap_or(Path::new(".")).into());
+            for (path, rows) in s.write(&dir)? {
+                println!("{rows:>6} problems -> {}", path.display());
+            }
+            Ok(())
+        }),
         Command::Bench {
             command: BenchCommand::Verify(args),
         } => cmd::bench::verify(&args),

@@ -40,6 +40,7 @@ fn register_font() -> Result<()> {
 /// One stage of the plan and its state.
 struct Stage {
     name: String,
+    kind: String,
     dir: PathBuf,
     manifest: Option<store::Manifest>,
 }
@@ -64,6 +65,11 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
         };
         list.push(Stage {
             name: s.name.clone(),
+            kind: if s.kind.is_empty() {
+                s.name.clone()
+            } else {
+                s.kind.clone()
+            },
             dir,
             manifest,
         });
@@ -71,23 +77,35 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
     let out = workdir.join(DIR);
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut md = format!("# Report: {}\n\n", plan.config);
-    let done = |name: &str| list.iter().find(|s| s.name == name && s.manifest.is_some());
-    if let Some(s) = done("eval") {
+    let done = |kind: &'static str| {
+        list.iter()
+            .filter(move |s| s.kind == kind && s.manifest.is_some())
+    };
+    for s in done("eval") {
         eval_section(&mut md, &s.dir, &out)?;
     }
-    if let Some(s) = done("train") {
-        train_section(&mut md, &s.dir, &out)?;
+    for s in done("pretrain") {
+        train_section(&mut md, "Pretraining", &s.name, &s.dir, &out)?;
     }
-    if let Some(s) = done("sample") {
-        sample_section(&mut md, s, &out)?;
-    }
-    if let Some(s) = done("filter") {
-        let m = s.manifest.as_ref().expect("done");
-        md.push_str("## Filter\n\n| rule or reason | rows |\n| --- | --- |\n");
-        for (k, v) in &m.counts {
-            let _ = writeln!(md, "| {k} | {v} |");
+    // each round: its sampling, filter and training
+    for s in list.iter().filter(|s| s.manifest.is_some()) {
+        match s.kind.as_str() {
+            "sample" => sample_section(&mut md, s, &out)?,
+            "filter" => {
+                let m = s.manifest.as_ref().expect("done");
+                let _ = writeln!(
+                    md,
+                    "## Filter ({})\n\n| rule or reason | rows |\n| --- | --- |",
+                    s.name
+                );
+                for (k, v) in &m.counts {
+                    let _ = writeln!(md, "| {k} | {v} |");
+                }
+                let _ = writeln!(md, "\nKept: {} SFT rows.\n", m.rows);
+            }
+            "train" => train_section(&mut md, "Training", &s.name, &s.dir, &out)?,
+            _ => {}
         }
-        let _ = writeln!(md, "\nKept: {} SFT rows.\n", m.rows);
     }
     md.push_str("## Stages\n\n| stage | state | rows | wall time | key |\n| --- | --- | --- | --- | --- |\n");
     for s in &list {
@@ -184,7 +202,8 @@ fn eval_section(md: &mut String, dir: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-fn train_section(md: &mut String, dir: &Path, out: &Path) -> Result<()> {
+/// The loss and learning-rate curves of a pretrain or train stage (`name` keys the chart files).
+fn train_section(md: &mut String, title: &str, name: &str, dir: &Path, out: &Path) -> Result<()> {
     let p = dir
         .join(stages::train::STATE_DIR)
         .join(crate::train::trainer::METRICS);
@@ -196,7 +215,7 @@ fn train_section(md: &mut String, dir: &Path, out: &Path) -> Result<()> {
         .enumerate()
         .map(|(i, l)| serde_json::from_str(l).with_context(|| format!("{}:{}", p.display(), i + 1)))
         .collect::<Result<_>>()?;
-    md.push_str("## Training\n\n");
+    let _ = writeln!(md, "## {title} ({name})\n");
     let (Some(first), Some(last)) = (steps.first(), steps.last()) else {
         md.push_str("No steps logged.\n\n");
         return Ok(());
@@ -219,30 +238,31 @@ fn train_section(md: &mut String, dir: &Path, out: &Path) -> Result<()> {
         vec![("loss".to_string(), loss)],
         vec![("lr".to_string(), lr)],
     );
+    let (loss_png, lr_png) = (format!("loss_{name}.png"), format!("lr_{name}.png"));
     line_chart(
-        &out.join("loss.png"),
-        "training loss",
+        &out.join(&loss_png),
+        &format!("{name}: loss"),
         ("step", "loss"),
         &loss,
         None,
         None,
     )?;
     line_chart(
-        &out.join("lr.png"),
-        "learning rate",
+        &out.join(&lr_png),
+        &format!("{name}: learning rate"),
         ("step", "lr"),
         &lr,
         None,
         None,
     )?;
-    md.push_str("![training loss](loss.png)\n\n![learning rate](lr.png)\n\n");
+    let _ = writeln!(md, "![{name} loss]({loss_png})\n\n![{name} learning rate]({lr_png})\n");
     Ok(())
 }
 
 fn sample_section(md: &mut String, s: &Stage, out: &Path) -> Result<()> {
     let m = s.manifest.as_ref().expect("done");
     let count = |k: &str| m.counts.iter().find(|c| c.0 == k).map_or(0, |c| c.1);
-    md.push_str("## Sampling\n\n");
+    let _ = writeln!(md, "## Sampling ({})\n", s.name);
     let _ = writeln!(
         md,
         "{} problems, {} samples ({} correct), {} prompt and {} generated tokens in {:.1} s \
@@ -275,13 +295,14 @@ fn sample_section(md: &mut String, s: &Stage, out: &Path) -> Result<()> {
         q(0.9),
         q(1.0)
     );
+    let png = format!("lengths_{}.png", s.name);
     histogram(
-        &out.join("lengths.png"),
-        "completion length",
+        &out.join(&png),
+        &format!("{}: completion length", s.name),
         "tokens",
         &lengths,
     )?;
-    md.push_str("![completion lengths](lengths.png)\n\n");
+    let _ = writeln!(md, "![completion lengths]({png})\n");
     Ok(())
 }
 

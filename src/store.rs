@@ -32,6 +32,33 @@ pub struct WorkDir {
     _lock: File,
 }
 
+/// Takes an exclusive lock on `path` (created if needed), waiting while another process holds
+/// it (saying so once); the lock lasts as long as the returned file.
+pub fn lock_waiting(path: &Path, what: &str) -> Result<File> {
+    if let Some(parent) = path.parent() {
+        fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+    }
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    match f.try_lock() {
+        Ok(()) => return Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => {
+            println!("waiting for another run that holds {what} ({})", path.display());
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| format!("cannot lock {}", path.display()))
+        }
+    }
+    f.lock()
+        .with_context(|| format!("cannot lock {}", path.display()))?;
+    Ok(f)
+}
+
 impl WorkDir {
     /// Creates `root` if needed and takes its lock, or fails naming the holder's pid.
     pub fn lock(root: &Path) -> Result<WorkDir> {

@@ -201,7 +201,7 @@ fn run_all_writes_a_report_that_pipeline_report_rebuilds() {
     ] {
         assert!(report.contains(want), "{want} missing:\n{report}");
     }
-    for png in ["loss.png", "lr.png", "levels_math500.png"] {
+    for png in ["loss_train.png", "lr_train.png", "levels_math500.png"] {
         let bytes = std::fs::read(report_dir.join(png)).unwrap();
         assert_eq!(&bytes[..4], b"\x89PNG", "{png}");
     }
@@ -222,18 +222,6 @@ fn run_all_writes_a_report_that_pipeline_report_rebuilds() {
 
 /// What a report must repeat exactly after any kill: everything above the stage table, less
 /// the lines with speeds (wall-clock dependent).
-fn report_numbers(workdir: &std::path::Path) -> String {
-    let report = std::fs::read_to_string(workdir.join("report/report.md")).unwrap();
-    report
-        .split("## Stages")
-        .next()
-        .unwrap()
-        .lines()
-        .filter(|l| !l.contains("tokens/s"))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
 /// `pipeline run all` killed inside every stage (at its fault points, and from outside at
 /// pseudo-random moments), then rerun: the same report numbers as a run that was never killed.
 #[test]

@@ -210,10 +210,10 @@ max_per_problem = 1
     let report = std::fs::read_to_string(dir.path().join("work/report/report.md")).unwrap();
     assert!(report.contains("6 problems, 12 samples"), "{report}");
     assert!(
-        report.contains("## Filter") && report.contains("lengths.png"),
+        report.contains("## Filter") && report.contains("lengths_sample.png"),
         "{report}"
     );
-    assert!(dir.path().join("work/report/lengths.png").is_file());
+    assert!(dir.path().join("work/report/lengths_sample.png").is_file());
     let o = run(&["run", "all", "--config", "p.toml"], dir.path());
     let out = text(&o);
     assert!(out.contains("--> sample cached"), "{out}");

@@ -2,11 +2,13 @@
 //! difficulty: the embedded default's data, generated so that it needs no download.
 //!
 //! A problem starts a person with a count of things and changes it `steps` times (buys, finds,
-//! gives away, ...) by numbers of `digits` digits, the count staying below twice their range;
-//! the solution writes one line of arithmetic per change and then the boxed answer. Harder levels have more changes and longer numbers, so a
-//! model trained on the easy levels meets the hard ones one step out of its training
-//! distribution: the setting in which sampling, filtering and retraining extend what a small
-//! transformer can do (Lee et al., 2025).
+//! gives away, ...) by 1 to `max_change`; the count stays within `min..=max`. The solution writes
+//! one line of arithmetic per change (`57 + 8 = 65.`) and then the boxed answer. A level is a
+//! number of steps and a range of counts, so a level table can hold out combinations: the
+//! default pretrains on long chains of small counts and short chains of large counts, and
+//! self-distills on long chains of large counts, whose every line and length the model has seen
+//! apart, never together. That is where a small transformer starts above zero and sampling,
+//! filtering and retraining lift it (the easy-to-hard setting of Lee et al., 2025).
 //!
 //! [`generate`] fills named splits from one seed, and no problem text appears twice in a run, so
 //! splits are disjoint. Knows nothing of tokenizers, models or files beyond writing JSONL.
@@ -26,8 +28,28 @@ use crate::rng::SplitMix;
 pub struct Level {
     /// Changes to the starting count (lines of arithmetic in the solution).
     pub steps: u32,
-    /// Digits of the starting count and of each change.
-    pub digits: u32,
+    /// The starting count is drawn from `start_min..=max`.
+    pub start_min: u64,
+    /// The count never leaves `min..=max`: a change that would is turned the other way.
+    pub min: u64,
+    pub max: u64,
+    /// Each change is 1..=max_change.
+    pub max_change: u64,
+}
+
+impl Level {
+    fn check(&self, what: &str) -> Result<()> {
+        if self.steps == 0 || self.max_change == 0 {
+            bail!("{what}: steps and max_change must be at least 1");
+        }
+        if !(self.min <= self.start_min && self.start_min <= self.max) {
+            bail!("{what}: needs min <= start_min <= max");
+        }
+        if self.max - self.min < self.max_change {
+            bail!("{what}: max - min must be at least max_change, so a change always fits");
+        }
+        Ok(())
+    }
 }
 
 /// One generated problem.
@@ -62,31 +84,23 @@ const THINGS: [&str; 10] = [
 const GAIN: [&str; 3] = ["buys", "finds", "gets"];
 const LOSS: [&str; 3] = ["gives away", "loses", "sells"];
 
-/// A number of exactly `digits` digits (1 digit: 1..=9).
-fn number(rng: &mut SplitMix, digits: u32) -> u64 {
-    let lo = if digits <= 1 {
-        1
-    } else {
-        10u64.pow(digits - 1)
-    };
-    let hi = 10u64.pow(digits);
-    lo + rng.below((hi - lo) as usize) as u64
-}
-
 /// One problem of `level`: (problem, solution, answer).
 pub fn make_problem(level: Level, rng: &mut SplitMix) -> (String, String, String) {
     let name = NAMES[rng.below(NAMES.len())];
     let things = THINGS[rng.below(THINGS.len())];
-    let mut count = number(rng, level.digits);
+    let span = |lo: u64, hi: u64, rng: &mut SplitMix| lo + rng.below((hi - lo + 1) as usize) as u64;
+    let mut count = span(level.start_min, level.max, rng);
     let mut problem = format!("{name} has {count} {things}.");
     let mut solution = String::new();
     for _ in 0..level.steps {
-        let delta = number(rng, level.digits);
-        // The count stays below twice the operands' range (19 for one digit), so the arithmetic
-        // of a level is a small closed set and only the number of steps grows; it never goes
-        // negative. Otherwise a coin decides.
-        let cap = 2 * 10u64.pow(level.digits) - 1;
-        let subtract = count + delta > cap || (delta <= count && rng.below(2) == 0);
+        let delta = span(1, level.max_change, rng);
+        let subtract = if count + delta > level.max {
+            true
+        } else if count < level.min + delta {
+            false
+        } else {
+            rng.below(2) == 0
+        };
         let next = if subtract {
             count - delta
         } else {
@@ -95,11 +109,11 @@ pub fn make_problem(level: Level, rng: &mut SplitMix) -> (String, String, String
         if subtract {
             let verb = LOSS[rng.below(LOSS.len())];
             problem.push_str(&format!(" {name} {verb} {delta}."));
-            solution.push_str(&format!("{count} - {delta} = {next}\n"));
+            solution.push_str(&format!("{count} - {delta} = {next}.\n"));
         } else {
             let verb = GAIN[rng.below(GAIN.len())];
             problem.push_str(&format!(" {name} {verb} {delta} more."));
-            solution.push_str(&format!("{count} + {delta} = {next}\n"));
+            solution.push_str(&format!("{count} + {delta} = {next}.\n"));
         }
         count = next;
     }
@@ -108,17 +122,22 @@ pub fn make_problem(level: Level, rng: &mut SplitMix) -> (String, String, String
     (problem, solution, count.to_string())
 }
 
-/// Fills every split from `seed`; no problem text appears twice across all splits.
+/// Fills every split from `seed`; no problem text appears twice across all splits. A split's
+/// rows interleave its levels.
 pub fn generate(
     levels: &[Level],
     splits: &[SplitSpec],
     seed: u64,
 ) -> Result<Vec<(String, Vec<ArithProblem>)>> {
+    for (i, l) in levels.iter().enumerate() {
+        l.check(&format!("level {}", i + 1))?;
+    }
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(splits.len());
     for (si, split) in splits.iter().enumerate() {
-        let mut rows = Vec::with_capacity(split.levels.len() * split.per_level);
+        let mut by_level: Vec<Vec<ArithProblem>> = Vec::with_capacity(split.levels.len());
         for &lv in &split.levels {
+            let mut rows = Vec::with_capacity(split.per_level);
             let Some(&level) = levels.get((lv as usize).wrapping_sub(1)) else {
                 bail!(
                     "split `{}` asks for level {lv}; the level table has levels 1..={}",
@@ -136,10 +155,12 @@ pub fn generate(
             let mut misses = 0usize;
             while made < split.per_level {
                 if misses > 20_000 {
-                    bail!(
-                        "level {lv} ({} steps of {} digits) has too few distinct problems for {} more in split `{}`",
+                        bail!(
+                        "level {lv} ({} steps, counts {}..={}) has too few distinct problems for \
+                         {} more in split `{}`",
                         level.steps,
-                        level.digits,
+                        level.min,
+                        level.max,
                         split.per_level - made,
                         split.name
                     );
@@ -159,10 +180,47 @@ pub fn generate(
                 });
                 made += 1;
             }
+            by_level.push(rows);
+        }
+        // Interleaved, one problem of each level in turn: the first N rows of a split (a
+        // source's `limit`) cover its levels evenly.
+        let mut rows = Vec::with_capacity(split.levels.len() * split.per_level);
+        for i in 0..split.per_level {
+            rows.extend(by_level.iter_mut().map(|l| l[i].clone()));
         }
         out.push((split.name.clone(), rows));
     }
     Ok(out)
+}
+
+/// A generated data set: the level table, the splits and the seed (`data/arith/spec.toml`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArithSpec {
+    pub seed: u64,
+    pub levels: Vec<Level>,
+    pub splits: Vec<SplitSpec>,
+}
+
+impl ArithSpec {
+    pub fn load(path: &Path) -> Result<ArithSpec> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("{}: not an arithmetic spec", path.display()))
+    }
+
+    /// Generates every split and writes `<dir>/<split>.jsonl`; returns (path, rows) per split.
+    pub fn write(&self, dir: &Path) -> Result<Vec<(std::path::PathBuf, usize)>> {
+        let splits = generate(&self.levels, &self.splits, self.seed)?;
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let mut out = Vec::new();
+        for (name, rows) in splits {
+            let path = dir.join(format!("{name}.jsonl"));
+            write_jsonl(&path, &rows)?;
+            out.push((path, rows.len()));
+        }
+        Ok(out)
+    }
 }
 
 /// Writes problems as JSONL (`id`, `level`, `problem`, `solution`, `answer`), atomically.
@@ -188,44 +246,43 @@ pub fn write_jsonl(path: &Path, rows: &[ArithProblem]) -> Result<()> {
 mod tests {
     use super::*;
 
-    /// Every solution's lines are correct arithmetic, chain from the start count, and end in the
-    /// boxed answer the verifier extracts; levels have their step counts and digit lengths.
+    fn level(steps: u32, start_min: u64, max: u64) -> Level {
+        Level {
+            steps,
+            start_min,
+            min: 10,
+            max,
+            max_change: 9,
+        }
+    }
+
+    /// Every solution's lines are correct arithmetic, chain from the start count, stay in the
+    /// level's range and end in the boxed answer the verifier extracts.
     #[test]
     fn solutions_are_correct_chains_with_the_level_shape() {
         let mut rng = SplitMix(7);
-        for level in [
-            Level {
-                steps: 1,
-                digits: 1,
-            },
-            Level {
-                steps: 4,
-                digits: 3,
-            },
-        ] {
+        for lv in [level(1, 10, 49), level(5, 50, 99)] {
             for _ in 0..200 {
-                let (problem, solution, answer) = make_problem(level, &mut rng);
+                let (problem, solution, answer) = make_problem(lv, &mut rng);
                 let lines: Vec<&str> = solution.lines().collect();
-                assert_eq!(lines.len(), level.steps as usize + 1, "{solution}");
+                assert_eq!(lines.len(), lv.steps as usize + 1, "{solution}");
                 let mut prev: Option<u64> = None;
                 for l in &lines[..lines.len() - 1] {
-                    let parts: Vec<&str> = l.split(' ').collect();
+                    let parts: Vec<&str> = l.trim_end_matches('.').split(' ').collect();
                     let (a, op, b, r) = (
                         parts[0].parse::<u64>().unwrap(),
                         parts[1],
                         parts[2].parse::<u64>().unwrap(),
                         parts[4].parse::<u64>().unwrap(),
                     );
-                    assert_eq!(b.to_string().len(), level.digits as usize);
+                    assert!((1..=lv.max_change).contains(&b), "{l}");
                     assert_eq!(r, if op == "+" { a + b } else { a - b }, "{l}");
-                    assert!(
-                        r < 2 * 10u64.pow(level.digits),
-                        "{l} leaves the level's range"
-                    );
+                    assert!((lv.min..=lv.max).contains(&r), "{l} leaves the level's range");
                     if let Some(p) = prev {
                         assert_eq!(a, p, "the chain breaks in {solution}");
                     } else {
                         assert!(problem.contains(&format!(" has {a} ")), "{problem}");
+                        assert!((lv.start_min..=lv.max).contains(&a), "{problem}");
                     }
                     prev = Some(r);
                 }
@@ -242,16 +299,7 @@ mod tests {
 
     #[test]
     fn splits_are_disjoint_and_reproducible() {
-        let levels = [
-            Level {
-                steps: 1,
-                digits: 1,
-            },
-            Level {
-                steps: 2,
-                digits: 2,
-            },
-        ];
+        let levels = [level(1, 10, 19), level(2, 10, 99)];
         let splits = [
             SplitSpec {
                 name: "train".into(),
@@ -274,7 +322,7 @@ mod tests {
             }
         }
         assert_eq!(texts.len(), 100);
-        // Level 1 (one change of one digit) has too few distinct texts for a huge split.
+        // Level 1 (one change, counts 10..=19) has too few distinct texts for a huge split.
         let tiny = [SplitSpec {
             name: "x".into(),
             levels: vec![1],
@@ -289,5 +337,29 @@ mod tests {
         }];
         let err = generate(&levels, &bad, 1).unwrap_err().to_string();
         assert!(err.contains("level 3"), "{err}");
+        let narrow = [Level {
+            max: 12,
+            ..level(1, 10, 12)
+        }];
+        let err = generate(&narrow, &bad[..0], 1).unwrap_err().to_string();
+        assert!(err.contains("max - min"), "{err}");
+    }
+
+    /// The shipped data is what the shipped spec generates, byte for byte.
+    #[test]
+    fn the_shipped_splits_are_the_specs_output() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/arith");
+        let spec = ArithSpec::load(&dir.join("spec.toml")).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        for (path, _) in spec.write(tmp.path()).unwrap() {
+            let name = path.file_name().unwrap();
+            let shipped = std::fs::read(dir.join(name)).unwrap();
+            assert!(
+                shipped == std::fs::read(&path).unwrap(),
+                "data/arith/{} differs from what data/arith/spec.toml generates: run \
+                 `pipeline data arith --spec data/arith/spec.toml`",
+                name.to_string_lossy()
+            );
+        }
     }
 }

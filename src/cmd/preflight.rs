@@ -37,7 +37,7 @@ pub fn run(cfg: &Config, plan_only: bool) -> Result<()> {
     let mut disk = 0u64;
     let mut peak_mem = 0u64;
     println!(
-        "{:<8} {:<12} {:>12} {:>12}",
+        "{:<11} {:<12} {:>12} {:>12}",
         "stage", "state", "disk", "memory"
     );
     for s in &plan.stages {
@@ -50,7 +50,7 @@ pub fn run(cfg: &Config, plan_only: bool) -> Result<()> {
         disk += d;
         peak_mem = peak_mem.max(m);
         println!(
-            "{:<8} {:<12} {:>12} {:>12}",
+            "{:<11} {:<12} {:>12} {:>12}",
             s.name,
             if done { "cached" } else { "to run" },
             format_bytes(d),

@@ -19,6 +19,9 @@ pub enum SourceFormat {
     Aime,
     /// AMC: `id`, `problem` or `question`, `answer` (a JSON number such as 27.0).
     Amc,
+    /// Our arithmetic generator's JSONL (`pipeline data arith`): `id`, `level`, `problem`,
+    /// `solution`, `answer`.
+    Arith,
     /// Any JSONL or Parquet: `problem_field` and `answer_field` are given in the config.
     Mapped,
 }
@@ -90,6 +93,14 @@ impl FieldMap {
                 id: s("id"),
                 problem: v(&["problem", "question"]),
                 answer: s("answer"),
+                ..base
+            },
+            SourceFormat::Arith => FieldMap {
+                id: s("id"),
+                problem: v(&["problem"]),
+                answer: s("answer"),
+                solution: s("solution"),
+                level: s("level"),
                 ..base
             },
             SourceFormat::Mapped => base,

@@ -16,13 +16,33 @@ use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::data::source::SourceSpec;
 use crate::model::config::ModelConfig;
 use crate::rng::SplitMix;
+use crate::train::settings::TrainSettings;
 
 /// The end-of-sequence (and padding) token, id 0.
 pub const EOS: &str = "<|endoftext|>";
 /// Pieces the corpus never had; id 1.
 pub const UNK: &str = "<unk>";
+
+/// The `[pretrain]` section, validated: what the pretrain stage builds and trains.
+#[derive(Debug, Clone, Serialize)]
+pub struct PretrainConfig {
+    /// Problems with worked solutions (`solution_field`): the rows learned from, the prompt
+    /// rendered with `prompt_template` and the solution as the completion.
+    pub source: SourceSpec,
+    /// Sources whose text the tokenizer also covers: the data stage's and the eval sets', so
+    /// that every prompt the model will see tokenizes without unknown pieces.
+    pub tokenizer_sources: Vec<SourceSpec>,
+    /// `raw` or a Jinja file, as `[sample].prompt_template` (which must agree).
+    pub prompt_template: String,
+    pub model: ModelShape,
+    /// Seeds the initial weights (the trainer's order of rows has its own `train.seed`).
+    pub seed: u64,
+    /// The trainer's settings; `model` is the stage's initial checkpoint.
+    pub train: TrainSettings,
+}
 
 /// The size of a model built from scratch (Qwen3 layout, tied embeddings).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -45,6 +45,30 @@ pub enum PromptTemplate {
     File(String),
 }
 
+impl PromptTemplate {
+    /// `chat`, `raw`, or a Jinja file's path (read here).
+    pub fn parse(
+        name: &str,
+        system: Option<String>,
+        enable_thinking: Option<bool>,
+    ) -> Result<PromptTemplate> {
+        Ok(match name {
+            "chat" => PromptTemplate::Chat {
+                system,
+                enable_thinking,
+            },
+            "raw" => PromptTemplate::Raw,
+            path => PromptTemplate::File(std::fs::read_to_string(path).with_context(|| {
+                format!("prompt_template `{path}`: not chat, raw or a readable file")
+            })?),
+        })
+    }
+
+    pub fn from_settings(s: &SampleSettings) -> Result<PromptTemplate> {
+        PromptTemplate::parse(&s.prompt_template, s.system.clone(), s.enable_thinking)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct JobConfig {
     pub model_name: String,
@@ -106,7 +130,9 @@ fn d_close() -> String {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct SampleSettings {
-    /// A checkpoint folder or a hub id (e.g. Qwen/Qwen3-4B).
+    /// A checkpoint folder or a hub id (e.g. Qwen/Qwen3-4B). A pipeline with `[pretrain]`
+    /// leaves it out: the pretrained model is used.
+    #[serde(default)]
     #[arg(long)]
     pub model: String,
     /// `chat` (the checkpoint's template), `raw` (the problem text as is) or a Jinja file using
@@ -292,16 +318,7 @@ pub fn run_settings(
         .map_err(|e| anyhow::anyhow!("sample settings: {e}"))?;
     let ck = crate::model::Checkpoint::open(&s.model)?;
     let tok = ck.tokenizer()?;
-    let template = match s.prompt_template.as_str() {
-        "chat" => PromptTemplate::Chat {
-            system: s.system.clone(),
-            enable_thinking: s.enable_thinking,
-        },
-        "raw" => PromptTemplate::Raw,
-        path => PromptTemplate::File(std::fs::read_to_string(path).with_context(|| {
-            format!("prompt_template `{path}`: not chat, raw or a readable file")
-        })?),
-    };
+    let template = PromptTemplate::from_settings(s)?;
     let chat = match &template {
         PromptTemplate::Chat { .. } => Some(ck.chat_template()?),
         _ => None,

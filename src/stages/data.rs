@@ -8,7 +8,7 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use super::{file_input, output_file, stage_key, Estimate, PlannedStage, StageOutput};
+use super::{file_input, output_file, Estimate, PlannedStage, StageOutput};
 use crate::config::DataConfig;
 use crate::data::schema::{problems_batch, problems_schema, write_parquet_atomic, ROW_GROUP_ROWS};
 use crate::data::{hub, load_source};
@@ -37,21 +37,14 @@ pub fn plan(cfg: &DataConfig, workdir: &Path) -> Result<PlannedStage> {
     // Gold answers of `boxed` sources are extracted by the verifier.
     inputs.push(super::verifier_input());
     let config = serde_json::to_value(cfg)?;
-    let key = stage_key("data", CODE_VERSION, &config, &inputs);
-    Ok(PlannedStage {
-        name: "data",
-        dir: crate::store::stage_dir(workdir, "data", &key),
-        key,
-        code_version: CODE_VERSION,
-        config,
-        inputs,
-        files,
-        // JSONL shrinks under zstd; a mapped Parquet stays about the same size.
-        estimate: Estimate {
-            disk_bytes: bytes,
-            memory_bytes: bytes * 3,
-        },
-    })
+    let mut st = PlannedStage::new("data", workdir, CODE_VERSION, config, inputs);
+    st.files = files;
+    // JSONL shrinks under zstd; a mapped Parquet stays about the same size.
+    st.estimate = Estimate {
+        disk_bytes: bytes,
+        memory_bytes: bytes * 3,
+    };
+    Ok(st)
 }
 
 pub fn run(cfg: &DataConfig, stage: &PlannedStage) -> Result<StageOutput> {

@@ -1,18 +1,19 @@
-//! The eval stage: evaluates the base model and the train stage's model (when the pipeline
-//! trains) on the `[eval]` sets with the same seeds, and writes `metrics.json` and `eval.md`
-//! (base vs trained, with deltas and 95% intervals) to the stage dir.
+//! The eval stage: evaluates the base model and every train stage's model (one per round, when
+//! the pipeline trains) on the `[eval]` sets with the same seeds, and writes `metrics.json` and
+//! `eval.md` (base vs trained, with deltas and 95% intervals) to the stage dir.
 //!
 //! Each model's evaluation is cached on its own, keyed by the model (the base's fingerprint, or
-//! the train stage's key), the set definitions and their data, the overrides and the verifier,
+//! the key of the stage that made it), the set definitions and their data, the overrides and the verifier,
 //! under `eval-cache/` beside the work dir: runs whose work dirs share a folder (the default
 //! `runs/<name>`) evaluate a shared base model once. An interrupted evaluation resumes from its
-//! samples. Knows nothing of the trainer.
+//! samples; two runs evaluating the same model at once take turns (a lock file beside the
+//! folder), the second finding it cached. Knows nothing of the trainer.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use super::{output_file, stage_key, Estimate, Plan, PlannedStage, StageOutput};
+use super::{output_file, Estimate, Plan, PlannedStage, StageOutput};
 pub use crate::eval::EvalConfig;
 use crate::eval::{EvalResult, EvalSet};
 use crate::store::{self, InputRef};
@@ -40,15 +41,14 @@ pub fn plan(
     e: &EvalConfig,
     base: &super::ModelFacts,
     sets: &[EvalSet],
-    train: Option<&PlannedStage>,
+    trained: &[&PlannedStage],
     workdir: &Path,
 ) -> Result<PlannedStage> {
     let mut inputs = vec![base.input.clone(), super::verifier_input()];
-    if let Some(t) = train {
+    for t in trained {
         inputs.push(InputRef {
-            name: "trained".into(),
-            location: t.dir.join(super::train::MODEL_DIR).display().to_string(),
-            hash: t.key.clone(),
+            name: format!("trained:{}", t.name),
+            ..t.model_input()
         });
     }
     for s in sets {
@@ -62,20 +62,13 @@ pub fn plan(
         memory_bytes = memory_bytes.max(super::sample::memory_estimate(&st, base)?);
     }
     let config = serde_json::to_value(e)?;
-    let key = stage_key("eval", CODE_VERSION, &config, &inputs);
-    Ok(PlannedStage {
-        name: "eval",
-        dir: store::stage_dir(workdir, "eval", &key),
-        key,
-        code_version: CODE_VERSION,
-        config,
-        inputs,
-        files: Vec::new(),
-        estimate: Estimate {
-            disk_bytes: 0,
-            memory_bytes,
-        },
-    })
+    let mut st = PlannedStage::new("eval", workdir, CODE_VERSION, config, inputs);
+    st.deps = trained.iter().map(|t| ("trained", t.name.clone())).collect();
+    st.estimate = Estimate {
+        disk_bytes: 0,
+        memory_bytes,
+    };
+    Ok(st)
 }
 
 /// The cache folder shared by the runs beside `workdir`.
@@ -105,17 +98,23 @@ pub fn run(
             .hash
             .clone())
     };
+    let base_model = stage.model.as_deref().unwrap_or(base_model);
     let mut models = vec![(
         "base".to_string(),
         base_model.to_string(),
         fingerprint("model")?,
     )];
-    if let Some(t) = plan.get("train") {
+    for (_, name) in stage.deps.iter().filter(|(role, _)| *role == "trained") {
+        let t = plan
+            .get(name)
+            .with_context(|| format!("the eval stage reads {name}, which is not planned"))?;
         let dir = t.dir.join(super::train::MODEL_DIR);
+        // `train` -> "trained", `train-r2` -> "trained-r2"
+        let label = format!("trained{}", &name["train".len()..]);
         models.push((
-            "trained".into(),
+            label,
             dir.display().to_string(),
-            fingerprint("trained")?,
+            fingerprint(&format!("trained:{name}"))?,
         ));
     }
     let root = cache_root(&plan.workdir);
@@ -129,6 +128,11 @@ pub fn run(
             "config": stage.config,
         }));
         let dir = root.join(&key[..16]);
+        // another run evaluating the same model waits here, then finds it cached
+        let _lock = store::lock_waiting(
+            &root.join(format!("{}.lock", &key[..16])),
+            &format!("the evaluation of the {label} model"),
+        )?;
         let done = dir.join(METRICS);
         if done.is_file() {
             println!("eval: {label} model: cached in {}", dir.display());

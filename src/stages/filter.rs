@@ -17,9 +17,7 @@ use std::sync::LazyLock;
 use anyhow::{bail, Context, Result};
 use regex::Regex;
 
-use super::{
-    file_input, output_file, stage_key, Counts, Estimate, Plan, PlannedStage, StageOutput,
-};
+use super::{file_input, output_file, Counts, Estimate, Plan, PlannedStage, StageOutput};
 use crate::config::{CompletionsFormat, Config, Dedup, FilterConfig};
 use crate::data::schema::{
     completions_batch, completions_schema, read_completions, read_problems, sft_batch, sft_schema,
@@ -71,21 +69,14 @@ pub fn plan(
         super::verifier_input(),
     ];
     let config = serde_json::to_value(cfg)?;
-    let key = stage_key("filter", CODE_VERSION, &config, &inputs);
-    Ok(PlannedStage {
-        name: "filter",
-        dir: store::stage_dir(workdir, "filter", &key),
-        key,
-        code_version: CODE_VERSION,
-        config,
-        inputs,
-        files: vec![("completions".into(), path)],
-        // Graded parts plus the SFT file, each about the size of the input; all rows in memory.
-        estimate: Estimate {
-            disk_bytes: bytes * 2,
-            memory_bytes: bytes * 4,
-        },
-    })
+    let mut st = PlannedStage::new("filter", workdir, CODE_VERSION, config, inputs);
+    st.files = vec![("completions".into(), path)];
+    // Graded parts plus the SFT file, each about the size of the input; all rows in memory.
+    st.estimate = Estimate {
+        disk_bytes: bytes * 2,
+        memory_bytes: bytes * 4,
+    };
+    Ok(st)
 }
 
 pub fn run(
@@ -94,9 +85,7 @@ pub fn run(
     plan: &Plan,
     stage: &PlannedStage,
 ) -> Result<StageOutput> {
-    let data = plan
-        .get("data")
-        .context("the filter needs the data stage")?;
+    let data = plan.dep(stage, "data")?;
     let problems = read_problems(&data.dir.join(super::data::OUTPUT))?;
     let gold: HashMap<&str, &str> = problems
         .iter()

@@ -2,13 +2,18 @@
 //! hash of its config section, its inputs' hashes and its code version; `run` executes the ones
 //! without a manifest, in order, and writes each manifest last.
 //!
-//! Stages live one per file (`data`, `sample`, `filter`, `train`, `eval`)
+//! Stages live one per file (`data`, `pretrain`, `sample`, `filter`, `train`, `eval`)
 //! and never import each other: they meet only through the files named in their inputs. This
-//! module knows the order of stages, not what they compute.
+//! module knows the order of stages and which stage reads which, not what they compute.
+//!
+//! With `run.rounds = R > 1`, sample -> filter -> train repeats R times, each round from the
+//! model the round before trained, as stages named `sample-r1`, `filter-r1`, `train-r1`, ...;
+//! with one round they are plain `sample`, `filter`, `train`.
 
 pub mod data;
 pub mod eval;
 pub mod filter;
+pub mod pretrain;
 pub mod sample;
 pub mod train;
 
@@ -22,12 +27,24 @@ use crate::config::Config;
 use crate::store::{self, InputRef, Manifest, OutputFile, WorkDir};
 
 /// Every stage name, in pipeline order. A config's plan is the subsequence it configures.
-pub const STAGE_ORDER: &[&str] = &["data", "sample", "filter", "train", "eval"];
+pub const STAGE_ORDER: &[&str] = &["data", "pretrain", "sample", "filter", "train", "eval"];
+
+/// The model name that stands for the pretrain stage's model in `[sample]`, `[train]` and
+/// `[eval]` (set when those sections name no model and the config has a `[pretrain]`).
+pub const PRETRAINED: &str = "@pretrain";
 
 /// One stage of a plan, with everything that determines its output already resolved.
 #[derive(Debug, Clone)]
 pub struct PlannedStage {
-    pub name: &'static str,
+    /// Unique in the plan: the kind, with `-r<N>` in a multi-round plan.
+    pub name: String,
+    /// Which runner: one of [`STAGE_ORDER`].
+    pub kind: &'static str,
+    /// The stages this one reads, by role (`data`, `completions`, `sft`, `model`, `trained`).
+    pub deps: Vec<(&'static str, String)>,
+    /// The model this stage loads (a folder or hub id), resolved: another stage's output folder
+    /// when an earlier stage makes it.
+    pub model: Option<String>,
     pub key: String,
     pub dir: PathBuf,
     pub code_version: u32,
@@ -101,36 +118,86 @@ impl Plan {
         if let Some(d) = &cfg.data {
             stages.push(data::plan(d, workdir)?);
         }
-        if let Some(s) = &cfg.sample {
-            let data = stages
-                .iter()
-                .find(|s| s.name == "data")
-                .context("the sample stage needs the data stage")?;
-            stages.push(sample::plan(s, data, workdir, &models.facts(&s.model)?)?);
-        }
-        if let Some(f) = &cfg.filter {
-            let data = stages
-                .iter()
-                .find(|s| s.name == "data")
-                .context("the filter needs the data stage")?;
-            let sampled = stages.iter().find(|s| s.name == "sample");
-            stages.push(filter::plan(f, data, sampled, workdir)?);
-        }
-        if let Some(t) = &cfg.train {
-            let filter = stages
-                .iter()
-                .find(|s| s.name == "filter")
-                .context("the train stage needs the filter stage")?;
-            let model = t
-                .model
-                .as_deref()
-                .context("train.model is resolved at load")?;
-            stages.push(train::plan(t, filter, workdir, &models.facts(model)?)?);
+        let pretrained = match &cfg.pretrain {
+            Some(p) => {
+                let (stage, facts) = pretrain::plan(p, workdir)?;
+                stages.push(stage);
+                Some(facts)
+            }
+            None => None,
+        };
+        // A model by name: the pretrain stage's, or a checkpoint / hub id.
+        let facts = |name: &str| -> Result<ModelFacts> {
+            if name == PRETRAINED {
+                return pretrained
+                    .clone()
+                    .context("`@pretrain` names the pretrain stage's model: add [pretrain]");
+            }
+            models.facts(name)
+        };
+        let rounds = cfg.rounds.max(1);
+        let named = |kind: &str, r: u32| {
+            if rounds == 1 {
+                kind.to_string()
+            } else {
+                format!("{kind}-r{r}")
+            }
+        };
+        // The model the round before trained: (its stage name, facts). Round 1 samples the
+        // [sample] model and trains the [train] model (by default the same).
+        let mut prev: Option<(String, ModelFacts)> = None;
+        for r in 1..=rounds {
+            let start = |configured: &str| -> Result<(String, ModelFacts)> {
+                match &prev {
+                    Some(p) => Ok(p.clone()),
+                    None => Ok((configured.to_string(), facts(configured)?)),
+                }
+            };
+            let mut sampled = None;
+            if let Some(s) = &cfg.sample {
+                let data = find(&stages, "data").context("the sample stage needs [data]")?;
+                let (model, mf) = start(&s.model)?;
+                let mut st = sample::plan(s, data, workdir, &mf)?;
+                st.name = named("sample", r);
+                st.deps.push(("data", data.name.clone()));
+                st.model = Some(model_path(&stages, &model));
+                sampled = Some(stages.len());
+                stages.push(st);
+            }
+            if let Some(f) = &cfg.filter {
+                let data = find(&stages, "data").context("the filter needs the data stage")?;
+                let mut st = filter::plan(f, data, sampled.map(|i| &stages[i]), workdir)?;
+                st.name = named("filter", r);
+                st.deps.push(("data", data.name.clone()));
+                if let Some(i) = sampled {
+                    st.deps.push(("completions", stages[i].name.clone()));
+                }
+                stages.push(st);
+            }
+            if let Some(t) = &cfg.train {
+                let filter = stages.last().filter(|s| s.kind == "filter");
+                let filter = filter.context("the train stage needs the filter stage")?;
+                let (model, mf) = start(t.model.as_deref().context("train.model is unresolved")?)?;
+                let mut st = train::plan(t, filter, workdir, &mf)?;
+                st.name = named("train", r);
+                st.deps.push(("sft", filter.name.clone()));
+                st.model = Some(model_path(&stages, &model));
+                prev = Some((
+                    st.name.clone(),
+                    ModelFacts {
+                        input: st.model_input(),
+                        ..mf
+                    },
+                ));
+                stages.push(st);
+            }
         }
         if let Some(e) = &cfg.eval {
-            let trained = stages.iter().find(|s| s.name == "train");
-            let base = models.facts(&e.base_model)?;
-            stages.push(eval::plan(&e.settings, &base, &e.sets, trained, workdir)?);
+            let base = facts(&e.base_model)?;
+            let trained: Vec<&PlannedStage> = stages.iter().filter(|s| s.kind == "train").collect();
+            let mut st = eval::plan(&e.settings, &base, &e.sets, &trained, workdir)?;
+            st.model = Some(model_path(&stages, &e.base_model));
+            stages.push(st);
         }
         if stages.is_empty() {
             bail!(
@@ -144,8 +211,76 @@ impl Plan {
         })
     }
 
+    /// The stage `stage` reads in `role`.
+    pub fn dep(&self, stage: &PlannedStage, role: &str) -> Result<&PlannedStage> {
+        let name = stage
+            .deps
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map(|(_, n)| n.as_str())
+            .with_context(|| format!("stage {} has no `{role}` input", stage.name))?;
+        self.get(name)
+            .with_context(|| format!("stage {} reads {name}, which is not planned", stage.name))
+    }
+
     pub fn get(&self, name: &str) -> Option<&PlannedStage> {
         self.stages.iter().find(|s| s.name == name)
+    }
+}
+
+/// The first planned stage of `kind`.
+fn find<'a>(stages: &'a [PlannedStage], kind: &str) -> Option<&'a PlannedStage> {
+    stages.iter().find(|s| s.kind == kind)
+}
+
+/// Where a model named in the plan lives: a stage's output folder when an earlier stage makes
+/// it (`@pretrain`, or a round's train stage by name), else the name itself.
+fn model_path(stages: &[PlannedStage], model: &str) -> String {
+    let by = |name: &str| stages.iter().find(|s| s.name == name);
+    let made = if model == PRETRAINED {
+        find(stages, "pretrain")
+    } else {
+        by(model).filter(|s| s.kind == "train")
+    };
+    match made {
+        Some(s) => s.dir.join(train::MODEL_DIR).display().to_string(),
+        None => model.to_string(),
+    }
+}
+
+impl PlannedStage {
+    /// A stage with no dependencies and no model yet: the fields every `plan` fills.
+    pub fn new(
+        kind: &'static str,
+        workdir: &Path,
+        code_version: u32,
+        config: serde_json::Value,
+        inputs: Vec<InputRef>,
+    ) -> PlannedStage {
+        let key = stage_key(kind, code_version, &config, &inputs);
+        PlannedStage {
+            name: kind.to_string(),
+            kind,
+            deps: Vec::new(),
+            model: None,
+            dir: store::stage_dir(workdir, kind, &key),
+            key,
+            code_version,
+            config,
+            inputs,
+            files: Vec::new(),
+            estimate: Estimate::default(),
+        }
+    }
+
+    /// This stage's model folder (pretrain and train stages) as a model input of later stages:
+    /// fingerprinted by this stage's key, since the folder does not exist yet at planning.
+    pub fn model_input(&self) -> InputRef {
+        InputRef {
+            name: "model".into(),
+            location: self.dir.join(train::MODEL_DIR).display().to_string(),
+            hash: self.key.clone(),
+        }
     }
 }
 
@@ -210,6 +345,7 @@ pub struct Models {
 }
 
 /// What planning needs of a model.
+#[derive(Debug, Clone)]
 pub struct ModelFacts {
     pub config: crate::model::ModelConfig,
     pub weight_bytes: u64,
@@ -303,6 +439,9 @@ pub struct PlanRecord {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct PlanRecordStage {
     pub name: String,
+    /// One of [`STAGE_ORDER`] (older plans: the name).
+    #[serde(default)]
+    pub kind: String,
     pub key: String,
     /// The stage folder's name under `<workdir>/stages/`.
     pub dir: String,
@@ -318,41 +457,43 @@ pub enum Target {
 /// Runs the plan: prints it, then runs every stage up to `target` that has no manifest.
 /// `force` re-runs the named stage and every stage after it.
 pub fn run(cfg: &Config, target: &Target, force: &[String]) -> Result<()> {
-    for f in force {
-        if !STAGE_ORDER.contains(&f.as_str()) {
-            bail!(
-                "--force {f}: no such stage (stages: {})",
-                STAGE_ORDER.join(", ")
-            );
-        }
-    }
     let wd = WorkDir::lock(&cfg.workdir)?;
     store::clear_trash(&wd.root)?;
     let plan = Plan::build(cfg, &wd.root)?;
+    let names = || {
+        plan.stages
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for f in force {
+        if !STAGE_ORDER.contains(&f.as_str()) && plan.get(f).is_none() {
+            bail!("--force {f}: no such stage (stages: {})", names());
+        }
+    }
+    // a kind names all its rounds: run up to the last, force from the first
+    let is = |s: &PlannedStage, x: &str| s.name == x || s.kind == x;
     let last = match target {
         Target::All => plan.stages.len(),
-        Target::Stage(s) => match plan.stages.iter().position(|p| p.name == s) {
+        Target::Stage(s) => match plan.stages.iter().rposition(|p| is(p, s)) {
             Some(i) => i + 1,
             None => bail!(
                 "stage `{s}` is not in {} (its stages: {})",
                 cfg.origin,
-                plan.stages
-                    .iter()
-                    .map(|s| s.name)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                names()
             ),
         },
     };
     for f in force {
-        if plan.get(f).is_none() {
+        if !plan.stages.iter().any(|s| is(s, f)) {
             bail!("--force {f}: stage `{f}` is not in {}", cfg.origin);
         }
     }
     let first_forced = plan
         .stages
         .iter()
-        .position(|s| force.iter().any(|f| f == s.name));
+        .position(|s| force.iter().any(|f| is(s, f)));
     store::write_json_atomic(
         &wd.root.join(store::PLAN),
         &PlanRecord {
@@ -361,7 +502,8 @@ pub fn run(cfg: &Config, target: &Target, force: &[String]) -> Result<()> {
                 .stages
                 .iter()
                 .map(|s| PlanRecordStage {
-                    name: s.name.to_string(),
+                    name: s.name.clone(),
+                    kind: s.kind.to_string(),
                     key: s.key.clone(),
                     dir: s
                         .dir
@@ -439,7 +581,7 @@ fn print_plan(cfg: &Config, plan: &Plan, last: usize, first_forced: Option<usize
             .map(|i| format!("{}={}", i.name, i.location))
             .collect();
         println!(
-            "  {:<8} {}  {:<30} inputs: {}",
+            "  {:<11} {}  {:<30} inputs: {}",
             s.name,
             s.key.get(..12).unwrap_or(&s.key),
             state,
@@ -454,8 +596,12 @@ fn run_stage(cfg: &Config, plan: &Plan, stage: &PlannedStage) -> Result<()> {
     std::fs::create_dir_all(&stage.dir)
         .with_context(|| format!("cannot create {}", stage.dir.display()))?;
     let t0 = Instant::now();
-    let out = match stage.name {
+    let out = match stage.kind {
         "data" => data::run(cfg.data.as_ref().context("no [data] section")?, stage)?,
+        "pretrain" => pretrain::run(
+            cfg.pretrain.as_ref().context("no [pretrain] section")?,
+            stage,
+        )?,
         "sample" => sample::run(
             cfg.sample.as_ref().context("no [sample] section")?,
             plan,
@@ -480,7 +626,7 @@ fn run_stage(cfg: &Config, plan: &Plan, stage: &PlannedStage) -> Result<()> {
     };
     let wall_seconds = t0.elapsed().as_secs_f64();
     let manifest = Manifest {
-        stage: stage.name.to_string(),
+        stage: stage.name.clone(),
         key: stage.key.clone(),
         code_version: stage.code_version,
         config: stage.config.clone(),

@@ -11,10 +11,10 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use super::{output_file, stage_key, Estimate, Plan, PlannedStage, StageOutput};
+use super::{output_file, Estimate, Plan, PlannedStage, StageOutput};
 use crate::data::schema::read_problems;
 use crate::sampler::job::{run_settings, SampleSettings};
-use crate::store::{self, InputRef};
+use crate::store::InputRef;
 
 /// Bump when the output for the same inputs changes.
 pub const CODE_VERSION: u32 = 1;
@@ -71,29 +71,23 @@ pub fn plan(
         super::verifier_input(),
     ];
     let config = serde_json::to_value(s)?;
-    let key = stage_key("sample", CODE_VERSION, &config, &inputs);
-    Ok(PlannedStage {
-        name: "sample",
-        dir: store::stage_dir(workdir, "sample", &key),
-        key,
-        code_version: CODE_VERSION,
-        config,
-        inputs,
-        files: Vec::new(),
-        estimate: Estimate {
-            disk_bytes: 64 << 20,
-            memory_bytes,
-        },
-    })
+    let mut st = PlannedStage::new("sample", workdir, CODE_VERSION, config, inputs);
+    st.estimate = Estimate {
+        disk_bytes: 64 << 20,
+        memory_bytes,
+    };
+    Ok(st)
 }
 
 pub fn run(s: &SampleSettings, plan: &Plan, stage: &PlannedStage) -> Result<StageOutput> {
-    let data = plan
-        .get("data")
-        .ok_or_else(|| anyhow::anyhow!("the sample stage needs the data stage"))?;
+    let data = plan.dep(stage, "data")?;
     let problems = read_problems(&data.dir.join(super::data::OUTPUT))?;
     let out = stage.dir.join(OUTPUT);
-    let summary = run_settings(s, &problems, (0, 1), &out)?;
+    let mut s = s.clone();
+    if let Some(m) = &stage.model {
+        s.model = m.clone();
+    }
+    let summary = run_settings(&s, &problems, (0, 1), &out)?;
     crate::cmd::sample::print_summary(&summary, &out);
     let counts = vec![
         ("problems".to_string(), summary.problems as u64),

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::{output_file, stage_key, Estimate, Plan, PlannedStage, StageOutput};
+use super::{output_file, Estimate, Plan, PlannedStage, StageOutput};
 use crate::store::{self, InputRef};
 use crate::train::settings::TrainSettings;
 use crate::train::trainer::{self, TrainJob};
@@ -45,29 +45,23 @@ pub fn plan(
         model,
     ];
     let config = serde_json::to_value(s)?;
-    let key = stage_key("train", CODE_VERSION, &config, &inputs);
-    Ok(PlannedStage {
-        name: "train",
-        dir: store::stage_dir(workdir, "train", &key),
-        key,
-        code_version: CODE_VERSION,
-        config,
-        inputs,
-        files: Vec::new(),
-        estimate: Estimate {
-            disk_bytes: crate::train::memory::disk_bytes(params, dtype_bytes, s),
-            memory_bytes: budget.total(s),
-        },
-    })
+    let mut st = PlannedStage::new("train", workdir, CODE_VERSION, config, inputs);
+    st.estimate = Estimate {
+        disk_bytes: crate::train::memory::disk_bytes(params, dtype_bytes, s),
+        memory_bytes: budget.total(s),
+    };
+    Ok(st)
 }
 
 pub fn run(s: &TrainSettings, plan: &Plan, stage: &PlannedStage) -> Result<StageOutput> {
-    let filter = plan
-        .get("filter")
-        .context("the train stage needs the filter stage")?;
+    let filter = plan.dep(stage, "sft")?;
+    let model = match &stage.model {
+        Some(m) => m.clone(),
+        None => model_name(s)?.to_string(),
+    };
     let job = TrainJob {
         settings: s.clone(),
-        model: model_name(s)?.to_string(),
+        model,
         data: filter.dir.join(super::filter::OUTPUT),
         output: stage.dir.join(MODEL_DIR),
         state_dir: stage.dir.join(STATE_DIR),

@@ -88,3 +88,17 @@ pub fn stage_dir(work: &Path, name: &str) -> PathBuf {
         })
         .unwrap_or_else(|| panic!("no {name} stage in {}", work.display()))
 }
+
+/// The numbers of a work dir's report: everything above the stage table (which has wall times),
+/// without the lines that give speeds.
+pub fn report_numbers(workdir: &Path) -> String {
+    let report = std::fs::read_to_string(workdir.join("report/report.md")).unwrap();
+    report
+        .split("## Stages")
+        .next()
+        .unwrap()
+        .lines()
+        .filter(|l| !l.contains("tokens/s"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}

@@ -1,0 +1,217 @@
+//! The pretrain stage: a model from nothing. Builds a tokenizer covering the pretraining rows and
+//! every source the run will sample or evaluate, writes a seeded Qwen3-shaped initial checkpoint
+//! (`init/`), turns the source's problems and worked solutions into SFT rows (`rows.parquet`:
+//! the prompt rendered as the sampler will render it, the solution as the completion), and trains
+//! on them with the same trainer as the train stage, writing `model/` (Hugging Face layout).
+//!
+//! `init/` and `rows.parquet` are pure functions of the config and the source files, so an
+//! interrupted stage rebuilds them identically and the trainer resumes from its newest
+//! checkpoint in `train_state/`. Knows nothing of what the problems are about.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use super::{file_input, output_file, Estimate, ModelFacts, PlannedStage, StageOutput};
+use crate::data::schema::{completions_batch, completions_schema, write_parquet_atomic};
+use crate::data::schema::{Completion, ROW_GROUP_ROWS};
+use crate::data::{hub, load_source};
+use crate::pretrain::{write_initial_checkpoint, PretrainConfig};
+use crate::sampler::job::{build_prompts, PromptTemplate};
+use crate::store;
+use crate::train::trainer::{self, TrainJob};
+
+/// Bump when the output for the same inputs changes.
+pub const CODE_VERSION: u32 = 1;
+pub const INIT_DIR: &str = "init";
+pub const ROWS: &str = "rows.parquet";
+/// The trained model's folder (as the train stage's).
+pub const MODEL_DIR: &str = super::train::MODEL_DIR;
+pub const STATE_DIR: &str = super::train::STATE_DIR;
+
+/// The vocabulary planned for before the corpus is read (it only sizes the estimates): a
+/// generated corpus's closed vocabulary is far smaller.
+const PLANNED_VOCAB: usize = 1024;
+
+/// Input names: `source#i` for the pretraining files, `tokenizer:<name>#i` for the others.
+fn source_files(p: &PretrainConfig) -> Result<Vec<(String, PathBuf)>> {
+    let mut files = Vec::new();
+    for (i, f) in hub::resolve(&p.source.location)
+        .map_err(|e| anyhow::anyhow!("pretrain.source: {e}"))?
+        .into_iter()
+        .enumerate()
+    {
+        files.push((format!("source#{i}"), f));
+    }
+    for s in &p.tokenizer_sources {
+        for (i, f) in hub::resolve(&s.location)
+            .map_err(|e| anyhow::anyhow!("pretrain tokenizer source `{}`: {e}", s.name))?
+            .into_iter()
+            .enumerate()
+        {
+            files.push((format!("tokenizer:{}#{i}", s.name), f));
+        }
+    }
+    Ok(files)
+}
+
+/// The planned stage, and the facts of the model it will make (for the stages that use it).
+pub fn plan(p: &PretrainConfig, workdir: &Path) -> Result<(PlannedStage, ModelFacts)> {
+    let files = source_files(p)?;
+    let mut inputs = Vec::new();
+    let mut bytes = 0;
+    for (name, path) in &files {
+        let (input, n) = file_input(name, path)?;
+        bytes += n;
+        inputs.push(input);
+    }
+    let config = serde_json::to_value(p)?;
+    let model_config =
+        crate::model::ModelConfig::parse(&p.model.config_json(PLANNED_VOCAB).to_string())?;
+    let params = crate::train::memory::param_count(&model_config);
+    let budget = crate::train::memory::budget(&model_config, params, &p.train);
+    let mut st = PlannedStage::new("pretrain", workdir, CODE_VERSION, config, inputs);
+    st.files = files;
+    st.estimate = Estimate {
+        // the initial and trained weights, the trainer's checkpoints, the rows
+        disk_bytes: crate::train::memory::disk_bytes(params, 4, &p.train) + params * 4 + bytes,
+        memory_bytes: budget.total(&p.train) + bytes * 4,
+    };
+    let facts = ModelFacts {
+        input: st.model_input(),
+        weight_bytes: params * 4,
+        config: model_config,
+    };
+    Ok((st, facts))
+}
+
+/// The texts of the problems of `spec` read from `files`: problem, solution and answer.
+fn texts_of(
+    spec: &crate::data::source::SourceSpec,
+    files: &[PathBuf],
+    out: &mut Vec<String>,
+) -> Result<()> {
+    let (problems, _) = load_source(spec, files, false)?;
+    for p in problems {
+        out.push(p.problem);
+        out.extend(p.solution);
+        out.push(p.gold_answer);
+    }
+    Ok(())
+}
+
+pub fn run(p: &PretrainConfig, stage: &PlannedStage) -> Result<StageOutput> {
+    let files_of = |prefix: &str| -> Vec<PathBuf> {
+        stage
+            .files
+            .iter()
+            .filter(|(n, _)| n.rsplit_once('#').map(|(a, _)| a) == Some(prefix))
+            .map(|(_, f)| f.clone())
+            .collect()
+    };
+    // 1) the pretraining problems, each with its worked solution
+    let (problems, rep) = load_source(&p.source, &files_of("source"), false)?;
+    if let Some(bad) = problems.iter().find(|q| q.solution.is_none()) {
+        bail!(
+            "pretrain.source `{}`: row {} ({}) has no solution to learn from (set solution_field)",
+            p.source.name,
+            bad.source_row,
+            bad.problem_id
+        );
+    }
+    println!(
+        "    {} problems with solutions <- {}",
+        rep.problems,
+        p.source.location.describe()
+    );
+
+    // 2) the tokenizer's corpus and the initial checkpoint
+    let mut corpus = Vec::new();
+    for q in &problems {
+        corpus.push(q.problem.clone());
+        corpus.extend(q.solution.clone());
+        corpus.push(q.gold_answer.clone());
+    }
+    for s in &p.tokenizer_sources {
+        texts_of(s, &files_of(&format!("tokenizer:{}", s.name)), &mut corpus)?;
+    }
+    let init = stage.dir.join(INIT_DIR);
+    write_initial_checkpoint(&init, &p.model, corpus.iter().map(String::as_str), p.seed)?;
+    let ck = crate::model::Checkpoint::open(&init.display().to_string())?;
+    let tok = ck.tokenizer()?;
+    let unknown = corpus
+        .iter()
+        .filter(|t| tok.encode(t).is_ok_and(|ids| ids.contains(&1)))
+        .count();
+    if unknown > 0 {
+        bail!("the built tokenizer leaves {unknown} texts of the corpus with unknown pieces");
+    }
+
+    // 3) the SFT rows, prompts rendered as the sampler renders them
+    let template = PromptTemplate::parse(&p.prompt_template, None, None)?;
+    if matches!(template, PromptTemplate::Chat { .. }) {
+        bail!("pretrain.prompt_template: a model built from scratch has no chat template");
+    }
+    let prompts = build_prompts(&problems, &template, None, &tok)?;
+    let rows: Vec<Completion> = problems
+        .iter()
+        .zip(prompts)
+        .map(|(q, (prompt, _))| Completion {
+            problem_id: q.problem_id.clone(),
+            sample_index: 0,
+            prompt,
+            prompt_token_ids: None,
+            completion: q.solution.clone().unwrap_or_default(),
+            completion_token_ids: None,
+            finish_reason: None,
+            num_completion_tokens: None,
+            cumulative_logprob: None,
+            seed: None,
+            model: None,
+            sampling_hash: None,
+            grade: None,
+        })
+        .collect();
+    let batches = rows
+        .chunks(ROW_GROUP_ROWS)
+        .map(|c| completions_batch(c, false))
+        .collect::<Result<Vec<_>>>()?;
+    let rows_path = stage.dir.join(ROWS);
+    write_parquet_atomic(&rows_path, completions_schema(false), &batches)?;
+
+    // 4) train
+    let mut settings = p.train.clone();
+    settings.model = Some(init.display().to_string());
+    let job = TrainJob {
+        settings,
+        model: init.display().to_string(),
+        data: rows_path.clone(),
+        output: stage.dir.join(MODEL_DIR),
+        state_dir: stage.dir.join(STATE_DIR),
+        stop_after: None,
+        progress_file: Some(stage.dir.join(store::PROGRESS)),
+    };
+    let summary = trainer::run(&job)?;
+    crate::cmd::train::print_summary(&summary, &job.output);
+    let mut files: Vec<_> = std::fs::read_dir(&job.output)
+        .with_context(|| format!("cannot read {}", job.output.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    let mut outputs = vec![output_file(&stage.dir, &rows_path, rows.len() as u64)?];
+    for f in files {
+        outputs.push(output_file(&stage.dir, &f, 0)?);
+    }
+    Ok(StageOutput {
+        outputs,
+        counts: vec![
+            ("problems".into(), rows.len() as u64),
+            ("vocab".into(), ck.config.vocab_size as u64),
+            ("steps".into(), summary.steps),
+            ("tokens".into(), summary.tokens),
+            ("tensors_unchanged".into(), summary.tensors_unchanged as u64),
+        ],
+        rows: rows.len() as u64,
+    })
+}

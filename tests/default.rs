@@ -1,0 +1,175 @@
+//! The embedded default's quick variant (`pipelines/tiny-arith-quick.toml`) end to end through
+//! the real binary: pretrain a tiny model from scratch on the generated arithmetic, sample,
+//! filter, fine-tune and evaluate; then a rerun that does nothing, and a change of the eval
+//! temperature that re-runs only the eval stage. And a two-round miniature of it killed in every
+//! stage, whose rerun must report the numbers of an uninterrupted run.
+
+mod common;
+
+use std::path::Path;
+use std::time::Instant;
+
+use common::*;
+use serde_json::Value;
+
+/// pass@1 of (set, model label prefix) in the eval stage's metrics.json.
+fn pass1(metrics: &Value, set: &str, model: &str) -> f64 {
+    metrics
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["set"] == set && r["model"].as_str().unwrap().starts_with(model))
+        .unwrap_or_else(|| panic!("no {set} / {model} in {metrics}"))["metrics"]["pass_at_1"]
+        ["value"]
+        .as_f64()
+        .unwrap()
+}
+
+/// The metrics of the eval stage of the work dir's current plan.
+fn eval_metrics(work: &Path) -> Value {
+    let plan: Value =
+        serde_json::from_slice(&std::fs::read(work.join("plan.json")).unwrap()).unwrap();
+    let eval = plan["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "eval")
+        .unwrap();
+    let dir = work.join("stages").join(eval["dir"].as_str().unwrap());
+    serde_json::from_slice(&std::fs::read(dir.join("metrics.json")).unwrap()).unwrap()
+}
+
+#[test]
+fn the_quick_default_pretrains_distills_and_evaluates_then_caches() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let config = root.join("pipelines/tiny-arith-quick.toml");
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("work");
+    let args = |cfg: &Path| {
+        vec![
+            "run".to_string(),
+            "all".into(),
+            "--config".into(),
+            cfg.display().to_string(),
+            "--workdir".into(),
+            work.display().to_string(),
+        ]
+    };
+    let go = |cfg: &Path| {
+        let a = args(cfg);
+        let a: Vec<&str> = a.iter().map(String::as_str).collect();
+        let o = run(&a, root);
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+    };
+
+    let out = go(&config);
+    for stage in ["data", "pretrain", "sample", "filter", "train", "eval"] {
+        assert!(out.contains(&format!("<-- {stage} done")), "{stage}: {out}");
+    }
+    // The pretrained model loads as a Hugging Face checkpoint with its own tokenizer.
+    let pretrained = stage_dir(&work, "pretrain").join("model");
+    for f in ["config.json", "tokenizer.json", "model.safetensors"] {
+        assert!(pretrained.join(f).is_file(), "{f}");
+    }
+    // It learned the easy levels from nothing, and the filter kept samples of the hard ones.
+    let metrics = eval_metrics(&work);
+    let easy = pass1(&metrics, "arith_easy", "base");
+    assert!(easy > 0.5, "the pretrained model solves {easy} of the easy problems");
+    let hard_base = pass1(&metrics, "arith_hard", "base");
+    let hard_trained = pass1(&metrics, "arith_hard", "trained");
+    assert!(hard_base > 0.0 && hard_trained > 0.0, "{metrics}");
+    let report = std::fs::read_to_string(work.join("report/report.md")).unwrap();
+    for want in [
+        "## Evaluation",
+        "## Pretraining (pretrain)",
+        "## Training (train)",
+        "## Sampling (sample)",
+        "| arith_hard | trained",
+    ] {
+        assert!(report.contains(want), "{want}:\n{report}");
+    }
+
+    // A second run does nothing.
+    let t0 = Instant::now();
+    let again = go(&config);
+    assert!(!again.contains("==> "), "{again}");
+    assert!(again.contains("pretrain cached") && again.contains("eval cached"));
+    assert!(t0.elapsed().as_secs() < 20, "{:?}", t0.elapsed());
+
+    // Another eval temperature re-runs only the eval stage.
+    let hotter = quick_config(dir.path(), &[("[eval]\n", "[eval]\ntemperature = 0.9\n")]);
+    let third = go(&hotter);
+    let ran: Vec<&str> = third
+        .lines()
+        .filter_map(|l| l.strip_prefix("==> "))
+        .collect();
+    assert_eq!(ran.len(), 1, "{third}");
+    assert!(ran[0].starts_with("eval "), "{third}");
+    assert_ne!(eval_metrics(&work), metrics);
+}
+
+/// The quick config with its relative paths made absolute, and `edits` applied (text, text).
+fn quick_config(dir: &Path, edits: &[(&str, &str)]) -> std::path::PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut text = std::fs::read_to_string(root.join("pipelines/tiny-arith-quick.toml")).unwrap();
+    text = text.replace("\"../", &format!("\"{}/", root.display()));
+    for (from, to) in edits {
+        assert!(text.contains(from), "{from}");
+        text = text.replace(from, to);
+    }
+    let p = dir.join("mini.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// Two rounds of a miniature default, SIGKILLed once in each stage (in the pretrain stage's
+/// trainer, before its manifest, in each round's sampler, filter and trainer, in the eval), each
+/// run resuming the last: the final report has the numbers of a run that was never killed.
+#[test]
+fn a_two_round_default_killed_in_every_stage_reports_what_an_unkilled_run_does() {
+    let edits = [
+        ("name = \"tiny-arith-quick\"", "name = \"mini\"\nrounds = 2"),
+        ("max_steps = 250", "max_steps = 12"),
+        ("checkpoint_every = 50", "checkpoint_every = 4"),
+        ("limit = 120", "limit = 12"),
+        ("limit = 90", "limit = 10"),
+    ];
+    let clean = tempfile::tempdir().unwrap();
+    let cfg = quick_config(clean.path(), &edits);
+    let o = run(&["run", "all", "--config", cfg.to_str().unwrap()], clean.path());
+    assert!(o.status.success(), "{}", text(&o));
+    for stage in ["train-r2", "sample-r2", "eval"] {
+        assert!(text(&o).contains(&format!("<-- {stage} done")), "{}", text(&o));
+    }
+    let want = report_numbers(&clean.path().join("runs/mini"));
+    assert!(want.contains("| arith_hard | trained-r2"), "{want}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = quick_config(dir.path(), &edits);
+    let mut killed = Vec::new();
+    for point in [
+        // in pipeline order: each run gets one point further than the last
+        "train.after_checkpoint:2",
+        "pretrain.before_manifest",
+        "sample.part",
+        "filter-r1.before_manifest",
+        "train.after_checkpoint",
+        "sample-r2.before_manifest",
+        "train-r2.before_manifest",
+        "eval.before_manifest",
+    ] {
+        let o = bin()
+            .args(["run", "all", "--config", cfg.to_str().unwrap()])
+            .current_dir(dir.path())
+            .env("SELFDISTILL_KILL_AT", point)
+            .output()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(o.status.signal(), Some(9), "{point} not reached: {}", text(&o));
+        killed.push(point);
+    }
+    let o = run(&["run", "all", "--config", cfg.to_str().unwrap()], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(report_numbers(&dir.path().join("runs/mini")), want, "{killed:?}");
+}
