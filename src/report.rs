@@ -149,20 +149,40 @@ fn eval_section(md: &mut String, dir: &Path, out: &Path) -> Result<()> {
         .filter(|r| !r.metrics.by_level.is_empty())
         .collect();
     if !with_levels.is_empty() {
-        md.push_str("### pass@1 by level\n\n| set | model | level | problems | pass@1 |\n| --- | --- | --- | --- | --- |\n");
+        // one row per (set, level), one column per model
+        let mut sets: Vec<&str> = Vec::new();
         for r in &with_levels {
-            for (level, n, p) in &r.metrics.by_level {
-                let _ = writeln!(
-                    md,
-                    "| {} | {} | {level} | {n} | {:.1} |",
-                    r.set,
-                    r.model,
-                    100.0 * p
-                );
+            if !sets.contains(&r.set.as_str()) {
+                sets.push(&r.set);
             }
         }
-        let mut sets: Vec<&str> = with_levels.iter().map(|r| r.set.as_str()).collect();
-        sets.dedup();
+        let mut cols: Vec<&str> = Vec::new();
+        for r in &with_levels {
+            if !cols.contains(&r.model.as_str()) {
+                cols.push(&r.model);
+            }
+        }
+        let _ = writeln!(
+            md,
+            "### pass@1 by level\n\n| set | level | problems | {} |\n| --- | --- | --- |{}",
+            cols.join(" | "),
+            " --- |".repeat(cols.len())
+        );
+        for set in &sets {
+            let rs: Vec<_> = with_levels.iter().filter(|r| r.set == *set).collect();
+            for (level, n, _) in &rs[0].metrics.by_level {
+                let cells: Vec<String> = cols
+                    .iter()
+                    .map(|m| {
+                        rs.iter()
+                            .find(|r| r.model == *m)
+                            .and_then(|r| r.metrics.by_level.iter().find(|l| &l.0 == level))
+                            .map_or("-".to_string(), |l| format!("{:.1}", 100.0 * l.2))
+                    })
+                    .collect();
+                let _ = writeln!(md, "| {set} | {level} | {n} | {} |", cells.join(" | "));
+            }
+        }
         for set in sets {
             let rs: Vec<_> = with_levels.iter().filter(|r| r.set == set).collect();
             let labels: Vec<String> = rs[0].metrics.by_level.iter().map(|l| l.0.clone()).collect();
