@@ -309,19 +309,35 @@ impl Config {
         let train = raw
             .train
             .map(|t| {
-                validate_train(t, base, origin, sample.as_ref(), filter.is_some(), has_pretrain)
+                validate_train(
+                    t,
+                    base,
+                    origin,
+                    sample.as_ref(),
+                    filter.is_some(),
+                    has_pretrain,
+                )
             })
             .transpose()?;
         if rounds > 1 && (sample.is_none() || train.is_none()) {
             return Err(err(
                 "run.rounds",
-                format!("{rounds} rounds repeat sample -> filter -> train: add [sample] and [train]"),
+                format!(
+                    "{rounds} rounds repeat sample -> filter -> train: add [sample] and [train]"
+                ),
             ));
         }
         let eval = raw
             .eval
             .map(|e| {
-                validate_eval(e, base, origin, train.as_ref(), sample.as_ref(), has_pretrain)
+                validate_eval(
+                    e,
+                    base,
+                    origin,
+                    train.as_ref(),
+                    sample.as_ref(),
+                    has_pretrain,
+                )
             })
             .transpose()?;
         let pretrain = match raw.pretrain {
@@ -464,7 +480,9 @@ fn validate_pretrain(
             "the rows learned from need worked solutions: set solution_field".into(),
         ));
     }
-    p.model.validate("pretrain.model").map_err(|e| ConfigError(format!("{origin}: `{e}`")))?;
+    p.model
+        .validate("pretrain.model")
+        .map_err(|e| ConfigError(format!("{origin}: `{e}`")))?;
     let mut train = p.train;
     if train.model.is_some() {
         return Err(err(
@@ -487,7 +505,10 @@ fn validate_pretrain(
         f => {
             let path = resolve(base, f);
             if !path.is_file() {
-                return Err(err("prompt_template", format!("`{f}` is not raw or an existing file")));
+                return Err(err(
+                    "prompt_template",
+                    format!("`{f}` is not raw or an existing file"),
+                ));
             }
             path.display().to_string()
         }
@@ -501,7 +522,8 @@ fn validate_pretrain(
             )));
         }
     }
-    let mut tokenizer_sources: Vec<SourceSpec> = data.map(|d| d.sources.clone()).unwrap_or_default();
+    let mut tokenizer_sources: Vec<SourceSpec> =
+        data.map(|d| d.sources.clone()).unwrap_or_default();
     if let Some(e) = eval {
         for set in &e.sets {
             let st = set
@@ -971,5 +993,73 @@ path = "c.parquet"
         let valid = vec!["temperature".to_string(), "top_p".to_string()];
         assert_eq!(closest("tempurature", &valid), Some("temperature".into()));
         assert_eq!(closest("zzzzzz", &valid), None);
+    }
+
+    /// The embedded default parses; `[pretrain]` gives the sampler, trainer and eval the
+    /// pretrained model, and its mistakes are named: a model given anyway, a prompt format the
+    /// sampler does not share, a source without solutions, zero rounds, rounds without training.
+    #[test]
+    fn pretrain_and_rounds_are_validated() {
+        let c = Config::embedded_default().unwrap();
+        assert_eq!(c.rounds, 2);
+        assert_eq!(c.sample.as_ref().unwrap().model, PRETRAINED);
+        assert_eq!(c.train.as_ref().unwrap().model.as_deref(), Some(PRETRAINED));
+        assert_eq!(c.eval.as_ref().unwrap().base_model, PRETRAINED);
+        let p = c.pretrain.as_ref().unwrap();
+        // the tokenizer covers the sampled problems and both eval sets
+        let names: Vec<&str> = p
+            .tokenizer_sources
+            .iter()
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(names, ["arith", "eval-arith_hard", "eval-arith_easy"]);
+
+        let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
+        let bad = |from: &str, to: &str, want: &str| {
+            assert!(EMBEDDED_DEFAULT.contains(from), "{from}");
+            let text = EMBEDDED_DEFAULT.replacen(from, to, 1);
+            let e = match Config::from_toml(&text, "t.toml", &base, "t") {
+                Ok(_) => panic!("accepted: {to}"),
+                Err(e) => e.0,
+            };
+            assert!(e.contains(want), "{want}: {e}");
+        };
+        bad(
+            "[sample]\n",
+            "[sample]\nmodel = \"Qwen/Qwen3-4B\"\n",
+            "`sample.model`",
+        );
+        bad(
+            "[train]\n",
+            "[train]\nmodel = \"Qwen/Qwen3-4B\"\n",
+            "`train.model`",
+        );
+        bad(
+            "[sample]\nprompt_template = \"raw\"",
+            "[sample]\nprompt_template = \"chat\"",
+            "differs from `pretrain.prompt_template`",
+        );
+        bad("\nrounds = 2\n", "\nrounds = 0\n", "`run.rounds`");
+        bad(
+            "[pretrain.train]\n",
+            "[pretrain.train]\nmodel = \"x\"\n",
+            "pretrain.train.model",
+        );
+        bad(
+            "format = \"arith\"\npath = \"../data/arith/pretrain.jsonl\"",
+            "format = \"mapped\"\nproblem_field = \"problem\"\nanswer_field = \"answer\"\n\
+             path = \"../data/arith/pretrain.jsonl\"",
+            "worked solutions",
+        );
+        let no_train = EMBEDDED_DEFAULT
+            .split("[train]")
+            .next()
+            .unwrap()
+            .to_string()
+            + "[eval]\nsets = [\"arith_hard\"]\n";
+        let e = Config::from_toml(&no_train, "t.toml", &base, "t")
+            .unwrap_err()
+            .0;
+        assert!(e.contains("`run.rounds`") && e.contains("[train]"), "{e}");
     }
 }

@@ -275,7 +275,10 @@ fn train_section(md: &mut String, title: &str, name: &str, dir: &Path, out: &Pat
         None,
         None,
     )?;
-    let _ = writeln!(md, "![{name} loss]({loss_png})\n\n![{name} learning rate]({lr_png})\n");
+    let _ = writeln!(
+        md,
+        "![{name} loss]({loss_png})\n\n![{name} learning rate]({lr_png})\n"
+    );
     Ok(())
 }
 

@@ -36,7 +36,8 @@ pub struct WorkDir {
 /// it (saying so once); the lock lasts as long as the returned file.
 pub fn lock_waiting(path: &Path, what: &str) -> Result<File> {
     if let Some(parent) = path.parent() {
-        fs::create_dir_all(parent).with_context(|| format!("cannot create {}", parent.display()))?;
+        fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
     }
     let f = OpenOptions::new()
         .read(true)
@@ -48,7 +49,10 @@ pub fn lock_waiting(path: &Path, what: &str) -> Result<File> {
     match f.try_lock() {
         Ok(()) => return Ok(f),
         Err(std::fs::TryLockError::WouldBlock) => {
-            println!("waiting for another run that holds {what} ({})", path.display());
+            println!(
+                "waiting for another run that holds {what} ({})",
+                path.display()
+            );
         }
         Err(std::fs::TryLockError::Error(e)) => {
             return Err(e).with_context(|| format!("cannot lock {}", path.display()))

@@ -78,7 +78,14 @@ fn the_quick_default_pretrains_distills_and_evaluates_then_caches() {
     let correct = out
         .lines()
         .find(|l| l.contains(" samples, ") && l.contains(" correct;"))
-        .and_then(|l| l.split(" samples, ").nth(1)?.split(' ').next()?.parse::<u32>().ok())
+        .and_then(|l| {
+            l.split(" samples, ")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse::<u32>()
+                .ok()
+        })
         .unwrap_or_else(|| panic!("no sampling summary: {out}"));
     assert!(correct >= 64, "{correct} of 256 samples correct: {out}");
     let metrics = eval_metrics(&work);
@@ -146,7 +153,11 @@ fn a_two_round_default_killed_in_every_stage_reports_what_an_unkilled_run_does()
     let o = run(&["run", "all", "--config", "mini.toml"], clean.path());
     assert!(o.status.success(), "{}", text(&o));
     for stage in ["train-r2", "sample-r2", "eval"] {
-        assert!(text(&o).contains(&format!("<-- {stage} done")), "{}", text(&o));
+        assert!(
+            text(&o).contains(&format!("<-- {stage} done")),
+            "{}",
+            text(&o)
+        );
     }
     let want = report_numbers(&clean.path().join("runs/mini"));
     assert!(want.contains("| arith_hard | trained-r2"), "{want}");
@@ -172,10 +183,19 @@ fn a_two_round_default_killed_in_every_stage_reports_what_an_unkilled_run_does()
             .output()
             .unwrap();
         use std::os::unix::process::ExitStatusExt;
-        assert_eq!(o.status.signal(), Some(9), "{point} not reached: {}", text(&o));
+        assert_eq!(
+            o.status.signal(),
+            Some(9),
+            "{point} not reached: {}",
+            text(&o)
+        );
         killed.push(point);
     }
     let o = run(&["run", "all", "--config", "mini.toml"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(report_numbers(&dir.path().join("runs/mini")), want, "{killed:?}");
+    assert_eq!(
+        report_numbers(&dir.path().join("runs/mini")),
+        want,
+        "{killed:?}"
+    );
 }

@@ -155,7 +155,7 @@ pub fn generate(
             let mut misses = 0usize;
             while made < split.per_level {
                 if misses > 20_000 {
-                        bail!(
+                    bail!(
                         "level {lv} ({} steps, counts {}..={}) has too few distinct problems for \
                          {} more in split `{}`",
                         level.steps,
@@ -277,7 +277,10 @@ mod tests {
                     );
                     assert!((1..=lv.max_change).contains(&b), "{l}");
                     assert_eq!(r, if op == "+" { a + b } else { a - b }, "{l}");
-                    assert!((lv.min..=lv.max).contains(&r), "{l} leaves the level's range");
+                    assert!(
+                        (lv.min..=lv.max).contains(&r),
+                        "{l} leaves the level's range"
+                    );
                     if let Some(p) = prev {
                         assert_eq!(a, p, "the chain breaks in {solution}");
                     } else {

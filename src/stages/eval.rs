@@ -63,7 +63,10 @@ pub fn plan(
     }
     let config = serde_json::to_value(e)?;
     let mut st = PlannedStage::new("eval", workdir, CODE_VERSION, config, inputs);
-    st.deps = trained.iter().map(|t| ("trained", t.name.clone())).collect();
+    st.deps = trained
+        .iter()
+        .map(|t| ("trained", t.name.clone()))
+        .collect();
     st.estimate = Estimate {
         disk_bytes: 0,
         memory_bytes,
