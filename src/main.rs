@@ -157,9 +157,11 @@ fn main() -> ExitCode {
             stages::run(&cfg, &target, &force)
         }),
         Command::Status { workdir, config } => {
-            let cfg = match config {
-                Some(p) => load_config(Some(p), workdir.clone()).map(Some),
-                None => Ok(None),
+            let cfg = match (config, &workdir) {
+                (Some(p), _) => load_config(Some(p), workdir.clone()).map(Some),
+                (None, Some(_)) => Ok(None),
+                // the embedded default's work dir, as `run all` with no config
+                (None, None) => load_config(None, None).map(Some),
             };
             cfg.and_then(|cfg| cmd::status::run(workdir.as_deref(), cfg.as_ref()))
         }
@@ -167,7 +169,8 @@ fn main() -> ExitCode {
             let dir = match (workdir, config) {
                 (Some(w), None) => Ok(w),
                 (w, Some(c)) => load_config(Some(c), w).map(|cfg| cfg.workdir),
-                (None, None) => Err(anyhow::anyhow!("give --workdir DIR or --config F")),
+                // the embedded default's, as `run all` with no config
+                (None, None) => load_config(None, None).map(|cfg| cfg.workdir),
             };
             dir.and_then(|d| selfdistill::report::write(&d))
                 .map(|p| println!("wrote {}", p.display()))

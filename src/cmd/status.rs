@@ -118,12 +118,12 @@ fn row(stage: &str, key: &str, dir: &Path) -> Result<Row> {
 
 fn print_table(rows: &[Row]) {
     println!(
-        "{:<8} {:<12} {:<34} {:>10} {:>10} {:>8}",
+        "{:<11} {:<12} {:<34} {:>10} {:>10} {:>8}",
         "stage", "key", "state", "rows", "disk", "wall"
     );
     for r in rows {
         println!(
-            "{:<8} {:<12} {:<34} {:>10} {:>10} {:>8}",
+            "{:<11} {:<12} {:<34} {:>10} {:>10} {:>8}",
             r.stage, r.key, r.state, r.rows, r.bytes, r.wall
         );
     }

@@ -5,8 +5,9 @@
 //! The tokenizer splits digits one by one and everything else GPT-2 style (byte-level, a leading
 //! space kept with its word), then gives every piece of the corpus its own id: for a generated
 //! corpus with a closed vocabulary that is lossless and tiny (about seventy ids for the
-//! arithmetic problems), and decoding is exact. Knows nothing of training or of what the corpus
-//! means.
+//! arithmetic problems), and decoding is exact. Also the `[pretrain]` section's validated
+//! settings ([`PretrainConfig`]); the pretrain stage does the work. Knows nothing of how training
+//! runs or of what the corpus means.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;

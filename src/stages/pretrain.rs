@@ -10,7 +10,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use super::{file_input, output_file, Estimate, ModelFacts, PlannedStage, StageOutput};
 use crate::data::schema::{completions_batch, completions_schema, write_parquet_atomic};
@@ -18,16 +18,11 @@ use crate::data::schema::{Completion, ROW_GROUP_ROWS};
 use crate::data::{hub, load_source};
 use crate::pretrain::{write_initial_checkpoint, PretrainConfig};
 use crate::sampler::job::{build_prompts, PromptTemplate};
-use crate::store;
-use crate::train::trainer::{self, TrainJob};
 
 /// Bump when the output for the same inputs changes.
 pub const CODE_VERSION: u32 = 1;
 pub const INIT_DIR: &str = "init";
 pub const ROWS: &str = "rows.parquet";
-/// The trained model's folder (as the train stage's).
-pub const MODEL_DIR: &str = super::train::MODEL_DIR;
-pub const STATE_DIR: &str = super::train::STATE_DIR;
 
 /// The vocabulary planned for before the corpus is read (it only sizes the estimates): a
 /// generated corpus's closed vocabulary is far smaller.
@@ -181,28 +176,12 @@ pub fn run(p: &PretrainConfig, stage: &PlannedStage) -> Result<StageOutput> {
 
     // 4) train
     let mut settings = p.train.clone();
-    settings.model = Some(init.display().to_string());
-    let job = TrainJob {
-        settings,
-        model: init.display().to_string(),
-        data: rows_path.clone(),
-        output: stage.dir.join(MODEL_DIR),
-        state_dir: stage.dir.join(STATE_DIR),
-        stop_after: None,
-        progress_file: Some(stage.dir.join(store::PROGRESS)),
-    };
-    let summary = trainer::run(&job)?;
-    crate::cmd::train::print_summary(&summary, &job.output);
-    let mut files: Vec<_> = std::fs::read_dir(&job.output)
-        .with_context(|| format!("cannot read {}", job.output.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file())
-        .collect();
-    files.sort();
+    let init = init.display().to_string();
+    settings.model = Some(init.clone());
+    let (summary, model_files) =
+        super::train::train_into(stage, settings, init, rows_path.clone())?;
     let mut outputs = vec![output_file(&stage.dir, &rows_path, rows.len() as u64)?];
-    for f in files {
-        outputs.push(output_file(&stage.dir, &f, 0)?);
-    }
+    outputs.extend(model_files);
     Ok(StageOutput {
         outputs,
         counts: vec![

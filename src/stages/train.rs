@@ -5,14 +5,14 @@
 //! stage resumes from the newest checkpoint (the stage dir is keyed by the settings and inputs,
 //! so a checkpoint found there belongs to this run). Knows nothing of the sampler.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
 use super::{output_file, Estimate, Plan, PlannedStage, StageOutput};
-use crate::store::{self, InputRef};
+use crate::store::{self, InputRef, OutputFile};
 use crate::train::settings::TrainSettings;
-use crate::train::trainer::{self, TrainJob};
+use crate::train::trainer::{self, TrainJob, TrainSummary};
 
 /// Bump when the output for the same inputs changes.
 pub const CODE_VERSION: u32 = 1;
@@ -53,16 +53,19 @@ pub fn plan(
     Ok(st)
 }
 
-pub fn run(s: &TrainSettings, plan: &Plan, stage: &PlannedStage) -> Result<StageOutput> {
-    let filter = plan.dep(stage, "sft")?;
-    let model = match &stage.model {
-        Some(m) => m.clone(),
-        None => model_name(s)?.to_string(),
-    };
+/// Trains `model` on the SFT rows in `data` into the stage dir's `model/` (state in
+/// `train_state/`, resuming from its newest checkpoint); returns the summary and the model's
+/// files as outputs. The pretrain stage trains through here too.
+pub(super) fn train_into(
+    stage: &PlannedStage,
+    settings: TrainSettings,
+    model: String,
+    data: PathBuf,
+) -> Result<(TrainSummary, Vec<OutputFile>)> {
     let job = TrainJob {
-        settings: s.clone(),
+        settings,
         model,
-        data: filter.dir.join(super::filter::OUTPUT),
+        data,
         output: stage.dir.join(MODEL_DIR),
         state_dir: stage.dir.join(STATE_DIR),
         stop_after: None,
@@ -70,15 +73,27 @@ pub fn run(s: &TrainSettings, plan: &Plan, stage: &PlannedStage) -> Result<Stage
     };
     let summary = trainer::run(&job)?;
     crate::cmd::train::print_summary(&summary, &job.output);
-    let mut outputs = Vec::new();
-    let mut files: Vec<_> = std::fs::read_dir(&job.output)?
+    let mut files: Vec<_> = std::fs::read_dir(&job.output)
+        .with_context(|| format!("cannot read {}", job.output.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_file())
         .collect();
     files.sort();
-    for f in files {
-        outputs.push(output_file(&stage.dir, &f, 0)?);
-    }
+    let outputs = files
+        .iter()
+        .map(|f| output_file(&stage.dir, f, 0))
+        .collect::<Result<_>>()?;
+    Ok((summary, outputs))
+}
+
+pub fn run(s: &TrainSettings, plan: &Plan, stage: &PlannedStage) -> Result<StageOutput> {
+    let filter = plan.dep(stage, "sft")?;
+    let model = match &stage.model {
+        Some(m) => m.clone(),
+        None => model_name(s)?.to_string(),
+    };
+    let data = filter.dir.join(super::filter::OUTPUT);
+    let (summary, outputs) = train_into(stage, s.clone(), model, data)?;
     Ok(StageOutput {
         outputs,
         counts: vec![
