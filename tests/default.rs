@@ -164,38 +164,22 @@ fn a_two_round_default_killed_in_every_stage_reports_what_an_unkilled_run_does()
 
     let dir = tempfile::tempdir().unwrap();
     quick_config(dir.path(), &edits);
-    let mut killed = Vec::new();
-    for point in [
-        // in pipeline order: each run gets one point further than the last
-        "train.after_checkpoint:2",
-        "pretrain.before_manifest",
-        "sample.part",
-        "filter-r1.before_manifest",
-        "train.after_checkpoint",
-        "sample-r2.before_manifest",
-        "train-r2.before_manifest",
-        "eval.before_manifest",
-    ] {
-        let o = bin()
-            .args(["run", "all", "--config", "mini.toml"])
-            .current_dir(dir.path())
-            .env("SELFDISTILL_KILL_AT", point)
-            .output()
-            .unwrap();
-        use std::os::unix::process::ExitStatusExt;
-        assert_eq!(
-            o.status.signal(),
-            Some(9),
-            "{point} not reached: {}",
-            text(&o)
-        );
-        killed.push(point);
-    }
+    run_killed_at(
+        dir.path(),
+        "mini.toml",
+        &[
+            // in pipeline order: each run gets one point further than the last
+            "train.after_checkpoint:2",
+            "pretrain.before_manifest",
+            "sample.part",
+            "filter-r1.before_manifest",
+            "train.after_checkpoint",
+            "sample-r2.before_manifest",
+            "train-r2.before_manifest",
+            "eval.before_manifest",
+        ],
+    );
     let o = run(&["run", "all", "--config", "mini.toml"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(
-        report_numbers(&dir.path().join("runs/mini")),
-        want,
-        "{killed:?}"
-    );
+    assert_eq!(report_numbers(&dir.path().join("runs/mini")), want);
 }

@@ -245,33 +245,22 @@ fn run_all_killed_in_every_stage_then_rerun_gives_the_same_report() {
 
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("f.toml"), &cfg).unwrap();
-    let mut killed = 0;
-    for point in [
-        // in pipeline order: each run gets one point further than the last
-        "data.before_manifest",
-        "filter.chunk:2",
-        "commit.sft.parquet",
-        "filter.before_manifest",
-        "train.after_checkpoint:2",
-        "train.checkpoint_rename:2",
-        "train.before_manifest",
-        "sample.part",
-        "eval.before_manifest",
-    ] {
-        let o = bin()
-            .args(["run", "all", "--config", "f.toml"])
-            .current_dir(dir.path())
-            .env("SELFDISTILL_KILL_AT", point)
-            .output()
-            .unwrap();
-        use std::os::unix::process::ExitStatusExt;
-        if o.status.signal() == Some(9) {
-            killed += 1;
-        } else {
-            assert!(o.status.success(), "{point}: {}", text(&o));
-        }
-    }
-    assert_eq!(killed, 9, "every fault point is reached once");
+    run_killed_at(
+        dir.path(),
+        "f.toml",
+        &[
+            // in pipeline order: each run gets one point further than the last
+            "data.before_manifest",
+            "filter.chunk:2",
+            "commit.sft.parquet",
+            "filter.before_manifest",
+            "train.after_checkpoint:2",
+            "train.checkpoint_rename:2",
+            "train.before_manifest",
+            "sample.part",
+            "eval.before_manifest",
+        ],
+    );
     let o = run(&["run", "all", "--config", "f.toml"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(report_numbers(&dir.path().join("work")), want);

@@ -143,24 +143,25 @@ impl Plan {
                 format!("{kind}-r{r}")
             }
         };
-        // The model the round before trained: (its stage name, facts). Round 1 samples the
-        // [sample] model and trains the [train] model (by default the same).
+        // The model the round before trained: (its folder, facts). Round 1 samples the [sample]
+        // model and trains the [train] model (by default the same).
         let mut prev: Option<(String, ModelFacts)> = None;
         for r in 1..=rounds {
-            let start = |configured: &str| -> Result<(String, ModelFacts)> {
-                match &prev {
-                    Some(p) => Ok(p.clone()),
-                    None => Ok((configured.to_string(), facts(configured)?)),
-                }
-            };
+            let start =
+                |configured: &str, stages: &[PlannedStage]| -> Result<(String, ModelFacts)> {
+                    match &prev {
+                        Some(p) => Ok(p.clone()),
+                        None => Ok((model_path(stages, configured), facts(configured)?)),
+                    }
+                };
             let mut sampled = None;
             if let Some(s) = &cfg.sample {
                 let data = find(&stages, "data").context("the sample stage needs [data]")?;
-                let (model, mf) = start(&s.model)?;
+                let (model, mf) = start(&s.model, &stages)?;
                 let mut st = sample::plan(s, data, workdir, &mf)?;
                 st.name = named("sample", r);
                 st.deps.push(("data", data.name.clone()));
-                st.model = Some(model_path(&stages, &model));
+                st.model = Some(model);
                 sampled = Some(stages.len());
                 stages.push(st);
             }
@@ -177,13 +178,14 @@ impl Plan {
             if let Some(t) = &cfg.train {
                 let filter = stages.last().filter(|s| s.kind == "filter");
                 let filter = filter.context("the train stage needs the filter stage")?;
-                let (model, mf) = start(t.model.as_deref().context("train.model is unresolved")?)?;
+                let configured = t.model.as_deref().context("train.model is unresolved")?;
+                let (model, mf) = start(configured, &stages)?;
                 let mut st = train::plan(t, filter, workdir, &mf)?;
                 st.name = named("train", r);
                 st.deps.push(("sft", filter.name.clone()));
-                st.model = Some(model_path(&stages, &model));
+                st.model = Some(model);
                 prev = Some((
-                    st.name.clone(),
+                    st.model_input().location,
                     ModelFacts {
                         input: st.model_input(),
                         ..mf
@@ -233,17 +235,11 @@ fn find<'a>(stages: &'a [PlannedStage], kind: &str) -> Option<&'a PlannedStage> 
     stages.iter().find(|s| s.kind == kind)
 }
 
-/// Where a model named in the plan lives: a stage's output folder when an earlier stage makes
-/// it (`@pretrain`, or a round's train stage by name), else the name itself.
+/// Where a model named in the config lives: the pretrain stage's output folder for
+/// `@pretrain`, else the name itself (a folder or hub id).
 fn model_path(stages: &[PlannedStage], model: &str) -> String {
-    let by = |name: &str| stages.iter().find(|s| s.name == name);
-    let made = if model == PRETRAINED {
-        find(stages, "pretrain")
-    } else {
-        by(model).filter(|s| s.kind == "train")
-    };
-    match made {
-        Some(s) => s.dir.join(train::MODEL_DIR).display().to_string(),
+    match find(stages, "pretrain").filter(|_| model == PRETRAINED) {
+        Some(s) => s.model_input().location,
         None => model.to_string(),
     }
 }

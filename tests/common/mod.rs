@@ -102,3 +102,24 @@ pub fn report_numbers(workdir: &Path) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// `pipeline run all --config <config>` in `dir`, once per fault point, each run SIGKILLed at
+/// its point (`SELFDISTILL_KILL_AT`) and resuming what the last left: fails naming a point no
+/// run reached.
+pub fn run_killed_at(dir: &Path, config: &str, points: &[&str]) {
+    use std::os::unix::process::ExitStatusExt;
+    for point in points {
+        let o = bin()
+            .args(["run", "all", "--config", config])
+            .current_dir(dir)
+            .env("SELFDISTILL_KILL_AT", point)
+            .output()
+            .expect("spawn pipeline");
+        assert_eq!(
+            o.status.signal(),
+            Some(9),
+            "{point} not reached: {}",
+            text(&o)
+        );
+    }
+}
