@@ -99,7 +99,7 @@ impl PackedMatrix {
 }
 
 /// `y = x @ w^T` for `x` (`m` rows of `w.cols()`) into `y` (`m` rows of `w.rows()`), batch
-/// invariant (see the module doc). Jobs of `PANELS_PER_JOB` panels run on rayon's pool.
+/// invariant (see the module doc). Jobs of whole panels run on rayon's pool.
 pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
     let (n, k) = (w.n, w.k);
     assert!(
@@ -111,51 +111,76 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
         return;
     }
     let panels = n.div_ceil(NR);
+    // Jobs of whole panels: at least four per thread when the matrix has that many panels (a
+    // small projection in few large jobs leaves a thread idle), at most PANELS_PER_JOB.
+    let per_job = panels
+        .div_ceil(4 * rayon::current_num_threads())
+        .clamp(1, PANELS_PER_JOB);
     let out = SendPtr(y.as_mut_ptr());
     let job = |jb: usize| {
-        let (p0, p1) = (jb * PANELS_PER_JOB, ((jb + 1) * PANELS_PER_JOB).min(panels));
+        let (p0, p1) = (jb * per_job, ((jb + 1) * per_job).min(panels));
         for i0 in (0..m).step_by(MC) {
             let i1 = (i0 + MC).min(m);
+            // panels go through the row tiles `step` at a time (the smallest tile's width)
+            let (mut i, mut step) = (i0, 3);
+            while i < i1 {
+                let r = tile_rows(i1 - i);
+                step = step.min(max_panels(r));
+                i += r;
+            }
             for k0 in (0..k).step_by(KC) {
                 let kc = KC.min(k - k0);
-                let mut i = i0;
-                while i < i1 {
-                    let r = MR.min(i1 - i);
-                    let mut p = p0;
-                    while p < p1 {
-                        let group = max_panels(r).min(p1 - p);
-                        let cols = (n - p * NR).min(group * NR);
-                        let tile = Tile {
-                            x: &x[i * k + k0..],
-                            ldx: k,
-                            panels: [p, p + 1, p + 2].map(|q| {
-                                if q < p + group {
-                                    &w.panel(q)[k0..k0 + kc]
-                                } else {
-                                    &[][..]
-                                }
-                            }),
-                            // SAFETY: rows i..i + r and columns p * NR..+cols are inside y
-                            // (m x n); each job writes only its own panels' columns.
-                            y: unsafe { out.get().add(i * n + p * NR) },
-                            ldy: n,
-                            cols,
-                            first: k0 == 0,
-                        };
-                        run_tile(r, group, &tile);
-                        p += group;
+                let mut p = p0;
+                while p < p1 {
+                    // these panels' kc steps stay in L1 while every row tile passes over them
+                    let g = step.min(p1 - p);
+                    let mut i = i0;
+                    while i < i1 {
+                        let r = tile_rows(i1 - i);
+                        let mut q = p;
+                        while q < p + g {
+                            let group = max_panels(r).min(p + g - q);
+                            let cols = (n - q * NR).min(group * NR);
+                            let tile = Tile {
+                                x: &x[i * k + k0..],
+                                ldx: k,
+                                panels: [q, q + 1, q + 2].map(|c| {
+                                    if c < q + group {
+                                        &w.panel(c)[k0..k0 + kc]
+                                    } else {
+                                        &[][..]
+                                    }
+                                }),
+                                // SAFETY: rows i..i + r and columns q * NR..+cols are inside y
+                                // (m x n); each job writes only its own panels' columns.
+                                y: unsafe { out.get().add(i * n + q * NR) },
+                                ldy: n,
+                                cols,
+                                first: k0 == 0,
+                            };
+                            run_tile(r, group, &tile);
+                            q += group;
+                        }
+                        i += r;
                     }
-                    i += r;
+                    p += g;
                 }
             }
         }
     };
-    let jobs = panels.div_ceil(PANELS_PER_JOB);
+    let jobs = panels.div_ceil(per_job);
     if m * n * k < PARALLEL_MIN {
         (0..jobs).for_each(job);
     } else {
         (0..jobs).into_par_iter().for_each(job);
     }
+}
+
+/// Rows of the next tile when `left` rows remain: as even a split into tiles of at most `MR`
+/// rows as there can be (32 rows are 6, 6, 5, 5, 5, 5, not 6 x 5 and a 2-row tile whose few
+/// accumulators leave the multiply-add units waiting on their latency).
+fn tile_rows(left: usize) -> usize {
+    left.div_ceil(left.div_ceil(MR))
 }
 
 /// Panels per tile for `r` rows: as many as keep the accumulators (`r` x 2 per panel) in the 16
@@ -243,7 +268,15 @@ mod avx2 {
     pub unsafe fn tile<const R: usize, const P: usize>(t: &Tile) {
         let kc = t.panels[0].len();
         let mut acc = [[_mm256_setzero_ps(); 6]; R];
-        if !t.first {
+        let full = t.cols == P * NR;
+        if !t.first && full {
+            for (a, row) in acc.iter_mut().enumerate() {
+                for (c, v) in row.iter_mut().enumerate().take(2 * P) {
+                    // SAFETY: the tile's P * 16 columns of row a are inside y (see `matmul`).
+                    *v = unsafe { _mm256_loadu_ps(t.y.add(a * t.ldy + 8 * c)) };
+                }
+            }
+        } else if !t.first {
             for (a, row) in acc.iter_mut().enumerate() {
                 let mut buf = [0f32; 3 * NR];
                 // SAFETY: the tile's columns of row a are inside y (see `matmul`).
@@ -273,6 +306,15 @@ mod avx2 {
                     *v = _mm256_fmadd_ps(xv, *bv, *v);
                 }
             }
+        }
+        if full {
+            for (a, row) in acc.iter().enumerate() {
+                for (c, v) in row.iter().enumerate().take(2 * P) {
+                    // SAFETY: as for the loads above.
+                    unsafe { _mm256_storeu_ps(t.y.add(a * t.ldy + 8 * c), *v) };
+                }
+            }
+            return;
         }
         for (a, row) in acc.iter().enumerate() {
             let mut buf = [0f32; 3 * NR];

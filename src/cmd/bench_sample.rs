@@ -46,6 +46,9 @@ pub struct SampleBenchArgs {
     /// Keys and values in fp8 e4m3 (CUDA with bf16 weights).
     #[arg(long)]
     pub kv_fp8: bool,
+    /// Also print the packed gemm's rate at each batch's decode shapes (CPU).
+    #[arg(long)]
+    pub gemm_rates: bool,
 }
 
 /// The benchmark shapes (Qwen3 layout, tied embeddings).
@@ -246,6 +249,9 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
             100.0 * flops / ceiling
         );
         println!("       {split}");
+        if a.gemm_rates {
+            println!("       {}", decode_gemm_rates(&cfg, b));
+        }
         let base = *first_decode.get_or_insert((b, decode));
         if b != base.0 {
             println!(
@@ -390,21 +396,53 @@ pub fn matmul_ceiling() -> Result<f64> {
 /// The same square product through the sampler's packed, batch-invariant gemm
 /// ([`crate::gemm`]).
 pub fn packed_matmul_ceiling() -> f64 {
-    let n = CEILING_N;
-    let a: Vec<f32> = (0..n * n)
+    packed_matmul_rate(CEILING_N, CEILING_N, CEILING_N)
+}
+
+/// FLOP/s of the packed gemm `(m x k) @ (n x k)^T`: the best of repeated products (at least 10,
+/// and at least ~50 ms in all) after a warm-up.
+pub fn packed_matmul_rate(m: usize, n: usize, k: usize) -> f64 {
+    let x: Vec<f32> = (0..m * k)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
         .collect();
-    let w = crate::gemm::PackedMatrix::pack(&a, n, n);
-    let mut y = vec![0f32; n * n];
-    crate::gemm::matmul(&a, n, &w, &mut y); // warm-up
-    let mut best = f64::INFINITY;
-    for _ in 0..10 {
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
+        .collect();
+    let w = crate::gemm::PackedMatrix::pack(&w, n, k);
+    let mut y = vec![0f32; m * n];
+    crate::gemm::matmul(&x, m, &w, &mut y); // warm-up
+    let (mut best, start, mut runs) = (f64::INFINITY, Instant::now(), 0);
+    while runs < 10 || (start.elapsed().as_secs_f64() < 0.05 && runs < 10_000) {
         let t = Instant::now();
-        crate::gemm::matmul(&a, n, &w, &mut y);
+        crate::gemm::matmul(&x, m, &w, &mut y);
         std::hint::black_box(&y);
         best = best.min(t.elapsed().as_secs_f64());
+        runs += 1;
     }
-    2.0 * (n * n * n) as f64 / best
+    2.0 * (m * n * k) as f64 / best
+}
+
+/// The packed gemm's rate at one decode step's shapes for `batch` rows: each projection of a
+/// layer and the LM head, as a printable line.
+fn decode_gemm_rates(cfg: &ModelConfig, batch: usize) -> String {
+    let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
+    let shapes = [
+        ("qkv", (cfg.num_heads + 2 * cfg.num_kv_heads) * d, h),
+        ("o", h, cfg.num_heads * d),
+        ("gate_up", 2 * i, h),
+        ("down", h, i),
+        ("lm_head", cfg.vocab_size, h),
+    ];
+    let rates: Vec<String> = shapes
+        .iter()
+        .map(|&(name, n, k)| {
+            format!(
+                "{name} {n}x{k} {:.0}",
+                packed_matmul_rate(batch, n, k) / 1e9
+            )
+        })
+        .collect();
+    format!("packed gemm GFLOP/s at {batch} rows: {}", rates.join(", "))
 }
 
 /// FLOPs of one decode token at context length `ctx`: every weight matrix once (lm_head

@@ -17,7 +17,38 @@ use candle_core::{DType, Device, Result, Tensor, D};
 /// `T` is all tokens of the step, sequences laid end to end.
 pub trait AttentionBackend {
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor>;
+
+    /// [`Self::attend`] on host values (f32, row-major), for the CPU's packed layers: `q`
+    /// (T x Hq x D), `k` and `v` (T x Hkv x D) into `out` (T x Hq x D). A backend whose cache is
+    /// on the host overrides it to skip the tensors; this default builds them.
+    fn attend_host(
+        &mut self,
+        layer: usize,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        (t, hq, hkv, d): AttnShape,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let dev = Device::Cpu;
+        let q = Tensor::from_slice(q, (t, hq, d), &dev)?;
+        let k = Tensor::from_slice(k, (t, hkv, d), &dev)?;
+        let v = Tensor::from_slice(v, (t, hkv, d), &dev)?;
+        let a = self
+            .attend(layer, &q, &k, &v)?
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        if a.len() != out.len() {
+            candle_core::bail!("attention gave {} values for {}", a.len(), out.len())
+        }
+        out.copy_from_slice(&a);
+        Ok(())
+    }
 }
+
+/// A step's attention shape: (tokens, query heads, KV heads, head_dim).
+pub type AttnShape = (usize, usize, usize, usize);
 
 /// Causal attention within each sequence of a packed step; no cache.
 #[derive(Debug, Clone)]

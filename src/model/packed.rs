@@ -109,14 +109,29 @@ impl PackedLayer {
         &self,
         index: usize,
         x: &Tensor,
-        (cos, sin): (&[f32], &[f32]),
-        (hq, hkv, d): Heads,
+        rope: (&[f32], &[f32]),
+        heads: Heads,
         attn: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
         let (t, hidden) = x.dims2()?;
         let mut xs = host(x)?;
+        self.forward_host(index, &mut xs, t, rope, heads, attn)?;
+        Tensor::from_vec(xs, (t, hidden), x.device())
+    }
+
+    /// [`Self::forward`] in place on host values: `xs` is the residual stream, `t` rows.
+    pub fn forward_host(
+        &self,
+        index: usize,
+        xs: &mut [f32],
+        t: usize,
+        (cos, sin): (&[f32], &[f32]),
+        (hq, hkv, d): Heads,
+        attn: &mut dyn AttentionBackend,
+    ) -> Result<()> {
+        let hidden = xs.len() / t.max(1);
         // attention block
-        let h = rms_rows(&xs, hidden, &self.input_norm, self.eps);
+        let h = rms_rows(xs, hidden, &self.input_norm, self.eps);
         let mut qkv = self.qkv.apply(&h, t);
         let (nq, nkv) = (hq * d, hkv * d);
         let width = nq + 2 * nkv;
@@ -144,22 +159,19 @@ impl PackedLayer {
         } else {
             qkv.chunks_mut(width).enumerate().for_each(rotate_row);
         }
-        let part = |start: usize, len: usize, heads: usize| {
+        let part = |start: usize, len: usize| {
             let mut v = Vec::with_capacity(t * len);
             for row in qkv.chunks(width) {
                 v.extend_from_slice(&row[start..start + len]);
             }
-            Tensor::from_vec(v, (t, heads, d), x.device())
+            v
         };
-        let (q, k, v) = (
-            part(0, nq, hq)?,
-            part(nq, nkv, hkv)?,
-            part(nq + nkv, nkv, hkv)?,
-        );
-        let a = host(&attn.attend(index, &q, &k, &v)?)?;
-        add_into(&mut xs, &self.o.apply(&a, t));
+        let (q, k, v) = (part(0, nq), part(nq, nkv), part(nq + nkv, nkv));
+        let mut a = vec![0f32; t * nq];
+        attn.attend_host(index, &q, &k, &v, (t, hq, hkv, d), &mut a)?;
+        add_into(xs, &self.o.apply(&a, t));
         // MLP block (SwiGLU)
-        let h = rms_rows(&xs, hidden, &self.post_norm, self.eps);
+        let h = rms_rows(xs, hidden, &self.post_norm, self.eps);
         let gu = self.gate_up.apply(&h, t);
         let inter = gu.len() / t.max(1) / 2;
         let mut act = vec![0f32; t * inter];
@@ -183,8 +195,8 @@ impl PackedLayer {
                 .zip(gu.chunks(2 * inter))
                 .for_each(swiglu);
         }
-        add_into(&mut xs, &self.down.apply(&act, t));
-        Tensor::from_vec(xs, (t, hidden), x.device())
+        add_into(xs, &self.down.apply(&act, t));
+        Ok(())
     }
 }
 

@@ -424,8 +424,24 @@ impl Transformer {
     ) -> Result<Tensor> {
         let rope = self.rope_rows(positions)?;
         let mut x = self.embed(tokens)?; // (T, hidden)
-        for i in 0..self.layers.len() {
-            x = self.layer_forward(i, &x, &rope, attn)?;
+        let packed: Option<Vec<&PackedLayer>> =
+            self.layers.iter().map(|l| l.packed.as_ref()).collect();
+        match (packed, &rope.host) {
+            // packed for the CPU: the residual stream stays one host vector through the layers
+            (Some(layers), Some((cos, sin))) => {
+                let (t, hidden) = x.dims2()?;
+                let mut xs = x.flatten_all()?.to_vec1::<f32>()?;
+                let heads = (self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim);
+                for (i, l) in layers.iter().enumerate() {
+                    l.forward_host(i, &mut xs, t, (cos, sin), heads, attn)?;
+                }
+                x = Tensor::from_vec(xs, (t, hidden), x.device())?;
+            }
+            _ => {
+                for i in 0..self.layers.len() {
+                    x = self.layer_forward(i, &x, &rope, attn)?;
+                }
+            }
         }
         self.final_norm(&x)
     }

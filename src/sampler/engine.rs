@@ -147,7 +147,7 @@ enum Logits {
 }
 
 /// Turns text back from tokens, for stop strings.
-pub type Decoder<'a> = &'a dyn Fn(&[u32]) -> String;
+pub type Decoder<'a> = &'a (dyn Fn(&[u32]) -> String + Sync);
 
 /// The paged KV cache on the model's device.
 enum Cache {
@@ -334,6 +334,17 @@ impl<'m> Engine<'m> {
 
     /// One engine step; returns the samples that finished in it.
     pub fn step(&mut self, decode: Option<Decoder>) -> Result<Vec<Sample>> {
+        // On the CPU a step is a few dozen parallel loops with serial code between them. Run
+        // from outside rayon's pool, each loop would hand its work to the pool and put this
+        // thread to sleep until it is done; run on one of the pool's threads, the loops split
+        // with the other workers, which stay awake between them.
+        if self.model.device().is_cpu() && rayon::current_thread_index().is_none() {
+            return rayon::scope(|_| self.step_inner(decode));
+        }
+        self.step_inner(decode)
+    }
+
+    fn step_inner(&mut self, decode: Option<Decoder>) -> Result<Vec<Sample>> {
         let t0 = Instant::now();
         let step = self.sched.schedule(&mut self.seqs);
         if step.scheduled.is_empty() {

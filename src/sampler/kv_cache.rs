@@ -2,23 +2,31 @@
 //! implementation the CUDA kernels are tested against.
 //!
 //! ```text
-//! per layer:  k, v : [num_blocks][Hkv][block_size][D]   (f32; vLLM's head-major block layout)
-//! slot s = block * block_size + offset: head h's row at ((block * Hkv + h) * block_size + offset) * D
+//! per layer:  k : [num_blocks][Hkv][D][block_size]   (f32; a block's keys transposed)
+//!             v : [num_blocks][Hkv][block_size][D]   (f32; vLLM's head-major block layout)
+//! slot s = block * block_size + offset
 //! a step:     tokens of several sequences end to end; sequence s brings num_new tokens
 //!             starting at position start_pos, and its block table maps positions to slots
 //! ```
+//! Keys are stored dimension-major within a block (vLLM's CPU cache does the same), so a
+//! query's scores against a block's keys are `D` multiply-adds of one query value into a row of
+//! `block_size` scores, with no horizontal sums: with head_dim 32, the dot product of a query
+//! and one key is only four vectors long, and reducing each to a scalar cost more than the
+//! products.
+//!
 //! `PagedAttention::attend` (1) writes the step's keys and values into their slots, then
 //! (2) lets each new token attend over its sequence's keys at positions `0..=pos`, read through
-//! the block table, one block's run of rows per KV head at a time (each is contiguous). Knows nothing of scheduling or sampling; the caller reserves the slots
-//! (see `block_pool`) and copies shared blocks before they are written.
+//! the block table, one (token, KV head) pair per parallel job. Knows nothing of scheduling or
+//! sampling; the caller reserves the slots (see `block_pool`) and copies shared blocks before
+//! they are written.
 
 use candle_core::{DType, Result, Tensor};
 use rayon::prelude::*;
 
 use super::block_pool::{BlockId, BlockTable};
-use crate::model::attention::AttentionBackend;
+use crate::model::attention::{AttentionBackend, AttnShape};
 use crate::model::ModelConfig;
-use crate::simd::{dot_portable as dot, exp_sub_sum};
+use crate::simd::exp_sub_sum;
 
 #[derive(Debug, Clone)]
 pub struct KvCache {
@@ -87,10 +95,27 @@ fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
 
 impl AttentionBackend for PagedAttention<'_> {
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        let (t, hq, d) = q.dims3()?;
+        let hkv = k.dim(1)?;
+        let (q, k, v) = (to_vec(q)?, to_vec(k)?, to_vec(v)?);
+        let mut out = vec![0f32; t * hq * d];
+        self.attend_host(layer, &q, &k, &v, (t, hq, hkv, d), &mut out)?;
+        Tensor::from_vec(out, (t, hq, d), &candle_core::Device::Cpu)
+    }
+
+    fn attend_host(
+        &mut self,
+        layer: usize,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        shape: AttnShape,
+        out: &mut [f32],
+    ) -> Result<()> {
         let t0 = std::time::Instant::now();
-        let out = self.attend_inner(layer, q, k, v);
+        let r = self.attend_inner(layer, q, k, v, shape, out);
         self.seconds += t0.elapsed().as_secs_f64();
-        out
+        r
     }
 }
 
@@ -103,13 +128,44 @@ impl<'a> PagedAttention<'a> {
         }
     }
 
-    fn attend_inner(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-        let (t, hq, _) = q.dims3()?;
-        let (q, k, v) = (to_vec(q)?, to_vec(k)?, to_vec(v)?);
+    fn attend_inner(
+        &mut self,
+        layer: usize,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        (t, hq, hkv_in, d_in): AttnShape,
+        out: &mut [f32],
+    ) -> Result<()> {
         let bs = self.cache.block_size;
         let row = self.cache.row();
-        // 1. write the step's keys and values into their slots
         let (hkv, d) = (self.cache.num_kv_heads, self.cache.head_dim);
+        if (hkv_in, d_in) != (hkv, d)
+            || q.len() != t * hq * d
+            || k.len() != t * row
+            || v.len() != t * row
+            || out.len() != t * hq * d
+            || hkv == 0
+            || hq % hkv != 0
+        {
+            return Err(candle_core::Error::Msg(format!(
+                "paged attention: {t} tokens of {hq} query heads, {hkv_in} KV heads of {d_in} \
+                 (q {}, k {}, v {}, out {}) against a cache of {hkv} KV heads of {d}",
+                q.len(),
+                k.len(),
+                v.len(),
+                out.len()
+            )));
+        }
+        let (kc, vc) = match (self.cache.k.get_mut(layer), self.cache.v.get_mut(layer)) {
+            (Some(k), Some(v)) => (k, v),
+            _ => {
+                return Err(candle_core::Error::Msg(format!(
+                    "no layer {layer} in the cache"
+                )))
+            }
+        };
+        // 1. write the step's keys (transposed within their block) and values into their slots
         let mut tok = 0;
         for s in &self.seqs {
             for i in 0..s.num_new {
@@ -118,19 +174,20 @@ impl<'a> PagedAttention<'a> {
                     .slot(s.start_pos + i, bs)
                     .ok_or_else(|| candle_core::Error::Msg("slot not reserved".into()))?;
                 let (block, off) = (slot / bs, slot % bs);
-                let (kc, vc) = match (self.cache.k.get_mut(layer), self.cache.v.get_mut(layer)) {
-                    (Some(k), Some(v)) => (k, v),
-                    _ => break,
-                };
+                let src = (tok + i) * row;
+                if src + row > k.len() || (block + 1) * bs * row > kc.len() {
+                    return Err(candle_core::Error::Msg(format!(
+                        "step has {t} tokens but its sequences bring more, or slot {slot} is \
+                         outside the cache"
+                    )));
+                }
                 for h in 0..hkv {
-                    let src = (tok + i) * row + h * d;
-                    let dst = ((block * hkv + h) * bs + off) * d;
-                    if let (Some(kd), Some(ks)) = (kc.get_mut(dst..dst + d), k.get(src..src + d)) {
-                        kd.copy_from_slice(ks);
+                    let head = (block * hkv + h) * bs * d;
+                    for (j, x) in k[src + h * d..src + (h + 1) * d].iter().enumerate() {
+                        kc[head + j * bs + off] = *x;
                     }
-                    if let (Some(vd), Some(vs)) = (vc.get_mut(dst..dst + d), v.get(src..src + d)) {
-                        vd.copy_from_slice(vs);
-                    }
+                    vc[head + off * d..head + (off + 1) * d]
+                        .copy_from_slice(&v[src + h * d..src + (h + 1) * d]);
                 }
             }
             tok += s.num_new;
@@ -140,15 +197,8 @@ impl<'a> PagedAttention<'a> {
                 "step has {t} tokens but its sequences bring {tok}"
             )));
         }
-        // 2. each new token attends over its sequence's cached keys, in parallel over tokens
-        let (kc, vc) = match (self.cache.k.get(layer), self.cache.v.get(layer)) {
-            (Some(k), Some(v)) => (k.as_slice(), v.as_slice()),
-            _ => {
-                return Err(candle_core::Error::Msg(format!(
-                    "no layer {layer} in the cache"
-                )))
-            }
-        };
+        // 2. each new token attends over its sequence's cached keys: one job per (token, KV
+        //    head), whose query heads are the contiguous run of `out` it writes
         let mut jobs = Vec::with_capacity(t);
         for s in &self.seqs {
             for i in 0..s.num_new {
@@ -163,17 +213,30 @@ impl<'a> PagedAttention<'a> {
             d,
             bs,
         };
-        let mut out = vec![0f32; t * hq * d];
-        out.par_chunks_mut(hq * d)
-            .zip(jobs.par_iter())
-            .enumerate()
-            .for_each_init(AttnScratch::default, |scratch, (ti, (o, (table, pos)))| {
-                let qrow = q.get(ti * hq * d..(ti + 1) * hq * d).unwrap_or(&[]);
-                attend_token(&view, qrow, table, *pos, scratch, o);
-            });
-        Tensor::from_vec(out, (t, hq, d), &candle_core::Device::Cpu)
+        let group = hq / hkv;
+        let work = |scratch: &mut AttnScratch, (c, o): (usize, &mut [f32])| {
+            let (ti, kvh) = (c / hkv, c % hkv);
+            let (table, pos) = jobs[ti];
+            let qg = &q[(ti * hq + kvh * group) * d..][..group * d];
+            attend_group(&view, qg, kvh, table, pos, scratch, o);
+        };
+        let flops: usize = jobs.iter().map(|(_, p)| (p + 1) * hq * d).sum();
+        if flops < PARALLEL_MIN {
+            let mut scratch = AttnScratch::default();
+            out.chunks_mut(group * d)
+                .enumerate()
+                .for_each(|job| work(&mut scratch, job));
+        } else {
+            out.par_chunks_mut(group * d)
+                .enumerate()
+                .for_each_init(AttnScratch::default, work);
+        }
+        Ok(())
     }
 }
+
+/// Multiply-adds in a step's attention below which it runs on the calling thread.
+const PARALLEL_MIN: usize = 1 << 15;
 
 /// One layer's cached keys and values and the shapes to read them with.
 struct LayerView<'a> {
@@ -185,28 +248,22 @@ struct LayerView<'a> {
     bs: usize,
 }
 
-/// Per-worker buffers of [`attend_token`], reused across tokens and steps.
+/// Per-worker buffers of [`attend_group`], reused across jobs.
 #[derive(Default)]
 struct AttnScratch {
-    /// Scores of one query group: (group, pos + 1).
+    /// The group's queries, scaled by 1 / sqrt(D): (group, D).
+    q: Vec<f32>,
+    /// Scores of the group: (group, pos + 1).
     scores: Vec<f32>,
-    /// 1 / softmax denominator of each head of the group.
-    inv_sums: Vec<f32>,
 }
 
-/// `out += w * x`.
-#[inline(always)]
-fn axpy(out: &mut [f32], w: f32, x: &[f32]) {
-    for (o, v) in out.iter_mut().zip(x) {
-        *o = w.mul_add(*v, *o);
-    }
-}
-
-/// One token's attention over positions `0..=pos`, all heads, into `out` (Hq * D). Runs the
-/// AVX2+FMA build of [`attend_token_body`] where the CPU has it (checked once, cached by std).
-fn attend_token(
+/// One token's attention over positions `0..=pos` for the query heads `q` (group x D) of KV
+/// head `kvh`, into `out` (group x D). Runs the AVX2+FMA build of [`attend_group_body`] where
+/// the CPU has it (checked once, cached by std).
+fn attend_group(
     g: &LayerView,
     q: &[f32],
+    kvh: usize,
     table: &BlockTable,
     pos: usize,
     scratch: &mut AttnScratch,
@@ -215,86 +272,144 @@ fn attend_token(
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2_fma() {
         // SAFETY: the CPU supports the features the function is compiled for (checked above).
-        unsafe { attend_token_avx2(g, q, table, pos, scratch, out) };
+        unsafe { attend_group_avx2(g, q, kvh, table, pos, scratch, out) };
         return;
     }
-    attend_token_body(g, q, table, pos, scratch, out);
+    attend_group_body(g, q, kvh, table, pos, scratch, out);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_token_avx2(
+unsafe fn attend_group_avx2(
     g: &LayerView,
     q: &[f32],
+    kvh: usize,
     table: &BlockTable,
     pos: usize,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
-    attend_token_body(g, q, table, pos, scratch, out);
+    attend_group_body(g, q, kvh, table, pos, scratch, out);
 }
 
-/// The attention of one token. The query heads that share a KV head are done together, and
-/// that head's keys (then values) are read block by block, each block's rows contiguous, so
-/// every cached row is read once per token. `scratch` belongs to the worker thread, so the
-/// decode loop allocates nothing here.
+/// The attention of one token's query heads that share KV head `kvh`. Each cached block is
+/// read once for the whole group: its transposed keys give a row of scores per query value,
+/// its values are added into every head's output weighted by that head's probabilities.
+/// `scratch` belongs to the worker thread, so the decode loop allocates nothing here.
+///
+/// Every score is one multiply-add chain over the head's dimensions in order, every output
+/// one chain over the positions in order: the same bits whichever job or thread runs it.
 #[inline(always)]
-fn attend_token_body(
+fn attend_group_body(
     g: &LayerView,
     q: &[f32],
+    kvh: usize,
     table: &BlockTable,
     pos: usize,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
     let (d, bs) = (g.d, g.bs);
+    let group = g.hq / g.hkv;
     let scale = 1.0 / (d as f32).sqrt();
-    let group = (g.hq / g.hkv.max(1)).max(1);
     // positions 0..n, and the blocks that hold them (a short table yields fewer positions)
     let n = (pos + 1).min(table.blocks.len() * bs);
     let blocks = &table.blocks[..n.div_ceil(bs)];
-    let AttnScratch { scores, inv_sums } = scratch;
+    let AttnScratch { q: qs, scores } = scratch;
+    qs.clear();
+    qs.extend(q.iter().map(|x| x * scale));
     scores.clear();
     scores.resize(group * n, 0.0);
-    out.fill(0.0);
-    for kvh in 0..g.hkv {
-        let heads = kvh * group..(kvh + 1) * group;
-        // 1. scores of every head of the group against each cached key
-        for (bi, b) in blocks.iter().enumerate() {
-            let len = bs.min(n - bi * bs);
-            let base = (b.0 as usize * g.hkv + kvh) * bs * d;
-            let keys = &g.kc[base..base + len * d];
-            for (off, kk) in keys.chunks_exact(d).enumerate() {
-                let p = bi * bs + off;
-                for (j, h) in heads.clone().enumerate() {
-                    scores[j * n + p] = dot(&q[h * d..(h + 1) * d], kk) * scale;
+    // 1. scores: for each block, a row of `len` scores per head from D multiply-adds of rows
+    let w = lanes(bs);
+    for (bi, b) in blocks.iter().enumerate() {
+        let len = bs.min(n - bi * bs);
+        let base = (b.0 as usize * g.hkv + kvh) * bs * d;
+        let keys = &g.kc[base..base + bs * d];
+        for j in 0..group {
+            let sc = &mut scores[j * n + bi * bs..][..len];
+            let qh = &qs[j * d..(j + 1) * d];
+            match w {
+                16 => block_scores::<16>(qh, keys, bs, sc),
+                8 => block_scores::<8>(qh, keys, bs, sc),
+                4 => block_scores::<4>(qh, keys, bs, sc),
+                _ => block_scores::<1>(qh, keys, bs, sc),
+            }
+        }
+    }
+    // 2. softmax per head
+    for j in 0..group {
+        let sc = &mut scores[j * n..(j + 1) * n];
+        let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let inv = 1.0 / exp_sub_sum(sc, max);
+        sc.iter_mut().for_each(|p| *p *= inv);
+    }
+    // 3. the weighted sum of the values, `lanes(d)` output dimensions at a time
+    let w = lanes(d);
+    for (j, o) in out.chunks_exact_mut(d).enumerate() {
+        let probs = &scores[j * n..(j + 1) * n];
+        let rows = |bi: usize| {
+            let b = blocks[bi].0 as usize;
+            let base = (b * g.hkv + kvh) * bs * d;
+            &g.vc[base..base + bs.min(n - bi * bs) * d]
+        };
+        match w {
+            16 => weighted_values::<16>(probs, bs, d, blocks.len(), rows, o),
+            8 => weighted_values::<8>(probs, bs, d, blocks.len(), rows, o),
+            4 => weighted_values::<4>(probs, bs, d, blocks.len(), rows, o),
+            _ => weighted_values::<1>(probs, bs, d, blocks.len(), rows, o),
+        }
+    }
+}
+
+/// The widest of 16, 8, 4 (or 1) that divides `n`: the accumulators a kernel below keeps in
+/// registers.
+fn lanes(n: usize) -> usize {
+    [16, 8, 4].into_iter().find(|w| n % w == 0).unwrap_or(1)
+}
+
+/// `sc[c] = qh · key c` for the first `sc.len()` keys of a block stored transposed (`keys`: D
+/// rows of `bs`), `W` keys at a time in registers (`W` divides `bs`; the lanes past the block's
+/// last written key are computed from stale values and dropped). Each score is one chain of
+/// multiply-adds over the dimensions in order.
+#[inline(always)]
+fn block_scores<const W: usize>(qh: &[f32], keys: &[f32], bs: usize, sc: &mut [f32]) {
+    for c in (0..sc.len()).step_by(W) {
+        let mut acc = [0f32; W];
+        for (i, qv) in qh.iter().enumerate() {
+            let row: &[f32; W] = keys[i * bs + c..i * bs + c + W].try_into().unwrap();
+            for (a, k) in acc.iter_mut().zip(row) {
+                *a = qv.mul_add(*k, *a);
+            }
+        }
+        let m = W.min(sc.len() - c);
+        sc[c..c + m].copy_from_slice(&acc[..m]);
+    }
+}
+
+/// `o = sum_p probs[p] * value p` over the `blocks` blocks whose value rows `rows(bi)` gives,
+/// `W` output dimensions at a time in registers (`W` divides D). Each output is one chain of
+/// multiply-adds over the positions in order.
+#[inline(always)]
+fn weighted_values<'v, const W: usize>(
+    probs: &[f32],
+    bs: usize,
+    d: usize,
+    blocks: usize,
+    rows: impl Fn(usize) -> &'v [f32],
+    o: &mut [f32],
+) {
+    for c in (0..d).step_by(W) {
+        let mut acc = [0f32; W];
+        for bi in 0..blocks {
+            let values = rows(bi);
+            for (vv, p) in values.chunks_exact(d).zip(&probs[bi * bs..]) {
+                let v: &[f32; W] = vv[c..c + W].try_into().unwrap();
+                for (a, x) in acc.iter_mut().zip(v) {
+                    *a = p.mul_add(*x, *a);
                 }
             }
         }
-        // 2. softmax per head (normalised at the end)
-        inv_sums.clear();
-        inv_sums.resize(group, 1.0);
-        for (j, inv) in inv_sums.iter_mut().enumerate() {
-            let sc = &mut scores[j * n..(j + 1) * n];
-            let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let total = exp_sub_sum(sc, max);
-            *inv = 1.0 / total;
-        }
-        // 3. weighted sum of the values
-        for (bi, b) in blocks.iter().enumerate() {
-            let len = bs.min(n - bi * bs);
-            let base = (b.0 as usize * g.hkv + kvh) * bs * d;
-            let values = &g.vc[base..base + len * d];
-            for (off, vv) in values.chunks_exact(d).enumerate() {
-                let p = bi * bs + off;
-                for (j, h) in heads.clone().enumerate() {
-                    axpy(&mut out[h * d..(h + 1) * d], scores[j * n + p], vv);
-                }
-            }
-        }
-        for (j, h) in heads.enumerate() {
-            let inv = inv_sums[j];
-            out[h * d..(h + 1) * d].iter_mut().for_each(|o| *o *= inv);
-        }
+        o[c..c + W].copy_from_slice(&acc);
     }
 }
