@@ -20,8 +20,9 @@ pub const NR: usize = 16;
 /// Rows of `x` per tile, at most (6 x 2 accumulators, 2 panel loads and a broadcast: 15 of the
 /// 16 vector registers).
 const MR: usize = 6;
-/// `k` per block: the panels of a group stay in L1 while the rows of `x` pass over them.
-const KC: usize = 128;
+/// `k` per block: a panel's block (16 KiB) stays in L1 while every row tile of `x` passes over
+/// it; the hidden sizes of small models fit one block, so their tiles store `y` once.
+const KC: usize = 256;
 /// Rows of `x` per block (their `KC` columns stay in L2 while every panel passes).
 const MC: usize = 96;
 /// Panels per parallel job.
