@@ -135,6 +135,23 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
                 while p < p1 {
                     // these panels' kc steps stay in L1 while every row tile passes over them
                     let g = step.min(p1 - p);
+                    if step == 1 {
+                        // every row tile takes one panel: one call runs them all
+                        let tile = Tile {
+                            x: &x[i0 * k + k0..],
+                            ldx: k,
+                            panels: [&w.panel(p)[k0..k0 + kc], &[], &[]],
+                            // SAFETY: rows i0..i1 and the panel's columns are inside y; each
+                            // job writes only its own panels' columns.
+                            y: unsafe { out.get().add(i0 * n + p * NR) },
+                            ldy: n,
+                            cols: (n - p * NR).min(NR),
+                            first: k0 == 0,
+                        };
+                        run_column(i1 - i0, &tile);
+                        p += 1;
+                        continue;
+                    }
                     let mut i = i0;
                     while i < i1 {
                         let r = tile_rows(i1 - i);
@@ -197,6 +214,7 @@ fn max_panels(r: usize) -> usize {
 
 /// One tile: `r` rows of `x` (from column `k0`) times up to three panels' `kc` steps, added to
 /// (or, on the first block, written into) `y`.
+#[derive(Clone, Copy)]
 struct Tile<'a> {
     x: &'a [f32],
     ldx: usize,
@@ -238,6 +256,35 @@ fn run_tile(r: usize, p: usize, t: &Tile) {
     portable_tile(r, p, t);
 }
 
+/// `rows` rows of `x` (split by [`tile_rows`]) times one panel: the tiles of [`run_tile`] in
+/// one call.
+fn run_column(rows: usize, t: &Tile) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above); the rows are the caller's.
+        unsafe { avx2::column(rows, t) };
+        return;
+    }
+    let mut i = 0;
+    while i < rows {
+        let r = tile_rows(rows - i);
+        portable_tile(r, 1, &t.rows_from(i));
+        i += r;
+    }
+}
+
+impl Tile<'_> {
+    /// The same tile from row `i` on.
+    fn rows_from(&self, i: usize) -> Tile<'_> {
+        Tile {
+            x: &self.x[i * self.ldx..],
+            // SAFETY: the caller's rows from i on are inside y.
+            y: unsafe { self.y.add(i * self.ldy) },
+            ..*self
+        }
+    }
+}
+
 /// The same operations as the AVX2 tiles, element by element.
 fn portable_tile(r: usize, p: usize, t: &Tile) {
     let kc = t.panels[0].len();
@@ -264,7 +311,30 @@ mod avx2 {
 
     use super::{Tile, NR};
 
+    /// Row tiles of up to 6 rows down `rows` rows, each times the tile's one panel.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn column(rows: usize, t: &Tile) {
+        let mut i = 0;
+        while i < rows {
+            let r = super::tile_rows(rows - i);
+            let ti = t.rows_from(i);
+            // SAFETY: as for `column`.
+            unsafe {
+                match r {
+                    6 => tile::<6, 1>(&ti),
+                    5 => tile::<5, 1>(&ti),
+                    4 => tile::<4, 1>(&ti),
+                    3 => tile::<3, 1>(&ti),
+                    2 => tile::<2, 1>(&ti),
+                    _ => tile::<1, 1>(&ti),
+                }
+            }
+            i += r;
+        }
+    }
+
     /// `R` rows by `P` panels: `R x 2P` accumulators in registers over the block's `k` steps.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn tile<const R: usize, const P: usize>(t: &Tile) {
         let kc = t.panels[0].len();

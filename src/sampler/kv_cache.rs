@@ -330,6 +330,7 @@ fn attend_group_body(
             let sc = &mut scores[j * n + bi * bs..][..len];
             let qh = &qs[j * d..(j + 1) * d];
             match w {
+                32 => block_scores::<32>(qh, keys, bs, sc),
                 16 => block_scores::<16>(qh, keys, bs, sc),
                 8 => block_scores::<8>(qh, keys, bs, sc),
                 4 => block_scores::<4>(qh, keys, bs, sc),
@@ -354,6 +355,7 @@ fn attend_group_body(
             &g.vc[base..base + bs.min(n - bi * bs) * d]
         };
         match w {
+            32 => weighted_values::<32>(probs, bs, d, blocks.len(), rows, o),
             16 => weighted_values::<16>(probs, bs, d, blocks.len(), rows, o),
             8 => weighted_values::<8>(probs, bs, d, blocks.len(), rows, o),
             4 => weighted_values::<4>(probs, bs, d, blocks.len(), rows, o),
@@ -362,10 +364,10 @@ fn attend_group_body(
     }
 }
 
-/// The widest of 16, 8, 4 (or 1) that divides `n`: the accumulators a kernel below keeps in
-/// registers.
+/// The widest of 32, 16, 8, 4 (or 1) that divides `n`: the accumulators a kernel below keeps
+/// in registers (four 8-lane chains at 32, which hides the multiply-add latency).
 fn lanes(n: usize) -> usize {
-    [16, 8, 4].into_iter().find(|w| n % w == 0).unwrap_or(1)
+    [32, 16, 8, 4].into_iter().find(|w| n % w == 0).unwrap_or(1)
 }
 
 /// `sc[c] = qh · key c` for the first `sc.len()` keys of a block stored transposed (`keys`: D
@@ -426,13 +428,14 @@ mod tests {
             .collect()
     }
 
-    /// Every kernel width (block sizes 16, 8, 4 and 5; head sizes 32, 24, 12 and 6) and query
+    /// Every kernel width (block sizes 32, 16, 8, 4 and 5; head sizes 64, 32, 24, 12 and 6) and query
     /// group (1, 2, 4): a prefill chunk then decode steps of three sequences through scattered
     /// blocks give what attention over the whole sequence gives.
     #[test]
     fn paged_attention_equals_attention_over_the_whole_sequence() {
         for &(bs, d, hq, hkv) in &[
             (16, 32, 8, 4),
+            (32, 64, 4, 2),
             (8, 24, 4, 4),
             (4, 12, 4, 1),
             (5, 6, 2, 2),
