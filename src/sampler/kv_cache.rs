@@ -367,7 +367,10 @@ fn attend_group_body(
 /// The widest of 32, 16, 8, 4 (or 1) that divides `n`: the accumulators a kernel below keeps
 /// in registers (four 8-lane chains at 32, which hides the multiply-add latency).
 fn lanes(n: usize) -> usize {
-    [32, 16, 8, 4].into_iter().find(|w| n % w == 0).unwrap_or(1)
+    [32, 16, 8, 4]
+        .into_iter()
+        .find(|w| n.is_multiple_of(*w))
+        .unwrap_or(1)
 }
 
 /// `sc[c] = qh · key c` for the first `sc.len()` keys of a block stored transposed (`keys`: D
@@ -470,9 +473,8 @@ mod tests {
                 })
                 .collect();
             let prefill = [20usize, 9, 31];
-            let mut done = [0usize; 3];
             for layer in 0..2 {
-                done = [0; 3];
+                let mut done = [0usize; 3];
                 let mut step = 0;
                 while done.iter().zip(&lens).any(|(d, l)| d < l) {
                     // the first step is a prefill chunk, then one token per step
