@@ -84,7 +84,9 @@ pub struct SeqStep<'a> {
 /// Attention over the paged cache for one step.
 pub struct PagedAttention<'a> {
     pub cache: &'a mut KvCache,
-    pub seqs: Vec<SeqStep<'a>>,
+    /// The step's tokens in order: (block table, position, cache slot if reserved), the same
+    /// for every layer, so worked out once per step.
+    tokens: Vec<(&'a BlockTable, usize, Option<usize>)>,
     /// Wall time spent in [`AttentionBackend::attend`], summed over layers.
     pub seconds: f64,
 }
@@ -121,9 +123,17 @@ impl AttentionBackend for PagedAttention<'_> {
 
 impl<'a> PagedAttention<'a> {
     pub fn new(cache: &'a mut KvCache, seqs: Vec<SeqStep<'a>>) -> Self {
+        let bs = cache.block_size;
+        let tokens = seqs
+            .iter()
+            .flat_map(|s| {
+                (s.start_pos..s.start_pos + s.num_new)
+                    .map(|p| (s.block_table, p, s.block_table.slot(p, bs)))
+            })
+            .collect();
         PagedAttention {
             cache,
-            seqs,
+            tokens,
             seconds: 0.0,
         }
     }
@@ -166,45 +176,33 @@ impl<'a> PagedAttention<'a> {
             }
         };
         // 1. write the step's keys (transposed within their block) and values into their slots
-        let mut tok = 0;
-        for s in &self.seqs {
-            for i in 0..s.num_new {
-                let slot = s
-                    .block_table
-                    .slot(s.start_pos + i, bs)
-                    .ok_or_else(|| candle_core::Error::Msg("slot not reserved".into()))?;
-                let (block, off) = (slot / bs, slot % bs);
-                let src = (tok + i) * row;
-                if src + row > k.len() || (block + 1) * bs * row > kc.len() {
-                    return Err(candle_core::Error::Msg(format!(
-                        "step has {t} tokens but its sequences bring more, or slot {slot} is \
-                         outside the cache"
-                    )));
-                }
-                for h in 0..hkv {
-                    let head = (block * hkv + h) * bs * d;
-                    for (j, x) in k[src + h * d..src + (h + 1) * d].iter().enumerate() {
-                        kc[head + j * bs + off] = *x;
-                    }
-                    vc[head + off * d..head + (off + 1) * d]
-                        .copy_from_slice(&v[src + h * d..src + (h + 1) * d]);
-                }
-            }
-            tok += s.num_new;
-        }
-        if tok != t {
+        if self.tokens.len() != t {
             return Err(candle_core::Error::Msg(format!(
-                "step has {t} tokens but its sequences bring {tok}"
+                "step has {t} tokens but its sequences bring {}",
+                self.tokens.len()
             )));
+        }
+        for (ti, &(_, _, slot)) in self.tokens.iter().enumerate() {
+            let slot = slot.ok_or_else(|| candle_core::Error::Msg("slot not reserved".into()))?;
+            let (block, off) = (slot / bs, slot % bs);
+            let src = ti * row;
+            if (block + 1) * bs * row > kc.len() {
+                return Err(candle_core::Error::Msg(format!(
+                    "slot {slot} is outside the cache"
+                )));
+            }
+            for h in 0..hkv {
+                let head = (block * hkv + h) * bs * d;
+                for (j, x) in k[src + h * d..src + (h + 1) * d].iter().enumerate() {
+                    kc[head + j * bs + off] = *x;
+                }
+                vc[head + off * d..head + (off + 1) * d]
+                    .copy_from_slice(&v[src + h * d..src + (h + 1) * d]);
+            }
         }
         // 2. each new token attends over its sequence's cached keys: one job per (token, KV
         //    head), whose query heads are the contiguous run of `out` it writes
-        let mut jobs = Vec::with_capacity(t);
-        for s in &self.seqs {
-            for i in 0..s.num_new {
-                jobs.push((s.block_table, s.start_pos + i));
-            }
-        }
+        let jobs = &self.tokens;
         let view = LayerView {
             kc,
             vc,
@@ -216,11 +214,11 @@ impl<'a> PagedAttention<'a> {
         let group = hq / hkv;
         let work = |scratch: &mut AttnScratch, (c, o): (usize, &mut [f32])| {
             let (ti, kvh) = (c / hkv, c % hkv);
-            let (table, pos) = jobs[ti];
+            let (table, pos, _) = jobs[ti];
             let qg = &q[(ti * hq + kvh * group) * d..][..group * d];
             attend_group(&view, qg, kvh, table, pos, scratch, o);
         };
-        let flops: usize = jobs.iter().map(|(_, p)| (p + 1) * hq * d).sum();
+        let flops: usize = jobs.iter().map(|(_, p, _)| (p + 1) * hq * d).sum();
         if flops < PARALLEL_MIN {
             let mut scratch = AttnScratch::default();
             out.chunks_mut(group * d)
