@@ -412,7 +412,7 @@ pub fn packed_matmul_rate(m: usize, n: usize, k: usize) -> f64 {
     let mut y = vec![0f32; m * n];
     crate::gemm::matmul(&x, m, &w, &mut y); // warm-up
     let (mut best, start, mut runs) = (f64::INFINITY, Instant::now(), 0);
-    while runs < 10 || (start.elapsed().as_secs_f64() < 0.05 && runs < 10_000) {
+    while runs < 10 || (start.elapsed().as_secs_f64() < 0.3 && runs < 10_000) {
         let t = Instant::now();
         crate::gemm::matmul(&x, m, &w, &mut y);
         std::hint::black_box(&y);

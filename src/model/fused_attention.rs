@@ -162,10 +162,16 @@ impl CustomOp3 for FusedCausal {
 }
 
 mod kernels {
-    //! The per-task loops. Compiled twice: with AVX2 and FMA enabled (chosen at run time when
-    //! the CPU has them, so the D-long loops vectorise to 256 bits) and without.
+    //! The per-task loops. A task first copies its keys and values dimension-major
+    //! (`kt[c][j]`, `vt[c][j]`, rows padded to a multiple of [`CH`]), so that a row's scores,
+    //! `dP`, and the updates of dK and dV are multiply-adds along the keys (vectors of keys, no
+    //! horizontal sums), and its output and dQ are dot products along the keys. Compiled twice:
+    //! with AVX2 and FMA enabled (chosen at run time when the CPU has them) and without.
 
     use super::{Dims, SendPtr};
+
+    /// Keys per register block: four 8-lane accumulators.
+    const CH: usize = 32;
 
     pub struct BwdInputs<'a> {
         pub q: &'a [f32],
@@ -195,7 +201,7 @@ mod kernels {
             return unsafe { forward_avx2(q, k, v, out, dims, start, len, g) };
         }
         // SAFETY: the caller's promise covers `out`.
-        unsafe { forward_body(q, k, v, out, dims, start, len, g) }
+        unsafe { forward_body::<false>(q, k, v, out, dims, start, len, g) }
     }
 
     /// # Safety
@@ -215,7 +221,7 @@ mod kernels {
             return unsafe { backward_avx2(ins, outs, dims, start, len, g) };
         }
         // SAFETY: the caller's promise covers the pointers.
-        unsafe { backward_body(ins, outs, dims, start, len, g) }
+        unsafe { backward_body::<false>(ins, outs, dims, start, len, g) }
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -232,7 +238,7 @@ mod kernels {
         g: usize,
     ) {
         // SAFETY: passed on from the caller.
-        unsafe { forward_body(q, k, v, out, dims, start, len, g) }
+        unsafe { forward_body::<true>(q, k, v, out, dims, start, len, g) }
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -246,12 +252,23 @@ mod kernels {
         g: usize,
     ) {
         // SAFETY: passed on from the caller.
-        unsafe { backward_body(ins, outs, dims, start, len, g) }
+        unsafe { backward_body::<true>(ins, outs, dims, start, len, g) }
+    }
+
+    /// `a * b + c`, fused where the CPU has FMA (`F`), so that the portable build does not call
+    /// a software `fmaf`.
+    #[inline(always)]
+    fn madd<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
+        if F {
+            a.mul_add(b, c)
+        } else {
+            a * b + c
+        }
     }
 
     /// `a · b` in eight lanes (vectorises; a serial sum would not).
     #[inline(always)]
-    fn dot(a: &[f32], b: &[f32]) -> f32 {
+    fn dot<const F: bool>(a: &[f32], b: &[f32]) -> f32 {
         let mut acc = [0f32; 8];
         let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
         let tail: f32 = ca
@@ -262,40 +279,91 @@ mod kernels {
             .sum();
         for (x, y) in ca.zip(cb) {
             for j in 0..8 {
-                acc[j] += x[j] * y[j];
+                acc[j] = madd::<F>(x[j], y[j], acc[j]);
             }
         }
         ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail
     }
 
-    /// `y += a * x`.
+    /// The task's rows of `x` (T, Hkv, D) at KV head `g`, dimension-major: `xt[c * lp + j]`;
+    /// columns past `len` stay zero.
+    fn transpose(x: &[f32], dims: Dims, start: usize, len: usize, g: usize, lp: usize) -> Vec<f32> {
+        let d = dims.d;
+        let mut xt = vec![0f32; d * lp];
+        for j in 0..len {
+            let row = &x[((start + j) * dims.hkv + g) * d..][..d];
+            for (c, &val) in row.iter().enumerate() {
+                xt[c * lp + j] = val;
+            }
+        }
+        xt
+    }
+
+    /// `s[j] = sum_c a[c] * mt[c][j]` for the blocks of [`CH`] keys that cover `0..n`.
     #[inline(always)]
-    fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-        for (y, x) in y.iter_mut().zip(x) {
-            *y += a * x;
+    fn times_rows<const F: bool>(a: &[f32], mt: &[f32], lp: usize, n: usize, s: &mut [f32]) {
+        for j0 in (0..n).step_by(CH) {
+            let mut acc = [0f32; CH];
+            for (c, &ac) in a.iter().enumerate() {
+                let m = &mt[c * lp + j0..][..CH];
+                for l in 0..CH {
+                    acc[l] = madd::<F>(ac, m[l], acc[l]);
+                }
+            }
+            s[j0..j0 + CH].copy_from_slice(&acc);
         }
     }
 
-    /// Row `i`'s probabilities over keys `0..=i` into `p` (length `i + 1`).
+    /// `out[c] = sum_j w[j] * mt[c][j]` over `j < n32` (a multiple of [`CH`]; `w` is zero
+    /// where the sum should stop), in four 8-lane chains.
     #[inline(always)]
-    fn probs(qi: &[f32], k: &[f32], dims: Dims, start: usize, g: usize, p: &mut [f32]) {
-        let d = dims.d;
-        let mut max = f32::NEG_INFINITY;
-        for (j, s) in p.iter_mut().enumerate() {
-            let kj = &k[((start + j) * dims.hkv + g) * d..][..d];
-            *s = dot(qi, kj) * dims.scale;
-            max = max.max(*s);
+    fn dots<const F: bool>(w: &[f32], mt: &[f32], lp: usize, n32: usize, out: &mut [f32]) {
+        for (c, o) in out.iter_mut().enumerate() {
+            let m = &mt[c * lp..][..n32];
+            let mut acc = [0f32; CH];
+            for (wc, mc) in w[..n32].chunks_exact(CH).zip(m.chunks_exact(CH)) {
+                for l in 0..CH {
+                    acc[l] = madd::<F>(wc[l], mc[l], acc[l]);
+                }
+            }
+            let mut lanes = [0f32; 8];
+            for (l, lane) in lanes.iter_mut().enumerate() {
+                *lane = (acc[l] + acc[l + 8]) + (acc[l + 16] + acc[l + 24]);
+            }
+            *o = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+                + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
         }
-        let sum = crate::simd::exp_sub_sum(p, max);
+    }
+
+    /// `mt[c][j] += a[c] * w[j]` for `j < n32`.
+    #[inline(always)]
+    fn add_outer<const F: bool>(a: &[f32], w: &[f32], mt: &mut [f32], lp: usize, n32: usize) {
+        for (c, &ac) in a.iter().enumerate() {
+            let m = &mut mt[c * lp..][..n32];
+            for (x, &wj) in m.iter_mut().zip(&w[..n32]) {
+                *x = madd::<F>(ac, wj, *x);
+            }
+        }
+    }
+
+    /// Row `i`'s probabilities over keys `0..n` into `p[..n]` from the scaled query `qs`, and
+    /// zeros in `p[n..n32]`.
+    #[inline(always)]
+    fn probs<const F: bool>(qs: &[f32], kt: &[f32], lp: usize, n: usize, p: &mut [f32]) {
+        let n32 = n.div_ceil(CH) * CH;
+        times_rows::<F>(qs, kt, lp, n, p);
+        let max = p[..n].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let sum = crate::simd::exp_sub_sum(&mut p[..n], max);
         let inv = 1.0 / sum;
-        for s in p.iter_mut() {
+        for s in p[..n].iter_mut() {
             *s *= inv;
         }
+        p[n..n32].fill(0.0);
     }
 
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn forward_body(
+    unsafe fn forward_body<const F: bool>(
         q: &[f32],
         k: &[f32],
         v: &[f32],
@@ -307,26 +375,30 @@ mod kernels {
     ) {
         let d = dims.d;
         let rep = dims.hq / dims.hkv;
-        let mut p = vec![0f32; len];
-        let mut o = vec![0f32; d];
+        let lp = len.div_ceil(CH) * CH;
+        let (kt, vt) = (
+            transpose(k, dims, start, len, g, lp),
+            transpose(v, dims, start, len, g, lp),
+        );
+        let mut p = vec![0f32; lp];
+        let mut qs = vec![0f32; d];
         for h in g * rep..(g + 1) * rep {
             for i in 0..len {
                 let row = ((start + i) * dims.hq + h) * d;
-                let p = &mut p[..=i];
-                probs(&q[row..row + d], k, dims, start, g, p);
-                o.fill(0.0);
-                for (j, &pj) in p.iter().enumerate() {
-                    axpy(&mut o, pj, &v[((start + j) * dims.hkv + g) * d..][..d]);
+                for (s, &x) in qs.iter_mut().zip(&q[row..row + d]) {
+                    *s = x * dims.scale;
                 }
+                let n = i + 1;
+                probs::<F>(&qs, &kt, lp, n, &mut p);
                 // SAFETY: `row..row + d` is this task's output row (the caller's promise).
                 let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(row), d) };
-                dst.copy_from_slice(&o);
+                dots::<F>(&p, &vt, lp, n.div_ceil(CH) * CH, dst);
             }
         }
     }
 
     #[inline(always)]
-    unsafe fn backward_body(
+    unsafe fn backward_body<const F: bool>(
         ins: BwdInputs,
         outs: (SendPtr, SendPtr, SendPtr),
         dims: Dims,
@@ -336,10 +408,16 @@ mod kernels {
     ) {
         let d = dims.d;
         let rep = dims.hq / dims.hkv;
-        let mut p = vec![0f32; len];
-        let mut dq = vec![0f32; d];
-        let mut dk = vec![0f32; len * d];
-        let mut dv = vec![0f32; len * d];
+        let lp = len.div_ceil(CH) * CH;
+        let (kt, vt) = (
+            transpose(ins.k, dims, start, len, g, lp),
+            transpose(ins.v, dims, start, len, g, lp),
+        );
+        let mut p = vec![0f32; lp];
+        let mut ds = vec![0f32; lp];
+        let mut qs = vec![0f32; d];
+        let mut dkt = vec![0f32; d * lp];
+        let mut dvt = vec![0f32; d * lp];
         for h in g * rep..(g + 1) * rep {
             for i in 0..len {
                 let row = ((start + i) * dims.hq + h) * d;
@@ -348,32 +426,37 @@ mod kernels {
                     &ins.o[row..row + d],
                     &ins.go[row..row + d],
                 );
-                let p = &mut p[..=i];
-                probs(qi, ins.k, dims, start, g, p);
-                // dS_j = P_j (dP_j - dO_i · O_i), with dP_j = dO_i · V_j.
-                let delta = dot(goi, oi);
-                dq.fill(0.0);
-                for (j, &pj) in p.iter().enumerate() {
-                    let kv_row = ((start + j) * dims.hkv + g) * d;
-                    let vj = &ins.v[kv_row..kv_row + d];
-                    let ds = pj * (dot(goi, vj) - delta) * dims.scale;
-                    axpy(&mut dq, ds, &ins.k[kv_row..kv_row + d]);
-                    axpy(&mut dk[j * d..(j + 1) * d], ds, qi);
-                    axpy(&mut dv[j * d..(j + 1) * d], pj, goi);
+                for (s, &x) in qs.iter_mut().zip(qi) {
+                    *s = x * dims.scale;
+                }
+                let (n, n32) = (i + 1, (i + 1).div_ceil(CH) * CH);
+                probs::<F>(&qs, &kt, lp, n, &mut p);
+                // dS_j = P_j (dP_j - dO_i · O_i), with dP_j = dO_i · V_j; the scale of the
+                // scores is folded in.
+                let delta = dot::<F>(goi, oi);
+                times_rows::<F>(goi, &vt, lp, n, &mut ds);
+                for (dsj, &pj) in ds[..n32].iter_mut().zip(&p[..n32]) {
+                    *dsj = pj * (*dsj - delta) * dims.scale;
                 }
                 // SAFETY: `row..row + d` is this task's row of dQ (the caller's promise).
-                let dst = unsafe { std::slice::from_raw_parts_mut(outs.0.get().add(row), d) };
-                dst.copy_from_slice(&dq);
+                let dq = unsafe { std::slice::from_raw_parts_mut(outs.0.get().add(row), d) };
+                dots::<F>(&ds, &kt, lp, n32, dq);
+                add_outer::<F>(qi, &ds, &mut dkt, lp, n32);
+                add_outer::<F>(goi, &p, &mut dvt, lp, n32);
             }
         }
         for j in 0..len {
             let kv_row = ((start + j) * dims.hkv + g) * d;
             // SAFETY: rows of KV head `g` in this sequence belong to this task only.
-            unsafe {
-                std::slice::from_raw_parts_mut(outs.1.get().add(kv_row), d)
-                    .copy_from_slice(&dk[j * d..(j + 1) * d]);
-                std::slice::from_raw_parts_mut(outs.2.get().add(kv_row), d)
-                    .copy_from_slice(&dv[j * d..(j + 1) * d]);
+            let (dk, dv) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(outs.1.get().add(kv_row), d),
+                    std::slice::from_raw_parts_mut(outs.2.get().add(kv_row), d),
+                )
+            };
+            for c in 0..d {
+                dk[c] = dkt[c * lp + j];
+                dv[c] = dvt[c * lp + j];
             }
         }
     }
