@@ -314,34 +314,68 @@ mod kernels {
         }
     }
 
-    /// `out[c] = sum_j w[j] * mt[c][j]` over `j < n32` (a multiple of [`CH`]; `w` is zero
-    /// where the sum should stop), in four 8-lane chains.
+    /// `out[c] = sum_{j < n} w[j] * x[j * stride + c]`: rows of `x` (keys or values in their
+    /// token-major layout) weighted by `w`, in four interleaved chains of 16 columns.
     #[inline(always)]
-    fn dots<const F: bool>(w: &[f32], mt: &[f32], lp: usize, n32: usize, out: &mut [f32]) {
-        for (c, o) in out.iter_mut().enumerate() {
-            let m = &mt[c * lp..][..n32];
-            let mut acc = [0f32; CH];
-            for (wc, mc) in w[..n32].chunks_exact(CH).zip(m.chunks_exact(CH)) {
-                for l in 0..CH {
-                    acc[l] = madd::<F>(wc[l], mc[l], acc[l]);
+    fn weighted_sum<const F: bool>(w: &[f32], x: &[f32], stride: usize, n: usize, out: &mut [f32]) {
+        let d = out.len();
+        let full = d / 16 * 16;
+        for c0 in (0..full).step_by(16) {
+            let mut acc = [[0f32; 16]; 4];
+            let mut j = 0;
+            while j + 4 <= n {
+                for (ph, acc) in acc.iter_mut().enumerate() {
+                    let row = &x[(j + ph) * stride + c0..][..16];
+                    let wj = w[j + ph];
+                    for l in 0..16 {
+                        acc[l] = madd::<F>(wj, row[l], acc[l]);
+                    }
+                }
+                j += 4;
+            }
+            for (jj, &wj) in w.iter().enumerate().take(n).skip(j) {
+                let row = &x[jj * stride + c0..][..16];
+                for l in 0..16 {
+                    acc[0][l] = madd::<F>(wj, row[l], acc[0][l]);
                 }
             }
-            let mut lanes = [0f32; 8];
-            for (l, lane) in lanes.iter_mut().enumerate() {
-                *lane = (acc[l] + acc[l + 8]) + (acc[l + 16] + acc[l + 24]);
+            for l in 0..16 {
+                out[c0 + l] = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
             }
-            *o = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
-                + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+        }
+        for (c, o) in out.iter_mut().enumerate().skip(full) {
+            let mut sum = 0f32;
+            for (j, &wj) in w.iter().enumerate().take(n) {
+                sum = madd::<F>(wj, x[j * stride + c], sum);
+            }
+            *o = sum;
         }
     }
 
-    /// `mt[c][j] += a[c] * w[j]` for `j < n32`.
+    /// The four rows of length `lp` in `x`.
+    fn block(x: &[f32], lp: usize) -> [&[f32]; 4] {
+        [0, 1, 2, 3].map(|r| &x[r * lp..(r + 1) * lp])
+    }
+
+    /// `mt[c][j] += sum_r a[r][c] * w[r][j]` for `j < n32`: four rows' outer products added in
+    /// one pass over `mt`.
     #[inline(always)]
-    fn add_outer<const F: bool>(a: &[f32], w: &[f32], mt: &mut [f32], lp: usize, n32: usize) {
-        for (c, &ac) in a.iter().enumerate() {
+    fn add_outer4<const F: bool>(
+        a: [&[f32]; 4],
+        w: [&[f32]; 4],
+        mt: &mut [f32],
+        lp: usize,
+        n32: usize,
+    ) {
+        let w = w.map(|w| &w[..n32]);
+        for c in 0..a[0].len() {
+            let (a0, a1, a2, a3) = (a[0][c], a[1][c], a[2][c], a[3][c]);
             let m = &mut mt[c * lp..][..n32];
-            for (x, &wj) in m.iter_mut().zip(&w[..n32]) {
-                *x = madd::<F>(ac, wj, *x);
+            for (j, x) in m.iter_mut().enumerate() {
+                let t = madd::<F>(a0, w[0][j], *x);
+                let t = madd::<F>(a1, w[1][j], t);
+                let t = madd::<F>(a2, w[2][j], t);
+                *x = madd::<F>(a3, w[3][j], t);
             }
         }
     }
@@ -376,10 +410,7 @@ mod kernels {
         let d = dims.d;
         let rep = dims.hq / dims.hkv;
         let lp = len.div_ceil(CH) * CH;
-        let (kt, vt) = (
-            transpose(k, dims, start, len, g, lp),
-            transpose(v, dims, start, len, g, lp),
-        );
+        let kt = transpose(k, dims, start, len, g, lp);
         let mut p = vec![0f32; lp];
         let mut qs = vec![0f32; d];
         for h in g * rep..(g + 1) * rep {
@@ -392,7 +423,7 @@ mod kernels {
                 probs::<F>(&qs, &kt, lp, n, &mut p);
                 // SAFETY: `row..row + d` is this task's output row (the caller's promise).
                 let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(row), d) };
-                dots::<F>(&p, &vt, lp, n.div_ceil(CH) * CH, dst);
+                weighted_sum::<F>(&p, &v[(start * dims.hkv + g) * d..], dims.hkv * d, n, dst);
             }
         }
     }
@@ -413,36 +444,51 @@ mod kernels {
             transpose(ins.k, dims, start, len, g, lp),
             transpose(ins.v, dims, start, len, g, lp),
         );
-        let mut p = vec![0f32; lp];
-        let mut ds = vec![0f32; lp];
+        // rows go in blocks of four: dK and dV take the block's outer products in one pass
+        let mut p = vec![0f32; 4 * lp];
+        let mut ds = vec![0f32; 4 * lp];
         let mut qs = vec![0f32; d];
+        let zeros = vec![0f32; d];
         let mut dkt = vec![0f32; d * lp];
         let mut dvt = vec![0f32; d * lp];
+        let kv0 = (start * dims.hkv + g) * d;
+        let stride = dims.hkv * d;
         for h in g * rep..(g + 1) * rep {
-            for i in 0..len {
-                let row = ((start + i) * dims.hq + h) * d;
-                let (qi, oi, goi) = (
-                    &ins.q[row..row + d],
-                    &ins.o[row..row + d],
-                    &ins.go[row..row + d],
-                );
-                for (s, &x) in qs.iter_mut().zip(qi) {
-                    *s = x * dims.scale;
+            for i0 in (0..len).step_by(4) {
+                let rows = 4.min(len - i0);
+                let n32 = (i0 + rows).div_ceil(CH) * CH;
+                let mut qi = [&zeros[..]; 4];
+                let mut goi = [&zeros[..]; 4];
+                for r in 0..4 {
+                    let (p, ds) = (&mut p[r * lp..][..lp], &mut ds[r * lp..][..lp]);
+                    if r >= rows {
+                        p[..n32].fill(0.0);
+                        ds[..n32].fill(0.0);
+                        continue;
+                    }
+                    let i = i0 + r;
+                    let row = ((start + i) * dims.hq + h) * d;
+                    qi[r] = &ins.q[row..row + d];
+                    goi[r] = &ins.go[row..row + d];
+                    for (s, &x) in qs.iter_mut().zip(qi[r]) {
+                        *s = x * dims.scale;
+                    }
+                    let n = i + 1;
+                    probs::<F>(&qs, &kt, lp, n, p);
+                    p[n.div_ceil(CH) * CH..n32].fill(0.0);
+                    // dS_j = P_j (dP_j - dO_i · O_i), with dP_j = dO_i · V_j; the scale of the
+                    // scores is folded in.
+                    let delta = dot::<F>(goi[r], &ins.o[row..row + d]);
+                    times_rows::<F>(goi[r], &vt, lp, n, ds);
+                    for (dsj, &pj) in ds[..n32].iter_mut().zip(&p[..n32]) {
+                        *dsj = pj * (*dsj - delta) * dims.scale;
+                    }
+                    // SAFETY: `row..row + d` is this task's row of dQ (the caller's promise).
+                    let dq = unsafe { std::slice::from_raw_parts_mut(outs.0.get().add(row), d) };
+                    weighted_sum::<F>(ds, &ins.k[kv0..], stride, n, dq);
                 }
-                let (n, n32) = (i + 1, (i + 1).div_ceil(CH) * CH);
-                probs::<F>(&qs, &kt, lp, n, &mut p);
-                // dS_j = P_j (dP_j - dO_i · O_i), with dP_j = dO_i · V_j; the scale of the
-                // scores is folded in.
-                let delta = dot::<F>(goi, oi);
-                times_rows::<F>(goi, &vt, lp, n, &mut ds);
-                for (dsj, &pj) in ds[..n32].iter_mut().zip(&p[..n32]) {
-                    *dsj = pj * (*dsj - delta) * dims.scale;
-                }
-                // SAFETY: `row..row + d` is this task's row of dQ (the caller's promise).
-                let dq = unsafe { std::slice::from_raw_parts_mut(outs.0.get().add(row), d) };
-                dots::<F>(&ds, &kt, lp, n32, dq);
-                add_outer::<F>(qi, &ds, &mut dkt, lp, n32);
-                add_outer::<F>(goi, &p, &mut dvt, lp, n32);
+                add_outer4::<F>(qi, block(&ds, lp), &mut dkt, lp, n32);
+                add_outer4::<F>(goi, block(&p, lp), &mut dvt, lp, n32);
             }
         }
         for j in 0..len {

@@ -10,7 +10,7 @@
 //!
 //! Knows nothing of models or data: it sees named variables and gradients in the same order.
 
-use candle_core::{DType, Result, Tensor, Var};
+use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Result, Tensor, Var};
 
 use super::data::SplitMix;
 
@@ -184,7 +184,7 @@ impl AdamW {
                     upd_sq += stats.upd_sq;
                     par_sq += stats.par_sq;
                     changed += stats.changed as f64;
-                    total += stats.total;
+                    total += grad.elem_count();
                     continue;
                 }
             }
@@ -327,127 +327,172 @@ struct HostStep {
 }
 
 /// What [`HostStep::apply`] saw of one tensor.
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 struct HostStats {
     upd_sq: f64,
     par_sq: f64,
     changed: usize,
-    total: usize,
 }
 
 impl HostStep {
-    /// The f32-state update of one parameter in one pass over its values (the tensor ops of
-    /// [`AdamW::step`] make some twenty passes and as many allocations), with the same f32
-    /// operations in the same order, so the same bits. `None` (nothing done) unless the
-    /// parameter, its gradient and moments are f32 on the CPU and the stored dtype is one
-    /// "changed" can be judged in here.
+    /// The f32-state update of one parameter in three parallel passes, in place (the tensor ops
+    /// of [`AdamW::step`] make some twenty passes and allocate as many tensors), with the same
+    /// f32 operations in the same order, so the same bits. `None` (nothing done) unless the
+    /// parameter, its gradient and moments are contiguous f32 on the CPU and the stored dtype is
+    /// one "changed" can be judged in here.
     fn apply(&self, slot: &mut Slot, grad: &Tensor, stored: DType) -> Result<Option<HostStats>> {
-        use rayon::prelude::*;
         if !matches!(stored, DType::F32 | DType::BF16 | DType::F16) {
             return Ok(None);
         }
-        let (new, m, v, parts) = {
-            let p = slot.var.as_tensor();
-            let (Some(pv), Some(gv), Some(mv), Some(vv)) = (
-                host_f32(p),
-                host_f32(grad),
-                host_f32(&slot.m),
-                host_f32(&slot.v),
-            ) else {
-                return Ok(None);
-            };
-            let (old, g, m, v) = (pv.get()?, gv.get()?, mv.get()?, vv.get()?);
-            if g.len() != old.len() {
-                candle_core::bail!(
-                    "gradient of {} has {} values for {}",
-                    slot.name,
-                    g.len(),
-                    old.len()
-                );
-            }
-            let mut new = vec![0f32; old.len()];
-            let mut m2 = vec![0f32; old.len()];
-            let mut v2 = vec![0f32; old.len()];
-            let parts: Vec<HostStats> = new
-                .par_chunks_mut(CHUNK)
-                .zip(m2.par_chunks_mut(CHUNK))
-                .zip(v2.par_chunks_mut(CHUNK))
-                .enumerate()
-                .map(|(c, ((nw, mo), vo))| {
-                    let r = c * CHUNK..c * CHUNK + nw.len();
-                    self.chunk(
-                        &old[r.clone()],
-                        &g[r.clone()],
-                        &m[r.clone()],
-                        &v[r],
-                        nw,
-                        mo,
-                        vo,
-                        stored,
-                    )
-                })
-                .collect();
-            (new, m2, v2, parts)
+        let p = slot.var.as_tensor();
+        let host = [p, grad, &slot.m, &slot.v]
+            .iter()
+            .all(|t| host_f32(t).is_some());
+        if !host || grad.elem_count() != p.elem_count() {
+            return Ok(None);
+        }
+        slot.m.inplace_op2(
+            grad,
+            &Moment {
+                step: *self,
+                second: false,
+            },
+        )?;
+        slot.v.inplace_op2(
+            grad,
+            &Moment {
+                step: *self,
+                second: true,
+            },
+        )?;
+        let op = Update {
+            step: *self,
+            stored,
+            stats: std::sync::Mutex::new(HostStats::default()),
         };
-        let shape = slot.var.shape().clone();
-        let dev = candle_core::Device::Cpu;
-        slot.var.set(&Tensor::from_vec(new, &shape, &dev)?)?;
-        slot.m = Tensor::from_vec(m, &shape, &dev)?;
-        slot.v = Tensor::from_vec(v, &shape, &dev)?;
-        let mut total = HostStats::default();
+        p.inplace_op3(&slot.m, &slot.v, &op)?;
+        let stats = *op.stats.lock().expect("stats lock");
+        Ok(Some(stats))
+    }
+
+    /// The clipped gradient, as `grad * clip` computes it.
+    #[inline(always)]
+    fn grad(&self, g: f32) -> f32 {
+        match self.clip {
+            Some(c) => g * c + 0.0,
+            None => g,
+        }
+    }
+}
+
+/// A contiguous f32 storage's values (the layouts were checked by [`HostStep::apply`]).
+fn values<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+    crate::model::diff_ops::slice(s, l)
+}
+
+fn values_mut<'a>(s: &'a mut CpuStorage, l: &Layout) -> Result<&'a mut [f32]> {
+    match (s, l.contiguous_offsets()) {
+        (CpuStorage::F32(v), Some((a, b))) => Ok(&mut v[a..b]),
+        _ => candle_core::bail!("AdamW: expected a contiguous f32 tensor"),
+    }
+}
+
+/// `m = b1 m + (1 - b1) g` (or `v = b2 v + (1 - b2) g^2`) in place.
+struct Moment {
+    step: HostStep,
+    second: bool,
+}
+
+impl InplaceOp2 for Moment {
+    fn name(&self) -> &'static str {
+        "adamw-moment"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<()> {
+        use rayon::prelude::*;
+        let (m, g) = (values_mut(s1, l1)?, values(s2, l2)?);
+        let st = self.step;
+        m.par_chunks_mut(CHUNK)
+            .zip(g.par_chunks(CHUNK))
+            .for_each(|(m, g)| {
+                for (m, &g) in m.iter_mut().zip(g) {
+                    let g = st.grad(g);
+                    *m = if self.second {
+                        (*m * st.b2 + 0.0) + ((g * g) * st.one_b2 + 0.0)
+                    } else {
+                        (*m * st.b1 + 0.0) + (g * st.one_b1 + 0.0)
+                    };
+                }
+            });
+        Ok(())
+    }
+}
+
+/// The parameter's update from the new moments, in place, with the statistics.
+struct Update {
+    step: HostStep,
+    stored: DType,
+    stats: std::sync::Mutex<HostStats>,
+}
+
+impl InplaceOp3 for Update {
+    fn name(&self) -> &'static str {
+        "adamw-update"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<()> {
+        use rayon::prelude::*;
+        let (p, m, v) = (values_mut(s1, l1)?, values(s2, l2)?, values(s3, l3)?);
+        let st = self.step;
+        let stored = self.stored;
+        // per chunk, in order, so that the sums do not depend on how the pool split the work
+        let parts: Vec<HostStats> = p
+            .par_chunks_mut(CHUNK)
+            .zip(m.par_chunks(CHUNK).zip(v.par_chunks(CHUNK)))
+            .map(|(p, (m, v))| {
+                let mut out = HostStats::default();
+                for ((p, &m), &v) in p.iter_mut().zip(m).zip(v) {
+                    let old = *p;
+                    let decayed = match st.decay_mul {
+                        Some(d) => old * d + 0.0,
+                        None => old,
+                    };
+                    let denom = (v.sqrt() * st.inv_bias2_sqrt + 0.0) * 1.0 + st.eps;
+                    let new = decayed - ((m / denom) * st.step_size + 0.0);
+                    *p = new;
+                    let diff = f64::from(new - old);
+                    out.upd_sq += diff * diff;
+                    out.par_sq += f64::from(old) * f64::from(old);
+                    out.changed += usize::from(match stored {
+                        DType::BF16 => half::bf16::from_f32(new) != half::bf16::from_f32(old),
+                        DType::F16 => half::f16::from_f32(new) != half::f16::from_f32(old),
+                        _ => new != old,
+                    });
+                }
+                out
+            })
+            .collect();
+        let mut total = self.stats.lock().expect("stats lock");
         for part in parts {
             total.upd_sq += part.upd_sq;
             total.par_sq += part.par_sq;
             total.changed += part.changed;
-            total.total += part.total;
         }
-        Ok(Some(total))
-    }
-
-    /// [`HostStep::apply`] on one chunk.
-    #[allow(clippy::too_many_arguments)]
-    fn chunk(
-        &self,
-        old: &[f32],
-        g: &[f32],
-        m: &[f32],
-        v: &[f32],
-        new: &mut [f32],
-        m_out: &mut [f32],
-        v_out: &mut [f32],
-        stored: DType,
-    ) -> HostStats {
-        let mut st = HostStats {
-            total: old.len(),
-            ..HostStats::default()
-        };
-        for j in 0..old.len() {
-            let g = match self.clip {
-                Some(c) => g[j] * c + 0.0,
-                None => g[j],
-            };
-            let p = match self.decay_mul {
-                Some(d) => old[j] * d + 0.0,
-                None => old[j],
-            };
-            let mj = (m[j] * self.b1 + 0.0) + (g * self.one_b1 + 0.0);
-            let vj = (v[j] * self.b2 + 0.0) + ((g * g) * self.one_b2 + 0.0);
-            let denom = (vj.sqrt() * self.inv_bias2_sqrt + 0.0) * 1.0 + self.eps;
-            let update = (mj / denom) * self.step_size + 0.0;
-            let n = p - update;
-            new[j] = n;
-            m_out[j] = mj;
-            v_out[j] = vj;
-            let diff = f64::from(n - old[j]);
-            st.upd_sq += diff * diff;
-            st.par_sq += f64::from(old[j]) * f64::from(old[j]);
-            st.changed += usize::from(match stored {
-                DType::BF16 => half::bf16::from_f32(n) != half::bf16::from_f32(old[j]),
-                DType::F16 => half::f16::from_f32(n) != half::f16::from_f32(old[j]),
-                _ => n != old[j],
-            });
-        }
-        st
+        Ok(())
     }
 }
 
