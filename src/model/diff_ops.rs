@@ -45,6 +45,14 @@ impl F32View<'_> {
     }
 }
 
+/// Borrows `t` if it is a contiguous f32 tensor on the CPU; `None` for anything else.
+pub(crate) fn host_view(t: &Tensor) -> Option<F32View<'_>> {
+    if !t.device().is_cpu() || t.dtype() != candle_core::DType::F32 || !t.is_contiguous() {
+        return None;
+    }
+    view(t).ok()
+}
+
 /// Borrows `t`, which must be contiguous (call `.contiguous()` first: free when it already is).
 pub(crate) fn view(t: &Tensor) -> Result<F32View<'_>> {
     let (guard, layout) = t.storage_and_layout();

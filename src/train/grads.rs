@@ -66,10 +66,10 @@ pub fn head_grads(
     let sel: Vec<u32> = (0..t as u32)
         .filter(|&i| b.weights[i as usize] > 0.0)
         .collect();
-    let mut gw = w.zeros_like()?;
     if sel.is_empty() {
-        return Ok((0.0, hidden.zeros_like()?, gw));
+        return Ok((0.0, hidden.zeros_like()?, w.zeros_like()?));
     }
+    let mut gw = None;
     let chunk = if chunk == 0 { sel.len() } else { chunk };
     let mut loss = 0f64;
     let mut gh_parts = Vec::new();
@@ -77,39 +77,166 @@ pub fn head_grads(
         let idx = Tensor::new(c, dev)?;
         let targets: Vec<u32> = c.iter().map(|&i| b.targets[i as usize]).collect();
         let weights: Vec<f32> = c.iter().map(|&i| b.weights[i as usize]).collect();
-        let tg = Tensor::new(targets.as_slice(), dev)?.unsqueeze(1)?;
-        let wt = Tensor::new(weights.as_slice(), dev)?
-            .to_dtype(hidden.dtype())?
-            .unsqueeze(1)?;
         let hc = hidden.index_select(&idx, 0)?; // (c, H)
         let logits = hc.matmul(&w.t()?)?; // (c, V)
-        let shifted = logits.broadcast_sub(&logits.max_keepdim(1)?)?;
-        drop(logits);
-        let e = shifted.exp()?;
-        let se = e.sum_keepdim(1)?; // (c, 1)
-        let picked = shifted.gather(&tg, 1)?; // (c, 1)
-        drop(shifted);
-        let nll = (se.log()? - picked)?;
-        loss += f64::from(
-            (nll * &wt)?
-                .sum_all()?
-                .to_dtype(DType::F32)?
-                .to_scalar::<f32>()?,
-        );
-        // softmax - onehot, times weight * scale
-        let p = e.broadcast_div(&se)?;
-        drop(e);
-        let minus_one = Tensor::full(-1f32, (c.len(), 1), dev)?.to_dtype(p.dtype())?;
-        let g = p
-            .scatter_add(&tg, &minus_one, 1)?
-            .broadcast_mul(&(wt * scale)?)?;
+        let host = match crate::model::diff_ops::host_view(&logits) {
+            Some(view) => Some(ce_grad_host(view.get()?, &targets, &weights, scale)?),
+            None => None,
+        };
+        let (l, g) = match host {
+            Some((l, g)) => (l, Tensor::from_vec(g, logits.shape(), dev)?),
+            None => ce_grad_tensors(logits, &targets, &weights, scale)?,
+        };
+        loss += l;
         gh_parts.push(g.matmul(w)?); // (c, H)
-        gw = (gw + g.t()?.matmul(&hc)?)?; // (V, H)
+        let part = g.t()?.matmul(&hc)?; // (V, H)
+        gw = match gw {
+            None => Some(part),
+            Some(acc) => Some(add_assign(acc, &part)?),
+        };
     }
     let gh_sel = Tensor::cat(&gh_parts, 0)?;
     let all = Tensor::new(sel.as_slice(), dev)?;
     let gh = hidden.zeros_like()?.index_add(&all, &gh_sel, 0)?;
+    let gw = gw.expect("at least one chunk");
     Ok((loss, gh, gw))
+}
+
+/// `acc + x`: in place and in parallel when both are contiguous f32 CPU tensors of one shape
+/// (the head's weight gradient is as large as the head, and candle's add is one thread and a
+/// new tensor), else candle's add.
+fn add_assign(acc: Tensor, x: &Tensor) -> candle_core::Result<Tensor> {
+    use crate::model::diff_ops::host_view;
+    if acc.shape() == x.shape() && host_view(&acc).is_some() && host_view(x).is_some() {
+        acc.inplace_op2(x, &AddAssign)?;
+        return Ok(acc);
+    }
+    acc + x
+}
+
+/// The in-place op of [`add_assign`].
+struct AddAssign;
+
+impl candle_core::InplaceOp2 for AddAssign {
+    fn name(&self) -> &'static str {
+        "add-assign"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &mut candle_core::CpuStorage,
+        l1: &candle_core::Layout,
+        s2: &candle_core::CpuStorage,
+        l2: &candle_core::Layout,
+    ) -> candle_core::Result<()> {
+        use rayon::prelude::*;
+        let x = crate::model::diff_ops::slice(s2, l2)?;
+        let (candle_core::CpuStorage::F32(acc), Some((a, b))) = (s1, l1.contiguous_offsets())
+        else {
+            candle_core::bail!("add-assign: expected a contiguous f32 tensor")
+        };
+        acc[a..b]
+            .par_chunks_mut(1 << 16)
+            .zip(x.par_chunks(1 << 16))
+            .for_each(|(acc, x)| {
+                for (a, &x) in acc.iter_mut().zip(x) {
+                    *a += x;
+                }
+            });
+        Ok(())
+    }
+}
+
+/// `d(scale * loss)/d logits = weight * scale * (softmax - onehot)` of each row of `logits`
+/// (c, V), and the rows' loss sum `sum weight * (logsumexp - logit[target])`, from candle ops
+/// (any device and dtype).
+fn ce_grad_tensors(
+    logits: Tensor,
+    targets: &[u32],
+    weights: &[f32],
+    scale: f64,
+) -> candle_core::Result<(f64, Tensor)> {
+    let dev = logits.device().clone();
+    let tg = Tensor::new(targets, &dev)?.unsqueeze(1)?;
+    let wt = Tensor::new(weights, &dev)?
+        .to_dtype(logits.dtype())?
+        .unsqueeze(1)?;
+    let shifted = logits.broadcast_sub(&logits.max_keepdim(1)?)?;
+    drop(logits);
+    let e = shifted.exp()?;
+    let se = e.sum_keepdim(1)?; // (c, 1)
+    let picked = shifted.gather(&tg, 1)?; // (c, 1)
+    drop(shifted);
+    let nll = (se.log()? - picked)?;
+    let loss = f64::from(
+        (nll * &wt)?
+            .sum_all()?
+            .to_dtype(DType::F32)?
+            .to_scalar::<f32>()?,
+    );
+    // softmax - onehot, times weight * scale
+    let p = e.broadcast_div(&se)?;
+    drop(e);
+    let minus_one = Tensor::full(-1f32, (targets.len(), 1), &dev)?.to_dtype(p.dtype())?;
+    let g = p
+        .scatter_add(&tg, &minus_one, 1)?
+        .broadcast_mul(&(wt * scale)?)?;
+    Ok((loss, g))
+}
+
+/// [`ce_grad_tensors`] for f32 logits on the CPU: one parallel task per row (its max, then its
+/// exponentials and their sum, vectorised, then the scaling), where the candle ops make a
+/// dozen single-threaded passes over the (c, V) logits with as many temporaries.
+fn ce_grad_host(
+    logits: &[f32],
+    targets: &[u32],
+    weights: &[f32],
+    scale: f64,
+) -> candle_core::Result<(f64, Vec<f32>)> {
+    use rayon::prelude::*;
+    let rows = targets.len();
+    if rows == 0 || logits.len() % rows != 0 {
+        candle_core::bail!("{} logits for {rows} rows", logits.len());
+    }
+    let v = logits.len() / rows;
+    let mut g = vec![0f32; logits.len()];
+    let losses: Vec<candle_core::Result<f64>> = g
+        .par_chunks_mut(v)
+        .zip(logits.par_chunks(v))
+        .enumerate()
+        .map(|(i, (gr, row))| {
+            let (t, w) = (targets[i] as usize, weights[i]);
+            let Some(&picked) = row.get(t) else {
+                candle_core::bail!("target {t} is outside the vocabulary of {v}")
+            };
+            let mut lanes = [f32::NEG_INFINITY; 8];
+            let chunks = row.chunks_exact(8);
+            let mut max = chunks
+                .remainder()
+                .iter()
+                .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            for c in chunks {
+                for (m, &x) in lanes.iter_mut().zip(c) {
+                    *m = if x > *m { x } else { *m };
+                }
+            }
+            max = lanes.iter().fold(max, |m, &x| m.max(x));
+            gr.copy_from_slice(row);
+            let sum = crate::simd::exp_sub_sum(gr, max);
+            let ws = (f64::from(w) * scale) as f32;
+            let mul = ws / sum;
+            for x in gr.iter_mut() {
+                *x *= mul;
+            }
+            gr[t] -= ws;
+            Ok(f64::from(w) * (f64::from(max) + f64::from(sum).ln() - f64::from(picked)))
+        })
+        .collect();
+    let mut loss = 0f64;
+    for l in losses {
+        loss += l?;
+    }
+    Ok((loss, g))
 }
 
 impl Trainable {
@@ -183,5 +310,39 @@ impl Trainable {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Tensor};
+
+    use super::{ce_grad_host, ce_grad_tensors};
+
+    /// The one-pass CPU loss and gradient equal the candle ops', for a vocabulary that is not a
+    /// multiple of the eight lanes, large and small logits, and rows of different weights.
+    #[test]
+    fn host_cross_entropy_equals_the_composed_ops() {
+        let (rows, v) = (5, 203);
+        let logits: Vec<f32> = (0..rows * v)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * if i % 7 == 0 { 0.9 } else { 0.05 })
+            .collect();
+        let targets = [0u32, 202, 17, 101, 5];
+        let weights = [1.0f32, 0.5, 2.0, 1.0, 1.0];
+        let scale = 0.125;
+        let (lh, gh) = ce_grad_host(&logits, &targets, &weights, scale).unwrap();
+        let t = Tensor::from_vec(logits, (rows, v), &Device::Cpu).unwrap();
+        let (lt, gt) = ce_grad_tensors(t, &targets, &weights, scale).unwrap();
+        let gt = gt.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!((lh - lt).abs() <= 1e-5 * lt.abs(), "loss {lh} vs {lt}");
+        let worst = gh
+            .iter()
+            .zip(&gt)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-7, "gradients differ by {worst}");
+        // the target's entry is where the one-hot lands
+        assert!(gh[202 + v] < 0.0 && gh[0] < 0.0);
+        assert!(ce_grad_host(&[0.0; 6], &[3, 7], &[1.0, 1.0], 1.0).is_err());
     }
 }
