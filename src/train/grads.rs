@@ -195,7 +195,7 @@ fn ce_grad_host(
 ) -> candle_core::Result<(f64, Vec<f32>)> {
     use rayon::prelude::*;
     let rows = targets.len();
-    if rows == 0 || logits.len() % rows != 0 {
+    if rows == 0 || !logits.len().is_multiple_of(rows) {
         candle_core::bail!("{} logits for {rows} rows", logits.len());
     }
     let v = logits.len() / rows;
