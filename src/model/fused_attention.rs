@@ -371,13 +371,38 @@ mod kernels {
         for c in 0..a[0].len() {
             let (a0, a1, a2, a3) = (a[0][c], a[1][c], a[2][c], a[3][c]);
             let m = &mut mt[c * lp..][..n32];
-            for (j, x) in m.iter_mut().enumerate() {
-                let t = madd::<F>(a0, w[0][j], *x);
-                let t = madd::<F>(a1, w[1][j], t);
-                let t = madd::<F>(a2, w[2][j], t);
-                *x = madd::<F>(a3, w[3][j], t);
+            // eight lanes at a time through a local array, so that the loop vectorises without
+            // the compiler's runtime checks that `m` overlaps none of the four rows
+            for (j0, mc) in (0..n32).step_by(8).zip(m.chunks_exact_mut(8)) {
+                let rows = w.map(|w| &w[j0..j0 + 8]);
+                let mut t = [0f32; 8];
+                for l in 0..8 {
+                    let x = madd::<F>(a0, rows[0][l], mc[l]);
+                    let x = madd::<F>(a1, rows[1][l], x);
+                    let x = madd::<F>(a2, rows[2][l], x);
+                    t[l] = madd::<F>(a3, rows[3][l], x);
+                }
+                mc.copy_from_slice(&t);
             }
         }
+    }
+
+    /// The largest value of `xs` in eight lanes (a fold of `f32::max` is one serial chain: it
+    /// does not vectorise). A NaN is skipped unless every value is NaN, as `f32::max` does.
+    #[inline(always)]
+    fn lane_max(xs: &[f32]) -> f32 {
+        let mut lanes = [f32::NEG_INFINITY; 8];
+        let chunks = xs.chunks_exact(8);
+        let tail = chunks
+            .remainder()
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        for c in chunks {
+            for (m, &x) in lanes.iter_mut().zip(c) {
+                *m = if x > *m { x } else { *m };
+            }
+        }
+        lanes.iter().fold(tail, |m, &x| m.max(x))
     }
 
     /// Row `i`'s probabilities over keys `0..n` into `p[..n]` from the scaled query `qs`, and
@@ -386,7 +411,7 @@ mod kernels {
     fn probs<const F: bool>(qs: &[f32], kt: &[f32], lp: usize, n: usize, p: &mut [f32]) {
         let n32 = n.div_ceil(CH) * CH;
         times_rows::<F>(qs, kt, lp, n, p);
-        let max = p[..n].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let max = lane_max(&p[..n]);
         let sum = crate::simd::exp_sub_sum(&mut p[..n], max);
         let inv = 1.0 / sum;
         for s in p[..n].iter_mut() {
