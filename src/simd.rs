@@ -152,6 +152,24 @@ mod avx2 {
     }
 }
 
+/// The largest value of `xs`, in eight lanes (a fold of `f32::max` is one serial chain: it does
+/// not vectorise). A NaN is skipped unless every value is NaN, as `f32::max` does.
+#[inline(always)]
+pub fn lane_max(xs: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let chunks = xs.chunks_exact(8);
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    for c in chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    lanes.iter().fold(tail, |m, &x| m.max(x))
+}
+
 /// `(max, sum(exp(x - max)))` over a row; NaN counts as `-inf`. The sum runs in eight f32
 /// lanes per chunk of 1024 and in f64 across chunks: relative error about 1e-6.
 pub fn max_sum_exp(row: &[f32]) -> (f32, f64) {

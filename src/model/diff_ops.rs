@@ -29,6 +29,14 @@ pub(crate) fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
     }
 }
 
+/// [`slice`] for the tensor an in-place op writes.
+pub(crate) fn slice_mut<'a>(s: &'a mut CpuStorage, l: &Layout) -> Result<&'a mut [f32]> {
+    match (s, l.contiguous_offsets()) {
+        (CpuStorage::F32(data), Some((a, b))) => Ok(&mut data[a..b]),
+        _ => candle_core::bail!("expected a contiguous f32 tensor"),
+    }
+}
+
 /// A CPU f32 tensor's data borrowed for a backward pass (no copy): [`view`] it, then [`F32View::get`].
 pub(crate) struct F32View<'a> {
     guard: std::sync::RwLockReadGuard<'a, Storage>,

@@ -387,31 +387,13 @@ mod kernels {
         }
     }
 
-    /// The largest value of `xs` in eight lanes (a fold of `f32::max` is one serial chain: it
-    /// does not vectorise). A NaN is skipped unless every value is NaN, as `f32::max` does.
-    #[inline(always)]
-    fn lane_max(xs: &[f32]) -> f32 {
-        let mut lanes = [f32::NEG_INFINITY; 8];
-        let chunks = xs.chunks_exact(8);
-        let tail = chunks
-            .remainder()
-            .iter()
-            .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-        for c in chunks {
-            for (m, &x) in lanes.iter_mut().zip(c) {
-                *m = if x > *m { x } else { *m };
-            }
-        }
-        lanes.iter().fold(tail, |m, &x| m.max(x))
-    }
-
     /// Row `i`'s probabilities over keys `0..n` into `p[..n]` from the scaled query `qs`, and
     /// zeros in `p[n..n32]`.
     #[inline(always)]
     fn probs<const F: bool>(qs: &[f32], kt: &[f32], lp: usize, n: usize, p: &mut [f32]) {
         let n32 = n.div_ceil(CH) * CH;
         times_rows::<F>(qs, kt, lp, n, p);
-        let max = lane_max(&p[..n]);
+        let max = crate::simd::lane_max(&p[..n]);
         let sum = crate::simd::exp_sub_sum(&mut p[..n], max);
         let inv = 1.0 / sum;
         for s in p[..n].iter_mut() {

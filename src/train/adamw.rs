@@ -13,6 +13,7 @@
 use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Result, Tensor, Var};
 
 use super::data::SplitMix;
+use crate::model::diff_ops::{host_view, slice, slice_mut};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWConfig {
@@ -130,7 +131,7 @@ impl AdamW {
         let mut sq = 0f64;
         for g in grads {
             let g = &g.contiguous()?;
-            sq += match host_f32(g) {
+            sq += match host_view(g) {
                 Some(view) => chunked(view.get()?, |c| {
                     c.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>()
                 })
@@ -293,14 +294,6 @@ impl AdamW {
     }
 }
 
-/// A CPU f32 tensor's contiguous data, or `None` for anything else (the tensor ops handle it).
-fn host_f32(t: &Tensor) -> Option<crate::model::diff_ops::F32View<'_>> {
-    if !t.device().is_cpu() || t.dtype() != DType::F32 || !t.is_contiguous() {
-        return None;
-    }
-    crate::model::diff_ops::view(t).ok()
-}
-
 /// Elements per parallel chunk of the host update.
 const CHUNK: usize = 1 << 16;
 
@@ -347,7 +340,7 @@ impl HostStep {
         let p = slot.var.as_tensor();
         let host = [p, grad, &slot.m, &slot.v]
             .iter()
-            .all(|t| host_f32(t).is_some());
+            .all(|t| host_view(t).is_some());
         if !host || grad.elem_count() != p.elem_count() {
             return Ok(None);
         }
@@ -385,18 +378,6 @@ impl HostStep {
     }
 }
 
-/// A contiguous f32 storage's values (the layouts were checked by [`HostStep::apply`]).
-fn values<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
-    crate::model::diff_ops::slice(s, l)
-}
-
-fn values_mut<'a>(s: &'a mut CpuStorage, l: &Layout) -> Result<&'a mut [f32]> {
-    match (s, l.contiguous_offsets()) {
-        (CpuStorage::F32(v), Some((a, b))) => Ok(&mut v[a..b]),
-        _ => candle_core::bail!("AdamW: expected a contiguous f32 tensor"),
-    }
-}
-
 /// `m = b1 m + (1 - b1) g` (or `v = b2 v + (1 - b2) g^2`) in place.
 struct Moment {
     step: HostStep,
@@ -416,7 +397,7 @@ impl InplaceOp2 for Moment {
         l2: &Layout,
     ) -> Result<()> {
         use rayon::prelude::*;
-        let (m, g) = (values_mut(s1, l1)?, values(s2, l2)?);
+        let (m, g) = (slice_mut(s1, l1)?, slice(s2, l2)?);
         let st = self.step;
         m.par_chunks_mut(CHUNK)
             .zip(g.par_chunks(CHUNK))
@@ -456,7 +437,7 @@ impl InplaceOp3 for Update {
         l3: &Layout,
     ) -> Result<()> {
         use rayon::prelude::*;
-        let (p, m, v) = (values_mut(s1, l1)?, values(s2, l2)?, values(s3, l3)?);
+        let (p, m, v) = (slice_mut(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
         let st = self.step;
         let stored = self.stored;
         // per chunk, in order, so that the sums do not depend on how the pool split the work

@@ -129,14 +129,10 @@ impl candle_core::InplaceOp2 for AddAssign {
         s2: &candle_core::CpuStorage,
         l2: &candle_core::Layout,
     ) -> candle_core::Result<()> {
+        use crate::model::diff_ops::{slice, slice_mut};
         use rayon::prelude::*;
-        let x = crate::model::diff_ops::slice(s2, l2)?;
-        let (candle_core::CpuStorage::F32(acc), Some((a, b))) = (s1, l1.contiguous_offsets())
-        else {
-            candle_core::bail!("add-assign: expected a contiguous f32 tensor")
-        };
-        acc[a..b]
-            .par_chunks_mut(1 << 16)
+        let (acc, x) = (slice_mut(s1, l1)?, slice(s2, l2)?);
+        acc.par_chunks_mut(1 << 16)
             .zip(x.par_chunks(1 << 16))
             .for_each(|(acc, x)| {
                 for (a, &x) in acc.iter_mut().zip(x) {
@@ -209,18 +205,7 @@ fn ce_grad_host(
             let Some(&picked) = row.get(t) else {
                 candle_core::bail!("target {t} is outside the vocabulary of {v}")
             };
-            let mut lanes = [f32::NEG_INFINITY; 8];
-            let chunks = row.chunks_exact(8);
-            let mut max = chunks
-                .remainder()
-                .iter()
-                .fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-            for c in chunks {
-                for (m, &x) in lanes.iter_mut().zip(c) {
-                    *m = if x > *m { x } else { *m };
-                }
-            }
-            max = lanes.iter().fold(max, |m, &x| m.max(x));
+            let max = crate::simd::lane_max(row);
             gr.copy_from_slice(row);
             let sum = crate::simd::exp_sub_sum(gr, max);
             let ws = (f64::from(w) * scale) as f32;
