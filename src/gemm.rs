@@ -9,6 +9,11 @@
 //! batch size or composition rests on this; a gemm that picks its kernel and blocking by `m`
 //! (candle's does) would break it. The AVX2 kernels and the portable ones give the same bits.
 //!
+//! Training uses the same kernels for all three products of a linear layer (`model::host_linear`):
+//! `x` may also be given transposed (stored `k x m`, as the upstream gradient is when the weight's
+//! gradient is `dy^T @ x`), a matrix may be packed from its transpose ([`PackedMatrix::pack_kn`]),
+//! and a product may be added to `y` instead of written.
+//!
 //! Knows nothing of models or tensors; `model::transformer` decides what gets packed.
 
 use rayon::prelude::*;
@@ -69,6 +74,28 @@ impl PackedMatrix {
         PackedMatrix { n, k, lines }
     }
 
+    /// Packs the `(n, k)` matrix whose transpose `a` is given (`k` rows of `n`, row-major): each
+    /// line of a panel is 16 consecutive values of one row of `a`.
+    pub fn pack_kn(a: &[f32], k: usize, n: usize) -> Self {
+        assert!(
+            a.len() >= n * k,
+            "pack_kn: {} values for {k} x {n}",
+            a.len()
+        );
+        let panels = n.div_ceil(NR);
+        let mut lines = vec![Line([0.0; NR]); panels * k];
+        lines
+            .par_chunks_mut(k.max(1))
+            .enumerate()
+            .for_each(|(p, panel)| {
+                let c = NR.min(n - p * NR);
+                for (s, line) in panel.iter_mut().enumerate() {
+                    line.0[..c].copy_from_slice(&a[s * n + p * NR..][..c]);
+                }
+            });
+        PackedMatrix { n, k, lines }
+    }
+
     /// Rows of the original matrix (the output features).
     pub fn rows(&self) -> usize {
         self.n
@@ -102,15 +129,43 @@ impl PackedMatrix {
 /// `y = x @ w^T` for `x` (`m` rows of `w.cols()`) into `y` (`m` rows of `w.rows()`), batch
 /// invariant (see the module doc). Jobs of whole panels run on rayon's pool.
 pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
+    product(x, XLayout::Rows, m, w, y, false);
+}
+
+/// How the `m x k` left operand of [`product`] is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XLayout {
+    /// Row-major `m x k`.
+    Rows,
+    /// Its transpose, row-major `k x m`.
+    Transposed,
+}
+
+/// `y = x @ w^T` (`accumulate`: `y += x @ w^T`) with `x` stored as `layout` says. Each `y[i][j]`
+/// is one multiply-add chain over `k` in order, starting from zero (or from `y[i][j]`).
+pub fn product(
+    x: &[f32],
+    layout: XLayout,
+    m: usize,
+    w: &PackedMatrix,
+    y: &mut [f32],
+    accumulate: bool,
+) {
     let (n, k) = (w.n, w.k);
     assert!(
         x.len() >= m * k && y.len() >= m * n,
         "matmul: {m} x {k} @ ({n} x {k})^T"
     );
     if k == 0 {
-        y[..m * n].fill(0.0);
+        if !accumulate {
+            y[..m * n].fill(0.0);
+        }
         return;
     }
+    let xt = layout == XLayout::Transposed;
+    // where x's element (i, k0) is, and the distance between rows (or, transposed, k steps)
+    let x_at = |i: usize, k0: usize| if xt { k0 * m + i } else { i * k + k0 };
+    let ld = if xt { m } else { k };
     let panels = n.div_ceil(NR);
     // Jobs of whole panels: at least four per thread when the matrix has that many panels (a
     // small projection in few large jobs leaves a thread idle), at most PANELS_PER_JOB.
@@ -138,15 +193,16 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
                     if step == 1 {
                         // every row tile takes one panel: one call runs them all
                         let tile = Tile {
-                            x: &x[i0 * k + k0..],
-                            ldx: k,
+                            x: &x[x_at(i0, k0)..],
+                            ldx: ld,
+                            xt,
                             panels: [&w.panel(p)[k0..k0 + kc], &[], &[]],
                             // SAFETY: rows i0..i1 and the panel's columns are inside y; each
                             // job writes only its own panels' columns.
                             y: unsafe { out.get().add(i0 * n + p * NR) },
                             ldy: n,
                             cols: (n - p * NR).min(NR),
-                            first: k0 == 0,
+                            first: k0 == 0 && !accumulate,
                         };
                         run_column(i1 - i0, &tile);
                         p += 1;
@@ -160,8 +216,9 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
                             let group = max_panels(r).min(p + g - q);
                             let cols = (n - q * NR).min(group * NR);
                             let tile = Tile {
-                                x: &x[i * k + k0..],
-                                ldx: k,
+                                x: &x[x_at(i, k0)..],
+                                ldx: ld,
+                                xt,
                                 panels: [q, q + 1, q + 2].map(|c| {
                                     if c < q + group {
                                         &w.panel(c)[k0..k0 + kc]
@@ -174,7 +231,7 @@ pub fn matmul(x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]) {
                                 y: unsafe { out.get().add(i * n + q * NR) },
                                 ldy: n,
                                 cols,
-                                first: k0 == 0,
+                                first: k0 == 0 && !accumulate,
                             };
                             run_tile(r, group, &tile);
                             q += group;
@@ -216,8 +273,11 @@ fn max_panels(r: usize) -> usize {
 /// (or, on the first block, written into) `y`.
 #[derive(Clone, Copy)]
 struct Tile<'a> {
+    /// From the tile's first element: row `a`, step `s` at `a * ldx + s`, or with `xt` (x
+    /// transposed) at `s * ldx + a`.
     x: &'a [f32],
     ldx: usize,
+    xt: bool,
     panels: [&'a [Line]; 3],
     y: *mut f32,
     ldy: usize,
@@ -231,10 +291,13 @@ fn run_tile(r: usize, p: usize, t: &Tile) {
     if crate::simd::has_avx2_fma() {
         macro_rules! dispatch {
             ($(($a:literal, $b:literal)),*) => {
-                match (r, p) {
+                match (r, p, t.xt) {
                     // SAFETY: the CPU has AVX2 and FMA (checked above); the tile's bounds are
                     // the caller's (see `matmul`).
-                    $(($a, $b) => unsafe { avx2::tile::<$a, $b>(t) },)*
+                    $(
+                        ($a, $b, false) => unsafe { avx2::tile::<$a, $b, false>(t) },
+                        ($a, $b, true) => unsafe { avx2::tile::<$a, $b, true>(t) },
+                    )*
                     _ => unreachable!("tile {r} x {p}"),
                 }
             };
@@ -262,7 +325,13 @@ fn run_column(rows: usize, t: &Tile) {
     #[cfg(target_arch = "x86_64")]
     if crate::simd::has_avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA (checked above); the rows are the caller's.
-        unsafe { avx2::column(rows, t) };
+        unsafe {
+            if t.xt {
+                avx2::column::<true>(rows, t)
+            } else {
+                avx2::column::<false>(rows, t)
+            }
+        };
         return;
     }
     let mut i = 0;
@@ -277,7 +346,7 @@ impl Tile<'_> {
     /// The same tile from row `i` on.
     fn rows_from(&self, i: usize) -> Tile<'_> {
         Tile {
-            x: &self.x[i * self.ldx..],
+            x: &self.x[if self.xt { i } else { i * self.ldx }..],
             // SAFETY: the caller's rows from i on are inside y.
             y: unsafe { self.y.add(i * self.ldy) },
             ..*self
@@ -289,7 +358,9 @@ impl Tile<'_> {
 fn portable_tile(r: usize, p: usize, t: &Tile) {
     let kc = t.panels[0].len();
     for a in 0..r {
-        let xr = &t.x[a * t.ldx..][..kc];
+        let xr: Vec<f32> = (0..kc)
+            .map(|s| t.x[if t.xt { s * t.ldx + a } else { a * t.ldx + s }])
+            .collect();
         for c in 0..t.cols {
             let panel = t.panels[c / NR];
             // SAFETY: (a, c) is inside the tile (see `matmul`).
@@ -313,7 +384,7 @@ mod avx2 {
 
     /// Row tiles of up to 6 rows down `rows` rows, each times the tile's one panel.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn column(rows: usize, t: &Tile) {
+    pub unsafe fn column<const XT: bool>(rows: usize, t: &Tile) {
         let mut i = 0;
         while i < rows {
             let r = super::tile_rows(rows - i);
@@ -321,12 +392,12 @@ mod avx2 {
             // SAFETY: as for `column`.
             unsafe {
                 match r {
-                    6 => tile::<6, 1>(&ti),
-                    5 => tile::<5, 1>(&ti),
-                    4 => tile::<4, 1>(&ti),
-                    3 => tile::<3, 1>(&ti),
-                    2 => tile::<2, 1>(&ti),
-                    _ => tile::<1, 1>(&ti),
+                    6 => tile::<6, 1, XT>(&ti),
+                    5 => tile::<5, 1, XT>(&ti),
+                    4 => tile::<4, 1, XT>(&ti),
+                    3 => tile::<3, 1, XT>(&ti),
+                    2 => tile::<2, 1, XT>(&ti),
+                    _ => tile::<1, 1, XT>(&ti),
                 }
             }
             i += r;
@@ -336,7 +407,7 @@ mod avx2 {
     /// `R` rows by `P` panels: `R x 2P` accumulators in registers over the block's `k` steps.
     #[inline]
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn tile<const R: usize, const P: usize>(t: &Tile) {
+    pub unsafe fn tile<const R: usize, const P: usize, const XT: bool>(t: &Tile) {
         let kc = t.panels[0].len();
         let mut acc = [[_mm256_setzero_ps(); 6]; R];
         let full = t.cols == P * NR;
@@ -361,7 +432,11 @@ mod avx2 {
             }
         }
         let xp = t.x.as_ptr();
-        assert!(t.x.len() >= (R - 1) * t.ldx + kc);
+        if XT {
+            assert!(t.x.len() >= (kc - 1) * t.ldx + R);
+        } else {
+            assert!(t.x.len() >= (R - 1) * t.ldx + kc);
+        }
         for s in 0..kc {
             let mut b = [_mm256_setzero_ps(); 6];
             for q in 0..P {
@@ -371,8 +446,9 @@ mod avx2 {
                 b[2 * q + 1] = unsafe { _mm256_load_ps(line.add(8)) };
             }
             for (a, row) in acc.iter_mut().enumerate() {
-                // SAFETY: a * ldx + s < x.len() (asserted above).
-                let xv = unsafe { _mm256_broadcast_ss(&*xp.add(a * t.ldx + s)) };
+                let at = if XT { s * t.ldx + a } else { a * t.ldx + s };
+                // SAFETY: at < x.len() (asserted above).
+                let xv = unsafe { _mm256_broadcast_ss(&*xp.add(at)) };
                 for (v, bv) in row.iter_mut().zip(&b).take(2 * P) {
                     *v = _mm256_fmadd_ps(xv, *bv, *v);
                 }
@@ -466,6 +542,7 @@ mod tests {
                 let t = Tile {
                     x: &x[k0..],
                     ldx: k,
+                    xt: false,
                     panels: [&packed.panel(p)[k0..k0 + kc], &[], &[]],
                     y: z[p * NR..].as_mut_ptr(),
                     ldy: n,
@@ -476,5 +553,42 @@ mod tests {
             }
         }
         assert!(y.iter().zip(&z).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
+    /// Training's forms: `x` given transposed, a matrix packed from its transpose, and products
+    /// added to `y`; each is the same multiply-add chain as the plain product, from `y`'s value.
+    #[test]
+    fn transposed_operands_and_accumulation_keep_the_chain() {
+        for &(m, n, k) in &[(37, 70, 300), (6, 16, 256), (100, 33, 513), (1, 5, 7)] {
+            let (x, w) = (data(m * k, 6), data(n * k, 7));
+            let xt: Vec<f32> = (0..k * m).map(|i| x[(i % m) * k + i / m]).collect();
+            let wt: Vec<f32> = (0..k * n).map(|i| w[(i % n) * k + i / n]).collect();
+            let packed = PackedMatrix::pack(&w, n, k);
+            let from_t = PackedMatrix::pack_kn(&wt, k, n);
+            assert_eq!(packed.bytes(), from_t.bytes());
+            for j in 0..n {
+                assert_eq!(packed.row(j), from_t.row(j), "{n}x{k} row {j}");
+            }
+            let y0 = data(m * n, 8);
+            let mut y = y0.clone();
+            product(&xt, XLayout::Transposed, m, &from_t, &mut y, true);
+            let mut plain = vec![0f32; m * n];
+            matmul(&x, m, &packed, &mut plain);
+            let mut transposed = vec![0f32; m * n];
+            product(&xt, XLayout::Transposed, m, &packed, &mut transposed, false);
+            for i in 0..m {
+                for j in 0..n {
+                    let (xr, wr) = (&x[i * k..(i + 1) * k], &w[j * k..(j + 1) * k]);
+                    let from = xr
+                        .iter()
+                        .zip(wr)
+                        .fold(y0[i * n + j], |acc, (a, b)| a.mul_add(*b, acc));
+                    let at = i * n + j;
+                    assert_eq!(y[at].to_bits(), from.to_bits(), "{m}x{n}x{k} ({i}, {j})");
+                    assert_eq!(transposed[at].to_bits(), plain[at].to_bits());
+                    assert_eq!(plain[at].to_bits(), chain(xr, wr).to_bits());
+                }
+            }
+        }
     }
 }

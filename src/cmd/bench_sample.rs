@@ -399,6 +399,12 @@ pub fn packed_matmul_ceiling() -> f64 {
     packed_matmul_rate(CEILING_N, CEILING_N, CEILING_N)
 }
 
+/// The CPU's f32 matmul rate for MFU: the faster of candle's gemm and the packed one (training's
+/// linear layers and LM head run on the packed gemm, other products on candle's).
+pub fn cpu_matmul_ceiling() -> Result<f64> {
+    Ok(matmul_ceiling()?.max(packed_matmul_ceiling()))
+}
+
 /// FLOP/s of the packed gemm `(m x k) @ (n x k)^T`: the best of repeated products (at least 10,
 /// and at least ~50 ms in all) after a warm-up.
 pub fn packed_matmul_rate(m: usize, n: usize, k: usize) -> f64 {

@@ -10,6 +10,7 @@ pub mod cards;
 pub mod config;
 pub mod diff_ops;
 pub mod fused_attention;
+pub mod host_linear;
 mod packed;
 pub mod tokenizer;
 pub mod transformer;

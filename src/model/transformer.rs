@@ -196,6 +196,18 @@ fn stack_linears(parts: &[&Linear]) -> Result<(Linear, Vec<Linear>)> {
     Ok((Linear::new(w, b), views))
 }
 
+/// `l(x)`, on the packed CPU gemm (with its backward) for f32 on the CPU, else candle's.
+fn project(l: &Linear, x: &Tensor) -> Result<Tensor> {
+    if !super::host_linear::supported(x) {
+        return l.forward(x);
+    }
+    let y = super::host_linear::linear(x, l.weight())?;
+    match l.bias() {
+        Some(b) => y.broadcast_add(b),
+        None => Ok(y),
+    }
+}
+
 fn linear(i: usize, o: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
     if bias {
         candle_nn::linear(i, o, vb)
@@ -297,9 +309,9 @@ impl Layer {
             ));
         }
         Ok((
-            self.q_proj.forward(h)?.reshape((t, hq, d))?,
-            self.k_proj.forward(h)?.reshape((t, hkv, d))?,
-            self.v_proj.forward(h)?.reshape((t, hkv, d))?,
+            project(&self.q_proj, h)?.reshape((t, hq, d))?,
+            project(&self.k_proj, h)?.reshape((t, hkv, d))?,
+            project(&self.v_proj, h)?.reshape((t, hkv, d))?,
         ))
     }
 
@@ -311,14 +323,14 @@ impl Layer {
                 let i = y.dim(1)? / 2;
                 (y.narrow(1, 0, i)?, y.narrow(1, i, i)?)
             }
-            _ => (self.gate_proj.forward(h)?, self.up_proj.forward(h)?),
+            _ => (project(&self.gate_proj, h)?, project(&self.up_proj, h)?),
         };
         let act = if !fused && super::diff_ops::supported(&g) {
             super::diff_ops::swiglu(&g, &u)?
         } else {
             (candle_nn::ops::silu(&g)? * u)?
         };
-        self.down_proj.forward(&act)
+        project(&self.down_proj, &act)
     }
 }
 
@@ -499,7 +511,7 @@ impl Transformer {
         let q = rope.apply(&q, fused)?;
         let k = rope.apply(&k, fused)?;
         let a = attn.attend(i, &q, &k, &v)?.reshape((t, hq * d))?;
-        let x = (x + l.o_proj.forward(&a)?)?;
+        let x = (x + project(&l.o_proj, &a)?)?;
         // 2. MLP block (SwiGLU)
         let h = l.post_norm.forward_with(&x, fused)?;
         x + l.mlp(&h, fused)?

@@ -69,8 +69,33 @@ pub fn head_grads(
     if sel.is_empty() {
         return Ok((0.0, hidden.zeros_like()?, w.zeros_like()?));
     }
-    let mut gw = None;
     let chunk = if chunk == 0 { sel.len() } else { chunk };
+    if let (Some(hv), Some(wv)) = (
+        crate::model::diff_ops::host_view(hidden),
+        crate::model::diff_ops::host_view(w),
+    ) {
+        let (v, h) = w.dims2()?;
+        let (loss, gh, gw) = head_grads_host(hv.get()?, wv.get()?, (v, h), &sel, b, scale, chunk)?;
+        return Ok((
+            loss,
+            Tensor::from_vec(gh, hidden.shape(), dev)?,
+            Tensor::from_vec(gw, w.shape(), dev)?,
+        ));
+    }
+    head_grads_tensors(hidden, w, b, scale, &sel, chunk)
+}
+
+/// [`head_grads`] from candle ops (any device and dtype), over the positions `sel` in chunks.
+fn head_grads_tensors(
+    hidden: &Tensor,
+    w: &Tensor,
+    b: &PackedBatch,
+    scale: f64,
+    sel: &[u32],
+    chunk: usize,
+) -> candle_core::Result<(f64, Tensor, Tensor)> {
+    let dev = hidden.device();
+    let mut gw = None;
     let mut loss = 0f64;
     let mut gh_parts = Vec::new();
     for c in sel.chunks(chunk) {
@@ -79,68 +104,63 @@ pub fn head_grads(
         let weights: Vec<f32> = c.iter().map(|&i| b.weights[i as usize]).collect();
         let hc = hidden.index_select(&idx, 0)?; // (c, H)
         let logits = hc.matmul(&w.t()?)?; // (c, V)
-        let host = match crate::model::diff_ops::host_view(&logits) {
-            Some(view) => Some(ce_grad_host(view.get()?, &targets, &weights, scale)?),
-            None => None,
-        };
-        let (l, g) = match host {
-            Some((l, g)) => (l, Tensor::from_vec(g, logits.shape(), dev)?),
-            None => ce_grad_tensors(logits, &targets, &weights, scale)?,
-        };
+        let (l, g) = ce_grad_tensors(logits, &targets, &weights, scale)?;
         loss += l;
         gh_parts.push(g.matmul(w)?); // (c, H)
         let part = g.t()?.matmul(&hc)?; // (V, H)
         gw = match gw {
             None => Some(part),
-            Some(acc) => Some(add_assign(acc, &part)?),
+            Some(acc) => Some((acc + part)?),
         };
     }
     let gh_sel = Tensor::cat(&gh_parts, 0)?;
-    let all = Tensor::new(sel.as_slice(), dev)?;
+    let all = Tensor::new(sel, dev)?;
     let gh = hidden.zeros_like()?.index_add(&all, &gh_sel, 0)?;
     let gw = gw.expect("at least one chunk");
     Ok((loss, gh, gw))
 }
 
-/// `acc + x`: in place and in parallel when both are contiguous f32 CPU tensors of one shape
-/// (the head's weight gradient is as large as the head, and candle's add is one thread and a
-/// new tensor), else candle's add.
-fn add_assign(acc: Tensor, x: &Tensor) -> candle_core::Result<Tensor> {
-    use crate::model::diff_ops::host_view;
-    if acc.shape() == x.shape() && host_view(&acc).is_some() && host_view(x).is_some() {
-        acc.inplace_op2(x, &AddAssign)?;
-        return Ok(acc);
+/// [`head_grads`] for f32 CPU data (`hidden` (T, H), `w` (V, H)): each chunk's three products
+/// on the packed gemm, taking every operand as it is stored (the head is packed twice per call,
+/// for the logits and for the hidden states' gradient), the loss gradient written over the
+/// logits, and the weight's gradient summed in place.
+fn head_grads_host(
+    hidden: &[f32],
+    w: &[f32],
+    (v, h): (usize, usize),
+    sel: &[u32],
+    b: &PackedBatch,
+    scale: f64,
+    chunk: usize,
+) -> candle_core::Result<(f64, Vec<f32>, Vec<f32>)> {
+    use crate::gemm::{matmul, product, PackedMatrix, XLayout};
+    let head = PackedMatrix::pack(w, v, h); // logits = hc @ w^T
+    let head_t = PackedMatrix::pack_kn(w, v, h); // dhc = g @ w
+    let mut gh = vec![0f32; hidden.len()];
+    let mut gw = vec![0f32; v * h];
+    let mut logits = vec![0f32; chunk.min(sel.len()) * v];
+    let mut ghc = vec![0f32; chunk.min(sel.len()) * h];
+    let mut loss = 0f64;
+    for (n, c) in sel.chunks(chunk).enumerate() {
+        let rows = c.len();
+        let targets: Vec<u32> = c.iter().map(|&i| b.targets[i as usize]).collect();
+        let weights: Vec<f32> = c.iter().map(|&i| b.weights[i as usize]).collect();
+        let mut hc = Vec::with_capacity(rows * h);
+        for &i in c {
+            hc.extend_from_slice(&hidden[i as usize * h..][..h]);
+        }
+        let g = &mut logits[..rows * v];
+        matmul(&hc, rows, &head, g);
+        loss += ce_grad_in_place(g, &targets, &weights, scale)?;
+        matmul(g, rows, &head_t, &mut ghc[..rows * h]);
+        for (&i, row) in c.iter().zip(ghc.chunks(h)) {
+            gh[i as usize * h..][..h].copy_from_slice(row);
+        }
+        // dw (V, H) += g^T (V, c) @ hc (c, H): g as stored is g^T transposed; hc^T packs from hc
+        let hc_t = PackedMatrix::pack_kn(&hc, rows, h);
+        product(g, XLayout::Transposed, v, &hc_t, &mut gw, n > 0);
     }
-    acc + x
-}
-
-/// The in-place op of [`add_assign`].
-struct AddAssign;
-
-impl candle_core::InplaceOp2 for AddAssign {
-    fn name(&self) -> &'static str {
-        "add-assign"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &mut candle_core::CpuStorage,
-        l1: &candle_core::Layout,
-        s2: &candle_core::CpuStorage,
-        l2: &candle_core::Layout,
-    ) -> candle_core::Result<()> {
-        use crate::model::diff_ops::{slice, slice_mut};
-        use rayon::prelude::*;
-        let (acc, x) = (slice_mut(s1, l1)?, slice(s2, l2)?);
-        acc.par_chunks_mut(1 << 16)
-            .zip(x.par_chunks(1 << 16))
-            .for_each(|(acc, x)| {
-                for (a, &x) in acc.iter_mut().zip(x) {
-                    *a += x;
-                }
-            });
-        Ok(())
-    }
+    Ok((loss, gh, gw))
 }
 
 /// `d(scale * loss)/d logits = weight * scale * (softmax - onehot)` of each row of `logits`
@@ -183,30 +203,28 @@ fn ce_grad_tensors(
 /// [`ce_grad_tensors`] for f32 logits on the CPU: one parallel task per row (its max, then its
 /// exponentials and their sum, vectorised, then the scaling), where the candle ops make a
 /// dozen single-threaded passes over the (c, V) logits with as many temporaries.
-fn ce_grad_host(
-    logits: &[f32],
+/// The logits are overwritten by the gradient; returns the loss sum.
+fn ce_grad_in_place(
+    g: &mut [f32],
     targets: &[u32],
     weights: &[f32],
     scale: f64,
-) -> candle_core::Result<(f64, Vec<f32>)> {
+) -> candle_core::Result<f64> {
     use rayon::prelude::*;
     let rows = targets.len();
-    if rows == 0 || !logits.len().is_multiple_of(rows) {
-        candle_core::bail!("{} logits for {rows} rows", logits.len());
+    if rows == 0 || !g.len().is_multiple_of(rows) {
+        candle_core::bail!("{} logits for {rows} rows", g.len());
     }
-    let v = logits.len() / rows;
-    let mut g = vec![0f32; logits.len()];
+    let v = g.len() / rows;
     let losses: Vec<candle_core::Result<f64>> = g
         .par_chunks_mut(v)
-        .zip(logits.par_chunks(v))
         .enumerate()
-        .map(|(i, (gr, row))| {
+        .map(|(i, gr)| {
             let (t, w) = (targets[i] as usize, weights[i]);
-            let Some(&picked) = row.get(t) else {
+            let Some(&picked) = gr.get(t) else {
                 candle_core::bail!("target {t} is outside the vocabulary of {v}")
             };
-            let max = crate::simd::lane_max(row);
-            gr.copy_from_slice(row);
+            let max = crate::simd::lane_max(gr);
             let sum = crate::simd::exp_sub_sum(gr, max);
             let ws = (f64::from(w) * scale) as f32;
             let mul = ws / sum;
@@ -221,7 +239,7 @@ fn ce_grad_host(
     for l in losses {
         loss += l?;
     }
-    Ok((loss, g))
+    Ok(loss)
 }
 
 impl Trainable {
@@ -302,7 +320,9 @@ impl Trainable {
 mod tests {
     use candle_core::{Device, Tensor};
 
-    use super::{ce_grad_host, ce_grad_tensors};
+    use super::{ce_grad_in_place, ce_grad_tensors, head_grads, head_grads_tensors};
+    use crate::model::tests::max_abs_diff;
+    use crate::train::loss::PackedBatch;
 
     /// The one-pass CPU loss and gradient equal the candle ops', for a vocabulary that is not a
     /// multiple of the eight lanes, large and small logits, and rows of different weights.
@@ -315,7 +335,8 @@ mod tests {
         let targets = [0u32, 202, 17, 101, 5];
         let weights = [1.0f32, 0.5, 2.0, 1.0, 1.0];
         let scale = 0.125;
-        let (lh, gh) = ce_grad_host(&logits, &targets, &weights, scale).unwrap();
+        let mut gh = logits.clone();
+        let lh = ce_grad_in_place(&mut gh, &targets, &weights, scale).unwrap();
         let t = Tensor::from_vec(logits, (rows, v), &Device::Cpu).unwrap();
         let (lt, gt) = ce_grad_tensors(t, &targets, &weights, scale).unwrap();
         let gt = gt.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -328,6 +349,47 @@ mod tests {
         assert!(worst < 1e-7, "gradients differ by {worst}");
         // the target's entry is where the one-hot lands
         assert!(gh[202 + v] < 0.0 && gh[0] < 0.0);
-        assert!(ce_grad_host(&[0.0; 6], &[3, 7], &[1.0, 1.0], 1.0).is_err());
+        assert!(ce_grad_in_place(&mut [0.0; 6], &[3, 7], &[1.0, 1.0], 1.0).is_err());
+    }
+
+    /// The head on the packed gemm gives the loss and both gradients of the candle ops, chunked
+    /// and not, with
+    /// positions that carry no loss in between.
+    #[test]
+    fn host_head_equals_the_candle_head() {
+        let (t, h, v) = (40, 24, 203);
+        let dev = Device::Cpu;
+        let hidden = Tensor::randn(0f32, 1.0, (t, h), &dev).unwrap();
+        let w = Tensor::randn(0f32, 0.5, (v, h), &dev).unwrap();
+        let b = PackedBatch {
+            tokens: vec![0; t],
+            positions: (0..t as u32).collect(),
+            seq_lens: vec![t],
+            targets: (0..t as u32).map(|i| i * 7 % v as u32).collect(),
+            weights: (0..t).map(|i| if i % 5 == 1 { 0.0 } else { 1.0 }).collect(),
+        };
+        for chunk in [0, 7, 16] {
+            let (la, gha, gwa) = head_grads(&hidden, &w, &b, 0.25, chunk).unwrap();
+            let sel: Vec<u32> = (0..t as u32)
+                .filter(|&i| b.weights[i as usize] > 0.0)
+                .collect();
+            let c = if chunk == 0 { sel.len() } else { chunk };
+            let (lb, ghb, gwb) = head_grads_tensors(&hidden, &w, &b, 0.25, &sel, c).unwrap();
+            assert!(
+                (la - lb).abs() <= 1e-5 * lb.abs(),
+                "chunk {chunk}: loss {la} vs {lb}"
+            );
+            assert!(
+                max_abs_diff(&gha, &ghb) < 1e-5,
+                "chunk {chunk}: hidden gradient"
+            );
+            assert!(
+                max_abs_diff(&gwa, &gwb) < 1e-5,
+                "chunk {chunk}: head gradient"
+            );
+            // positions without loss get no gradient
+            let row = gha.get(1).unwrap().abs().unwrap().sum_all().unwrap();
+            assert_eq!(row.to_scalar::<f32>().unwrap(), 0.0);
+        }
     }
 }

@@ -102,15 +102,18 @@ pub fn budget(cfg: &ModelConfig, params: u64, s: &TrainSettings) -> Budget {
     } else {
         (s.loss_chunk_tokens as u64).min(tokens)
     };
+    // The head over `rows` positions: through candle ops, logits, exp and probabilities /
+    // gradient, three (rows, vocab) values; on the CPU's packed gemm, the logits (the gradient
+    // overwrites them) and the head weight packed twice. Whichever is more.
+    let head = |rows: u64| (3 * rows * v).max(rows * v + 2 * v * h) * f;
     Budget {
         weights: params * 4,
         grads: params * 4,
         optimizer: params * state,
         activations: layers * one_layer + 2 * h * tokens * f,
         activations_recompute: (layers + 1) * h * tokens * f + one_layer,
-        // logits, exp, probabilities / gradient: three (tokens, vocab) values
-        logits: 3 * tokens * v * f,
-        logits_chunked: 3 * chunk * v * f,
+        logits: head(tokens),
+        logits_chunked: head(chunk),
     }
 }
 

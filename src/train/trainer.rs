@@ -218,7 +218,7 @@ pub fn run(job: &TrainJob) -> Result<TrainSummary> {
     }
     let peak = match s.peak_tflops {
         Some(tf) => tf * 1e12,
-        None => crate::cmd::bench_sample::matmul_ceiling()?,
+        None => crate::cmd::bench_sample::cpu_matmul_ceiling()?,
     };
 
     // resume
