@@ -117,7 +117,8 @@ pub struct TrainSettings {
     /// ... for this many consecutive steps.
     #[serde(default = "d_stall_steps")]
     pub stall_steps: u64,
-    /// The device's peak FLOP/s for MFU; default from a table (CPU: measured at start).
+    /// The device's peak FLOP/s for MFU; default: the CPU's f32 matmul rate, measured at start
+    /// (the trainer runs on the CPU).
     #[serde(default)]
     pub peak_tflops: Option<f64>,
 }
