@@ -1,9 +1,9 @@
 //! A linear layer `y = x @ w^T` as one candle op whose forward and backward products run on the
 //! packed CPU gemm ([`crate::gemm`]), for f32 on the CPU (training).
 //!
-//! candle's CPU matmul (the `gemm` crate) runs the training shapes at 70-125 GFLOP/s on two
-//! cores, slowest where an operand is a transposed view (the weight's gradient `dy^T @ x`); the
-//! packed gemm takes every operand in the layout it comes in and runs them at 115-140. The
+//! candle's CPU matmul (the `gemm` crate) ran the 50M model's layer products at 110-126 GFLOP/s
+//! on two cores, and the LM head's weight gradient (a transposed view) at about 70; the packed
+//! gemm takes every operand in the layout it comes in and ran the same products at 113-143. The
 //! weight is packed per call (its `n x k` copy is small next to the `m x n x k` product at
 //! training's row counts), so the op holds no state between steps.
 //!
