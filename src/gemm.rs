@@ -203,6 +203,11 @@ pub fn product(
                             ldy: n,
                             cols: (n - p * NR).min(NR),
                             first: k0 == 0 && !accumulate,
+                            prefetch: if p + 1 < panels {
+                                &w.panel(p + 1)[k0..k0 + kc]
+                            } else {
+                                &[]
+                            },
                         };
                         run_column(i1 - i0, &tile);
                         p += 1;
@@ -232,6 +237,7 @@ pub fn product(
                                 ldy: n,
                                 cols,
                                 first: k0 == 0 && !accumulate,
+                                prefetch: &[],
                             };
                             run_tile(r, group, &tile);
                             q += group;
@@ -284,6 +290,10 @@ struct Tile<'a> {
     /// Columns of `y` this tile owns (up to 16 per panel; fewer in the matrix's last panel).
     cols: usize,
     first: bool,
+    /// Lines of another panel to prefetch into the cache while this tile computes, one per `k`
+    /// step from the first (the next panel of a column, spread over its row tiles, so that the
+    /// first tile of the next panel does not wait on memory).
+    prefetch: &'a [Line],
 }
 
 fn run_tile(r: usize, p: usize, t: &Tile) {
@@ -385,10 +395,15 @@ mod avx2 {
     /// Row tiles of up to 6 rows down `rows` rows, each times the tile's one panel.
     #[target_feature(enable = "avx2,fma")]
     pub unsafe fn column<const XT: bool>(rows: usize, t: &Tile) {
-        let mut i = 0;
+        let tiles = rows.div_ceil(rows.div_ceil(super::MR));
+        let per = t.prefetch.len().div_ceil(tiles.max(1));
+        let (mut i, mut at) = (0, 0);
         while i < rows {
             let r = super::tile_rows(rows - i);
-            let ti = t.rows_from(i);
+            let mut ti = t.rows_from(i);
+            let end = (at + per).min(t.prefetch.len());
+            ti.prefetch = &t.prefetch[at..end];
+            at = end;
             // SAFETY: as for `column`.
             unsafe {
                 match r {
@@ -437,7 +452,12 @@ mod avx2 {
         } else {
             assert!(t.x.len() >= (R - 1) * t.ldx + kc);
         }
+        let pf = t.prefetch;
         for s in 0..kc {
+            if s < pf.len() {
+                // SAFETY: a hint only; the address is inside `pf`.
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(pf.as_ptr().add(s) as *const i8) };
+            }
             let mut b = [_mm256_setzero_ps(); 6];
             for q in 0..P {
                 let line = t.panels[q][s].0.as_ptr();
@@ -548,6 +568,7 @@ mod tests {
                     ldy: n,
                     cols: NR.min(n - p * NR),
                     first: k0 == 0,
+                    prefetch: &[],
                 };
                 portable_tile(m, 1, &t);
             }

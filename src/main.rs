@@ -124,9 +124,9 @@ enum BenchCommand {
     /// Training tokens/s and step peak memory on a random model, with and without recompute and
     /// the chunked loss.
     Train(cmd::bench_train::TrainBenchArgs),
-    /// One layer's decode attention over the GPU paged cache, per kernel variant, against the
-    /// copy bandwidth (cuda builds).
-    Attention(cmd::bench_sample::AttentionBenchArgs),
+    /// Decode attention over the paged KV cache alone, against the machine's bandwidth (the CPU
+    /// backend over every layer, or each GPU kernel variant with `--device cuda`).
+    Attention(cmd::bench_attention::AttentionBenchArgs),
 }
 
 fn load_config(path: Option<PathBuf>, workdir: Option<PathBuf>) -> Result<Config> {
@@ -215,7 +215,7 @@ fn main() -> ExitCode {
         } => cmd::bench_train::run(&args),
         Command::Bench {
             command: BenchCommand::Attention(args),
-        } => cmd::bench_sample::run_attention(&args),
+        } => cmd::bench_attention::run_attention(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

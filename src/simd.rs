@@ -248,6 +248,83 @@ pub fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     sum_lanes(acc) + dot_tail(ra, rb)
 }
 
+/// A hint to bring the cache line holding `p` into L1 ahead of its use; nothing on other
+/// architectures. Never faults, whatever the address.
+#[inline(always)]
+pub fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint; it reads nothing and cannot fault.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// The sum of `xs` in 16 lanes (plain adds, which vectorise on any x86-64; for the bandwidth
+/// benchmark, where the order of the additions does not matter).
+pub fn sum(xs: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    let chunks = xs.chunks_exact(16);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l += v;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// Independent chains [`fma_chains`] keeps in registers (two more than a 5-cycle multiply-add
+/// latency at two per cycle needs).
+pub const FMA_CHAINS: usize = 12;
+
+/// `iters` rounds of [`FMA_CHAINS`] independent 8-lane fused multiply-adds held in registers:
+/// the machine's multiply-add peak when timed (`bench sample` prints it). Returns a value that
+/// depends on every chain, so that none is optimised away.
+pub fn fma_chains(iters: usize, seed: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        return unsafe { fma_chains_avx2(iters, seed) };
+    }
+    let mut acc = [[seed; 8]; FMA_CHAINS];
+    let (x, y) = (
+        std::hint::black_box(0.999_999f32),
+        std::hint::black_box(1e-7f32),
+    );
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            for v in a.iter_mut() {
+                *v = v.mul_add(x, y);
+            }
+        }
+    }
+    acc.iter().flatten().sum()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_chains_avx2(iters: usize, seed: f32) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_set1_ps(seed); FMA_CHAINS];
+    let x = _mm256_set1_ps(std::hint::black_box(0.999_999f32));
+    let y = _mm256_set1_ps(std::hint::black_box(1e-7f32));
+    for _ in 0..iters {
+        for a in acc.iter_mut() {
+            *a = _mm256_fmadd_ps(*a, x, y);
+        }
+    }
+    let mut total = 0f32;
+    for a in acc {
+        let mut l = [0f32; 8];
+        // SAFETY: `l` holds eight f32s.
+        unsafe { _mm256_storeu_ps(l.as_mut_ptr(), a) };
+        total += l.iter().sum::<f32>();
+    }
+    total
+}
+
 /// Whether this x86-64 CPU has AVX2 and FMA (std caches the answer).
 #[cfg(target_arch = "x86_64")]
 #[inline]

@@ -349,7 +349,7 @@ fn run_gpu(
 #[cfg(feature = "cuda")]
 /// (copy bandwidth in bytes/s counting reads and writes, bf16 matmul FLOP/s) on `dev`, each
 /// the best of several timed runs after a warm-up.
-fn gpu_ceilings(dev: &Device) -> Result<(f64, f64)> {
+pub(super) fn gpu_ceilings(dev: &Device) -> Result<(f64, f64)> {
     let n = 1usize << 30;
     let x = Tensor::randn(0f32, 1.0, n, dev)?.to_dtype(DType::BF16)?;
     let time = |f: &dyn Fn() -> Result<Tensor>| -> Result<f64> {
@@ -375,6 +375,48 @@ fn gpu_ceilings(dev: &Device) -> Result<(f64, f64)> {
 }
 
 const CEILING_N: usize = 1024;
+
+/// The machine's memory read bandwidth in bytes/s: every thread of rayon's pool sums its share
+/// of a 256 MiB buffer (far larger than any cache), the best of 5 passes after a warm-up.
+pub fn read_bandwidth() -> f64 {
+    use rayon::prelude::*;
+    let buf = vec![1f32; 64 << 20];
+    let threads = rayon::current_num_threads().max(1);
+    let per = buf.len().div_ceil(threads);
+    let pass = || -> f64 {
+        let t = Instant::now();
+        let s: f32 = buf
+            .par_chunks(per)
+            .map(|c| crate::simd::sum(std::hint::black_box(c)))
+            .sum();
+        std::hint::black_box(s);
+        t.elapsed().as_secs_f64()
+    };
+    pass();
+    let best = (0..5).map(|_| pass()).fold(f64::INFINITY, f64::min);
+    (buf.len() * std::mem::size_of::<f32>()) as f64 / best
+}
+
+/// The machine's multiply-add peak in FLOP/s: every thread of rayon's pool runs independent
+/// chains of 8-lane fused multiply-adds held in registers (AVX2; the portable build's vectors
+/// otherwise), the best of 3 runs.
+pub fn fma_peak() -> f64 {
+    use rayon::prelude::*;
+    let threads = rayon::current_num_threads().max(1);
+    let iters = 20_000_000usize;
+    let best = (0..3)
+        .map(|_| {
+            let t = Instant::now();
+            let s: f32 = (0..threads)
+                .into_par_iter()
+                .map(|i| crate::simd::fma_chains(iters, i as f32))
+                .sum();
+            std::hint::black_box(s);
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    (threads * iters * crate::simd::FMA_CHAINS * 16) as f64 / best
+}
 
 /// The machine's f32 matmul rate through candle (the gemm every Linear runs on): FLOP/s of the
 /// best of several square products.
@@ -458,138 +500,4 @@ fn decode_flops_per_token(cfg: &ModelConfig, ctx: usize) -> f64 {
     let proj = h * d * (cfg.num_heads * 2 + cfg.num_kv_heads * 2) + 3 * h * i;
     let attn = 4 * ctx * cfg.num_heads * d;
     2.0 * (cfg.num_layers * proj + cfg.vocab_size * h) as f64 + (cfg.num_layers * attn) as f64
-}
-
-#[derive(Debug, clap::Args)]
-pub struct AttentionBenchArgs {
-    /// Model shape for the head counts and head_dim (see `bench sample --shape`).
-    #[arg(long, default_value = "qwen3-4b")]
-    pub shape: String,
-    /// Sequences decoding one token each.
-    #[arg(long, default_value_t = 128)]
-    pub batch: usize,
-    /// Keys and values each sequence attends over (2,176: the mean context of a 128-token
-    /// prompt generating 4,096 tokens).
-    #[arg(long, default_value_t = 2176)]
-    pub context: usize,
-    /// fp8 e4m3 keys and values.
-    #[arg(long)]
-    pub kv_fp8: bool,
-    /// Timed calls per variant.
-    #[arg(long, default_value_t = 20)]
-    pub iters: usize,
-}
-
-/// `pipeline bench attention`: one layer's decode attention over the GPU paged cache, alone, for
-/// each kernel variant: time per call and the KV bytes it reads per second against the device's
-/// copy bandwidth. The cache holds random keys and values.
-pub fn run_attention(a: &AttentionBenchArgs) -> Result<()> {
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = a;
-        bail!("bench attention needs a binary built with --features cuda");
-    }
-    #[cfg(feature = "cuda")]
-    {
-        use crate::cuda::paged::write_kv;
-        use crate::cuda::{GpuKvCache, GpuPagedAttention, GpuStep};
-        use crate::model::attention::AttentionBackend;
-        use crate::sampler::block_pool::{BlockPool, BlockTable};
-        use crate::sampler::kv_cache::SeqStep;
-        let mut cfg = shape(&a.shape)?;
-        cfg.num_layers = 1;
-        let dev = crate::model::parse_device("cuda")?;
-        let (bw, _) = gpu_ceilings(&dev)?;
-        let (b, ctx, bs) = (a.batch, a.context.max(1), 16);
-        let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
-        let per_seq = ctx.div_ceil(bs);
-        let num_blocks = b * per_seq + 1;
-        let mut cache = GpuKvCache::new(&cfg, bs, num_blocks, &dev, DType::BF16, a.kv_fp8)?;
-        let mut pool = BlockPool::new(num_blocks);
-        let mut tables = vec![BlockTable::default(); b];
-        for t in &mut tables {
-            if t.reserve(&mut pool, 0, ctx, bs).is_none() {
-                bail!("the cache is too small");
-            }
-        }
-        // fill every position with random keys and values, a sequence at a time
-        for t in &tables {
-            let fill = GpuStep::new(
-                &cache,
-                &[SeqStep {
-                    block_table: t,
-                    start_pos: 0,
-                    num_new: ctx,
-                }],
-                hq,
-            )?;
-            let k = Tensor::randn(0f32, 1.0, (ctx, hkv, d), &dev)?.to_dtype(DType::BF16)?;
-            let v = Tensor::randn(0f32, 1.0, (ctx, hkv, d), &dev)?.to_dtype(DType::BF16)?;
-            write_kv(&cache, &fill, 0, &k, &v)?;
-        }
-        let seqs: Vec<SeqStep> = tables
-            .iter()
-            .map(|t| SeqStep {
-                block_table: t,
-                start_pos: ctx - 1,
-                num_new: 1,
-            })
-            .collect();
-        let step = GpuStep::new(&cache, &seqs, hq)?;
-        let q = Tensor::randn(0f32, 1.0, (b, hq, d), &dev)?.to_dtype(DType::BF16)?;
-        let k = Tensor::randn(0f32, 1.0, (b, hkv, d), &dev)?.to_dtype(DType::BF16)?;
-        let v = Tensor::randn(0f32, 1.0, (b, hkv, d), &dev)?.to_dtype(DType::BF16)?;
-        let kv_bytes =
-            (b * ctx * hkv * d * 2 * GpuKvCache::elem_bytes(DType::BF16, a.kv_fp8)) as f64;
-        println!(
-            "decode attention, {} heads / {} KV heads of {d}, batch {b}, context {ctx}, KV {}: \
-             {:.2} GB per call, {} partitions; copy ceiling {:.0} GB/s",
-            hq,
-            hkv,
-            if a.kv_fp8 { "fp8" } else { "bf16" },
-            kv_bytes / 1e9,
-            step.num_parts(),
-            bw / 1e9
-        );
-        let variants: &[Option<&'static str>] = if (hq / hkv, d) == (4, 128) {
-            if a.kv_fp8 {
-                &[None, Some("_r4"), Some("_r8")]
-            } else {
-                &[None, Some("_r1"), Some("_r4"), Some("_r8")]
-            }
-        } else {
-            &[None]
-        };
-        println!(
-            "{:>10} {:>10} {:>10} {:>12}",
-            "variant", "ms/call", "GB/s", "of copy"
-        );
-        for &variant in variants {
-            let mut att = GpuPagedAttention {
-                cache: &mut cache,
-                step: &step,
-                sync_timing: false,
-                variant,
-                seconds: 0.0,
-            };
-            for _ in 0..3 {
-                att.attend(0, &q, &k, &v)?;
-            }
-            dev.synchronize()?;
-            let t0 = Instant::now();
-            for _ in 0..a.iters.max(1) {
-                att.attend(0, &q, &k, &v)?;
-            }
-            dev.synchronize()?;
-            let s = t0.elapsed().as_secs_f64() / a.iters.max(1) as f64;
-            println!(
-                "{:>10} {:>10.3} {:>10.0} {:>11.1}%",
-                variant.unwrap_or("default"),
-                s * 1e3,
-                kv_bytes / s / 1e9,
-                100.0 * kv_bytes / s / bw
-            );
-        }
-        Ok(())
-    }
 }

@@ -4,6 +4,7 @@
 //! Each reads files or the work dir and prints; none of them writes a stage.
 
 pub mod bench;
+pub mod bench_attention;
 pub mod bench_sample;
 pub mod bench_train;
 pub mod eval;

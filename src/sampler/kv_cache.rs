@@ -41,13 +41,30 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(cfg: &ModelConfig, block_size: usize, num_blocks: usize) -> KvCache {
         let per_layer = num_blocks * block_size * cfg.num_kv_heads * cfg.head_dim;
+        let layer = || {
+            let v = vec![0f32; per_layer];
+            huge_pages(&v);
+            v
+        };
         KvCache {
             block_size,
             num_blocks,
             num_kv_heads: cfg.num_kv_heads,
             head_dim: cfg.head_dim,
-            k: vec![vec![0.0; per_layer]; cfg.num_layers],
-            v: vec![vec![0.0; per_layer]; cfg.num_layers],
+            k: (0..cfg.num_layers).map(|_| layer()).collect(),
+            v: (0..cfg.num_layers).map(|_| layer()).collect(),
+        }
+    }
+
+    /// Sets every cached key and value of every layer to `f(i)`, `i` counting through the layers'
+    /// keys, then their values (benchmarks fill the cache without running a prefill).
+    pub fn fill_with(&mut self, f: impl Fn(usize) -> f32 + Sync) {
+        let per_layer = self.k.first().map_or(0, Vec::len);
+        for (l, layer) in self.k.iter_mut().chain(self.v.iter_mut()).enumerate() {
+            layer
+                .par_iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = f(l * per_layer + i));
         }
     }
 
@@ -70,6 +87,27 @@ impl KvCache {
             }
         }
     }
+}
+
+/// Asks the kernel to back `v`'s whole 2 MiB pages with huge pages (Linux, where transparent
+/// huge pages are on `madvise`): a decode step reads each sequence's keys and values as small
+/// blocks scattered over the whole cache, and with 4 KiB pages most block reads also miss the
+/// TLB. A hint: nothing changes where the kernel declines. Call before the pages are first
+/// touched (`vec![0; n]` of this size maps fresh zero pages).
+fn huge_pages(v: &[f32]) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let start = v.as_ptr() as usize;
+        let end = start + std::mem::size_of_val(v);
+        let (a, b) = (start.next_multiple_of(HUGE), end / HUGE * HUGE);
+        if b > a {
+            // SAFETY: [a, b) lies inside `v`'s allocation; MADV_HUGEPAGE changes no contents.
+            unsafe { libc::madvise(a as *mut libc::c_void, b - a, libc::MADV_HUGEPAGE) };
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = v;
 }
 
 /// One sequence's share of a step.
@@ -253,6 +291,8 @@ struct AttnScratch {
     q: Vec<f32>,
     /// Scores of the group: (group, pos + 1).
     scores: Vec<f32>,
+    /// The job's runs of 8 keys (block sizes that are multiples of 8).
+    units: Vec<Unit>,
 }
 
 /// One token's attention over positions `0..=pos` for the query heads `q` (group x D) of KV
@@ -296,7 +336,8 @@ unsafe fn attend_group_avx2(
 /// `scratch` belongs to the worker thread, so the decode loop allocates nothing here.
 ///
 /// Every score is one multiply-add chain over the head's dimensions in order, every output
-/// one chain over the positions in order: the same bits whichever job or thread runs it.
+/// one chain over the positions in order: the same bits whichever job or thread runs it, and
+/// whichever kernel below computes it.
 #[inline(always)]
 fn attend_group_body(
     g: &LayerView,
@@ -313,26 +354,55 @@ fn attend_group_body(
     // positions 0..n, and the blocks that hold them (a short table yields fewer positions)
     let n = (pos + 1).min(table.blocks.len() * bs);
     let blocks = &table.blocks[..n.div_ceil(bs)];
-    let AttnScratch { q: qs, scores } = scratch;
+    let AttnScratch {
+        q: qs,
+        scores,
+        units,
+    } = scratch;
     qs.clear();
     qs.extend(q.iter().map(|x| x * scale));
     scores.clear();
     scores.resize(group * n, 0.0);
-    // 1. scores: for each block, a row of `len` scores per head from D multiply-adds of rows
-    let w = lanes(bs);
-    for (bi, b) in blocks.iter().enumerate() {
-        let len = bs.min(n - bi * bs);
-        let base = (b.0 as usize * g.hkv + kvh) * bs * d;
-        let keys = &g.kc[base..base + bs * d];
-        for j in 0..group {
-            let sc = &mut scores[j * n + bi * bs..][..len];
-            let qh = &qs[j * d..(j + 1) * d];
-            match w {
-                32 => block_scores::<32>(qh, keys, bs, sc),
-                16 => block_scores::<16>(qh, keys, bs, sc),
-                8 => block_scores::<8>(qh, keys, bs, sc),
-                4 => block_scores::<4>(qh, keys, bs, sc),
-                _ => block_scores::<1>(qh, keys, bs, sc),
+    let block_base = |bi: usize| (blocks[bi].0 as usize * g.hkv + kvh) * bs * d;
+    // 1. scores
+    if bs.is_multiple_of(8) {
+        // runs of 8 keys ("units") from several blocks and several heads at once: at least
+        // eight independent chains in registers, each key row loaded once for the heads
+        units.clear();
+        for bi in 0..blocks.len() {
+            let len = bs.min(n - bi * bs);
+            for c in (0..len).step_by(8) {
+                units.push(Unit {
+                    key: block_base(bi) + c,
+                    dest: bi * bs + c,
+                    count: 8.min(len - c),
+                });
+            }
+        }
+        let mut h = 0;
+        while h < group {
+            let heads = [4, 2, 1].into_iter().find(|&c| h + c <= group).unwrap_or(1);
+            let (qh, sc) = (&qs[h * d..(h + heads) * d], &mut scores[h * n..]);
+            match heads {
+                4 => score_units::<4, 2>(qh, g.kc, units, bs, d, n, sc),
+                2 => score_units::<2, 4>(qh, g.kc, units, bs, d, n, sc),
+                _ => score_units::<1, 8>(qh, g.kc, units, bs, d, n, sc),
+            }
+            h += heads;
+        }
+    } else {
+        let w = lanes(bs);
+        for bi in 0..blocks.len() {
+            let len = bs.min(n - bi * bs);
+            let base = block_base(bi);
+            let keys = &g.kc[base..base + bs * d];
+            for j in 0..group {
+                let sc = &mut scores[j * n + bi * bs..][..len];
+                let qh = &qs[j * d..(j + 1) * d];
+                match w {
+                    4 => block_scores::<4>(qh, keys, bs, sc),
+                    _ => block_scores::<1>(qh, keys, bs, sc),
+                }
             }
         }
     }
@@ -343,21 +413,296 @@ fn attend_group_body(
         let inv = 1.0 / exp_sub_sum(sc, max);
         sc.iter_mut().for_each(|p| *p *= inv);
     }
-    // 3. the weighted sum of the values, `lanes(d)` output dimensions at a time
-    let w = lanes(d);
-    for (j, o) in out.chunks_exact_mut(d).enumerate() {
-        let probs = &scores[j * n..(j + 1) * n];
-        let rows = |bi: usize| {
-            let b = blocks[bi].0 as usize;
-            let base = (b * g.hkv + kvh) * bs * d;
-            &g.vc[base..base + bs.min(n - bi * bs) * d]
-        };
-        match w {
-            32 => weighted_values::<32>(probs, bs, d, blocks.len(), rows, o),
-            16 => weighted_values::<16>(probs, bs, d, blocks.len(), rows, o),
-            8 => weighted_values::<8>(probs, bs, d, blocks.len(), rows, o),
-            4 => weighted_values::<4>(probs, bs, d, blocks.len(), rows, o),
-            _ => weighted_values::<1>(probs, bs, d, blocks.len(), rows, o),
+    // 3. the weighted sum of the values
+    if d.is_multiple_of(8) {
+        // several heads and up to eight vectors of dimensions at once, each value row loaded
+        // once for the heads
+        let mut h = 0;
+        while h < group {
+            let heads = [4, 2, 1].into_iter().find(|&c| h + c <= group).unwrap_or(1);
+            // vectors of 8 dimensions per pass: the most that divide d/8 and keep
+            // heads x vectors <= 8 accumulators
+            let vecs = [8, 4, 2, 1]
+                .into_iter()
+                .find(|&v| heads * v <= 8 && (d / 8).is_multiple_of(v))
+                .unwrap_or(1);
+            let v = ValueRun {
+                vc: g.vc,
+                blocks,
+                hkv: g.hkv,
+                kvh,
+                bs,
+                d,
+                n,
+            };
+            let (pr, o) = (
+                &scores[h * n..(h + heads) * n],
+                &mut out[h * d..(h + heads) * d],
+            );
+            match (heads, vecs) {
+                (4, 2) => value_units::<4, 2>(&v, pr, o),
+                (4, _) => value_units::<4, 1>(&v, pr, o),
+                (2, 4) => value_units::<2, 4>(&v, pr, o),
+                (2, 2) => value_units::<2, 2>(&v, pr, o),
+                (2, _) => value_units::<2, 1>(&v, pr, o),
+                (_, 8) => value_units::<1, 8>(&v, pr, o),
+                (_, 4) => value_units::<1, 4>(&v, pr, o),
+                (_, 2) => value_units::<1, 2>(&v, pr, o),
+                _ => value_units::<1, 1>(&v, pr, o),
+            }
+            h += heads;
+        }
+    } else {
+        let w = lanes(d);
+        for (j, o) in out.chunks_exact_mut(d).enumerate() {
+            let probs = &scores[j * n..(j + 1) * n];
+            let rows = |bi: usize| {
+                let base = block_base(bi);
+                &g.vc[base..base + bs.min(n - bi * bs) * d]
+            };
+            match w {
+                4 => weighted_values::<4>(probs, bs, d, blocks.len(), rows, o),
+                _ => weighted_values::<1>(probs, bs, d, blocks.len(), rows, o),
+            }
+        }
+    }
+}
+
+/// Eight keys of one block for [`score_units`]: the first at `key` in the layer's key cache
+/// (dimension `i` at `key + i * bs`), their scores at `dest..dest + count` of a head's row.
+#[derive(Clone, Copy, Debug)]
+struct Unit {
+    key: usize,
+    dest: usize,
+    count: usize,
+}
+
+/// Scores of `G` query heads (`qs`: G rows of `d`, scaled) against every unit of 8 keys, `U`
+/// units at a time: `G x U` vectors of 8 chains in registers (8 of the 16), each key row loaded
+/// once for all heads. Head `h`'s scores go to `scores[h * n + dest..]`. The units of the next
+/// pass are prefetched while this one computes.
+#[inline(always)]
+fn score_units<const G: usize, const U: usize>(
+    qs: &[f32],
+    kc: &[f32],
+    units: &[Unit],
+    bs: usize,
+    d: usize,
+    n: usize,
+    scores: &mut [f32],
+) {
+    debug_assert!(qs.len() == G * d && scores.len() >= (G - 1) * n + n);
+    // a unit reads kc[key + i * bs + l] for i < d, l < 8
+    let span = (d - 1) * bs + 8;
+    assert!(units.iter().all(|u| u.key + span <= kc.len()));
+    assert!(qs.len() >= G * d);
+    let kp = kc.as_ptr();
+    let simd = has_simd();
+    for u in units.iter().take(2 * U) {
+        for i in (0..d).step_by((64 / (4 * bs)).max(1)) {
+            crate::simd::prefetch(kp.wrapping_add(u.key + i * bs));
+        }
+    }
+    for (ci, chunk) in units.chunks(U).enumerate() {
+        // two passes ahead: one pass's work is about a memory latency
+        if let Some(next) = units.get((ci + 2) * U..((ci + 3) * U).min(units.len())) {
+            for u in next {
+                for i in (0..d).step_by((64 / (4 * bs)).max(1)) {
+                    crate::simd::prefetch(kp.wrapping_add(u.key + i * bs));
+                }
+            }
+        }
+        // a short last pass repeats its last unit (computed, not stored)
+        let at: [usize; U] = std::array::from_fn(|u| chunk[u.min(chunk.len() - 1)].key);
+        let mut acc = [[[0f32; 8]; U]; G];
+        #[cfg(target_arch = "x86_64")]
+        if simd {
+            // SAFETY: AVX2 and FMA are there (checked once above); every unit's rows are inside
+            // kc (asserted above) and qs holds G rows of d.
+            unsafe { avx2::score_pass::<G, U>(qs, d, kp, &at, bs, &mut acc) };
+        }
+        if !simd {
+            for i in 0..d {
+                for u in 0..U {
+                    // SAFETY: at[u] + i * bs + 8 <= at[u] + span <= kc.len() (asserted above).
+                    let row = unsafe { &*(kp.add(at[u] + i * bs) as *const [f32; 8]) };
+                    for (h, a) in acc.iter_mut().enumerate() {
+                        let qv = qs[h * d + i];
+                        for (a, k) in a[u].iter_mut().zip(row) {
+                            *a = qv.mul_add(*k, *a);
+                        }
+                    }
+                }
+            }
+        }
+        for (h, a) in acc.iter().enumerate() {
+            for (u, unit) in chunk.iter().enumerate() {
+                scores[h * n + unit.dest..][..unit.count].copy_from_slice(&a[u][..unit.count]);
+            }
+        }
+    }
+}
+
+/// The value rows of one job for [`value_units`]: KV head `kvh` of `blocks` in the layer's
+/// value cache, `d` values a row; positions `0..n`.
+struct ValueRun<'a> {
+    vc: &'a [f32],
+    blocks: &'a [BlockId],
+    hkv: usize,
+    kvh: usize,
+    bs: usize,
+    d: usize,
+    n: usize,
+}
+
+impl ValueRun<'_> {
+    /// Where block `bi`'s rows start.
+    #[inline(always)]
+    fn base(&self, bi: usize) -> usize {
+        (self.blocks[bi].0 as usize * self.hkv + self.kvh) * self.bs * self.d
+    }
+}
+
+/// `o[h] = sum_p probs[h][p] * value p` for `G` heads (`probs`: G rows of `n`, `o`: G rows of
+/// `d`), `V` vectors of 8 dimensions per pass: `G x V` chains in registers, each value row
+/// loaded once for all heads. Each output is one chain over the positions in order. The next
+/// block's rows are prefetched while one is summed.
+#[inline(always)]
+fn value_units<const G: usize, const V: usize>(r: &ValueRun, probs: &[f32], o: &mut [f32]) {
+    let (bs, d, n) = (r.bs, r.d, r.n);
+    let vp = r.vc.as_ptr();
+    assert!(probs.len() >= G * n && d.is_multiple_of(8 * V));
+    let simd = has_simd();
+    let ahead = (6144 / (4 * bs * d)).clamp(1, 4);
+    for bi in 0..ahead.min(r.blocks.len()) {
+        for l in (0..bs * d).step_by(16) {
+            crate::simd::prefetch(vp.wrapping_add(r.base(bi) + l));
+        }
+    }
+    for c in (0..d).step_by(8 * V) {
+        let mut acc = [[[0f32; 8]; V]; G];
+        for bi in 0..r.blocks.len() {
+            let base = r.base(bi);
+            let len = bs.min(n - bi * bs);
+            assert!(base + len * d <= r.vc.len());
+            // blocks about 6 KiB ahead: summing one is shorter than a memory latency
+            if bi + ahead < r.blocks.len() {
+                let next = r.base(bi + ahead);
+                for l in (0..bs * d).step_by(16) {
+                    crate::simd::prefetch(vp.wrapping_add(next + l));
+                }
+            }
+            let rows = vp.wrapping_add(base + c);
+            let pr = &probs[bi * bs..];
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                // SAFETY: AVX2 and FMA are there (checked once above); rows p < len of the block
+                // are inside vc (asserted above, c + 8 * V <= d), probs holds G rows of n.
+                unsafe { avx2::value_pass::<G, V>(pr, n, rows, d, len, &mut acc) };
+            }
+            if !simd {
+                for p in 0..len {
+                    let w: [f32; G] = std::array::from_fn(|h| pr[h * n + p]);
+                    for vi in 0..V {
+                        // SAFETY: as above.
+                        let row = unsafe { &*(rows.add(p * d + 8 * vi) as *const [f32; 8]) };
+                        for (h, a) in acc.iter_mut().enumerate() {
+                            for (a, x) in a[vi].iter_mut().zip(row) {
+                                *a = w[h].mul_add(*x, *a);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (h, a) in acc.iter().enumerate() {
+            for (vi, v) in a.iter().enumerate() {
+                o[h * d + c + 8 * vi..][..8].copy_from_slice(v);
+            }
+        }
+    }
+}
+
+/// Whether the AVX2 passes below run (else the portable loops, the same operations in the same
+/// order).
+#[inline(always)]
+fn has_simd() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return crate::simd::has_avx2_fma();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// One pass of [`super::score_units`]: `acc[h][u][l] = sum_i qs[h * d + i] * key`, the key
+    /// at `kp + at[u] + i * bs + l`, one fused multiply-add chain over `i` in order per score.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn score_pass<const G: usize, const U: usize>(
+        qs: &[f32],
+        d: usize,
+        kp: *const f32,
+        at: &[usize; U],
+        bs: usize,
+        acc: &mut [[[f32; 8]; U]; G],
+    ) {
+        let mut a = [[_mm256_setzero_ps(); U]; G];
+        let qp = qs.as_ptr();
+        for i in 0..d {
+            // SAFETY: the caller's (qs holds G rows of d; each unit's d rows are inside the
+            // cache).
+            let q: [__m256; G] =
+                std::array::from_fn(|h| unsafe { _mm256_broadcast_ss(&*qp.add(h * d + i)) });
+            for u in 0..U {
+                let k = unsafe { _mm256_loadu_ps(kp.add(at[u] + i * bs)) };
+                for h in 0..G {
+                    a[h][u] = _mm256_fmadd_ps(q[h], k, a[h][u]);
+                }
+            }
+        }
+        for (row, v) in acc.iter_mut().zip(&a) {
+            for (out, v) in row.iter_mut().zip(v) {
+                // SAFETY: `out` holds eight f32s.
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), *v) };
+            }
+        }
+    }
+
+    /// One block of [`super::value_units`]: `acc[h][v] += probs[h * n + p] * row p` for the
+    /// block's `len` rows (row `p`'s 8-dimension vector `v` at `rows + p * d + 8 * v`), in order
+    /// of `p`, continuing the chains in `acc`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn value_pass<const G: usize, const V: usize>(
+        probs: &[f32],
+        n: usize,
+        rows: *const f32,
+        d: usize,
+        len: usize,
+        acc: &mut [[[f32; 8]; V]; G],
+    ) {
+        // SAFETY (loads and stores here): the caller's.
+        let mut a: [[__m256; V]; G] = std::array::from_fn(|h| {
+            std::array::from_fn(|v| unsafe { _mm256_loadu_ps(acc[h][v].as_ptr()) })
+        });
+        let pp = probs.as_ptr();
+        for p in 0..len {
+            let w: [__m256; G] =
+                std::array::from_fn(|h| unsafe { _mm256_broadcast_ss(&*pp.add(h * n + p)) });
+            for v in 0..V {
+                let x = unsafe { _mm256_loadu_ps(rows.add(p * d + 8 * v)) };
+                for h in 0..G {
+                    a[h][v] = _mm256_fmadd_ps(w[h], x, a[h][v]);
+                }
+            }
+        }
+        for (row, v) in acc.iter_mut().zip(&a) {
+            for (out, v) in row.iter_mut().zip(v) {
+                unsafe { _mm256_storeu_ps(out.as_mut_ptr(), *v) };
+            }
         }
     }
 }
@@ -429,8 +774,9 @@ mod tests {
             .collect()
     }
 
-    /// Every kernel width (block sizes 32, 16, 8, 4 and 5; head sizes 64, 32, 24, 12 and 6) and query
-    /// group (1, 2, 4): a prefill chunk then decode steps of three sequences through scattered
+    /// Every kernel (block sizes 32, 24, 16, 8, 4 and 5; head sizes 64, 40, 32, 24, 16, 12, 8
+    /// and 6; query groups 1, 2, 3, 4 and 8, which the 8-lane kernels take in runs of 4, 2 and
+    /// 1 heads): a prefill chunk then decode steps of three sequences through scattered
     /// blocks give what attention over the whole sequence gives.
     #[test]
     fn paged_attention_equals_attention_over_the_whole_sequence() {
@@ -441,6 +787,9 @@ mod tests {
             (4, 12, 4, 1),
             (5, 6, 2, 2),
             (16, 16, 8, 2),
+            (16, 8, 6, 2),
+            (8, 16, 8, 1),
+            (24, 40, 2, 2),
         ] {
             let cfg = ModelConfig::parse(&format!(
                 r#"{{"model_type": "qwen3", "hidden_size": {h}, "intermediate_size": 8,
