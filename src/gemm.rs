@@ -9,6 +9,10 @@
 //! batch size or composition rests on this; a gemm that picks its kernel and blocking by `m`
 //! (candle's does) would break it. The AVX2 kernels and the portable ones give the same bits.
 //!
+//! A panel is read from memory by its first row tile and from L1 by the others; each row tile of
+//! a column prefetches its share of the next panel, so that streaming weights (a decode step
+//! reads every weight once, far more than the caches hold) does not stall the first tile.
+//!
 //! Training uses the same kernels for all three products of a linear layer (`model::host_linear`):
 //! `x` may also be given transposed (stored `k x m`, as the upstream gradient is when the weight's
 //! gradient is `dy^T @ x`), a matrix may be packed from its transpose ([`PackedMatrix::pack_kn`]),

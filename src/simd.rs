@@ -132,6 +132,23 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma")]
+    pub fn position_eq(xs: &[f32], x: f32) -> Option<usize> {
+        let want = _mm256_set1_ps(x);
+        let lanes = xs.chunks_exact(8);
+        let tail = lanes.remainder();
+        for (i, c) in lanes.enumerate() {
+            // SAFETY: `c` holds eight f32s.
+            let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+            let hits = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(v, want));
+            if hits != 0 {
+                return Some(8 * i + hits.trailing_zeros() as usize);
+            }
+        }
+        let at = xs.len() - tail.len();
+        tail.iter().position(|&v| v == x).map(|p| at + p)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
     pub fn exp_sub_sum(xs: &mut [f32], max: f32) -> f32 {
         let m = _mm256_set1_ps(max);
         let mut acc = _mm256_setzero_ps();
@@ -187,6 +204,16 @@ pub fn max_sum_exp(row: &[f32]) -> (f32, f64) {
         .map(|c| f64::from(c.iter().map(|&x| fast_exp(x - max)).sum::<f32>()))
         .sum();
     (max, total)
+}
+
+/// The first index of a value equal to `x` (`==`, so never of a NaN), eight lanes at a time.
+pub fn position_eq(xs: &[f32], x: f32) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        return unsafe { avx2::position_eq(xs, x) };
+    }
+    xs.iter().position(|&v| v == x)
 }
 
 /// `x = exp(x - max)` over `xs`; returns the sum (the softmax denominator).
@@ -352,6 +379,29 @@ mod tests {
         assert_eq!(fast_exp(-100.0), 0.0);
         assert_eq!(fast_exp(0.0), 1.0);
         assert_eq!(fast_exp(100.0), f32::INFINITY);
+    }
+
+    #[test]
+    fn position_eq_is_the_first_equal_index() {
+        for len in [0usize, 1, 7, 8, 9, 31, 32, 33, 1000] {
+            let row: Vec<f32> = (0..len)
+                .map(|i| match i % 11 {
+                    3 => f32::NAN,
+                    5 => -0.0,
+                    _ => ((i * 7919) % 13) as f32,
+                })
+                .collect();
+            for x in [0.0, -0.0, 12.0, 5.0, 99.0, f32::NAN] {
+                let want = row.iter().position(|&v| v == x);
+                assert_eq!(position_eq(&row, x), want, "len {len}, {x}");
+            }
+            if let Some(last) = row.last() {
+                // only the tail holds it
+                let mut r = vec![-1.0; len];
+                r[len - 1] = *last;
+                assert_eq!(position_eq(&r, *last), r.iter().position(|&v| v == *last));
+            }
+        }
     }
 
     #[test]

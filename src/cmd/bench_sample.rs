@@ -212,16 +212,31 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
     );
     let (candle_rate, packed_rate) = (matmul_ceiling()?, packed_matmul_ceiling());
     let ceiling = candle_rate.max(packed_rate);
+    let (peak, bw) = (fma_peak(), read_bandwidth());
     println!(
-        "matmul ceiling ({0}x{0}x{0}, f32): candle's gemm {1:.1} GFLOP/s, the sampler's packed \
-         gemm {2:.1} GFLOP/s",
+        "machine: multiply-add peak {:.1} GFLOP/s, memory read bandwidth {:.1} GB/s; matmul \
+         ({2}x{2}x{2}, f32): candle's gemm {3:.1} GFLOP/s, the sampler's packed gemm {4:.1} GFLOP/s",
+        peak / 1e9,
+        bw / 1e9,
         CEILING_N,
         candle_rate / 1e9,
         packed_rate / 1e9
     );
     println!(
-        "{:>6} {:>14} {:>14} {:>16} {:>14}",
-        "batch", "prefill tok/s", "decode tok/s", "decode GFLOP/s", "of ceiling"
+        "roofline: a decode step can go no faster than its FLOPs at the multiply-add peak, nor \
+         than its bytes (every weight, {:.0} MB, plus each sequence's keys and values) at the \
+         read bandwidth",
+        (cfg.num_params() * 4) as f64 / 1e6
+    );
+    println!(
+        "{:>6} {:>14} {:>14} {:>16} {:>11} {:>15} {:>12}",
+        "batch",
+        "prefill tok/s",
+        "decode tok/s",
+        "decode GFLOP/s",
+        "of matmul",
+        "roofline tok/s",
+        "of roofline"
     );
     let mut first_decode = None;
     for &b in &batches {
@@ -243,21 +258,26 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
         }
         let ctx = a.prompt_len + a.new_tokens / 2;
         let flops = decode * decode_flops_per_token(&cfg, ctx);
+        let roof = decode_roofline(&cfg, b, ctx, peak, bw);
         println!(
-            "{b:>6} {prefill:>14.1} {decode:>14.1} {:>16.1} {:>13.1}%",
+            "{b:>6} {prefill:>14.1} {decode:>14.1} {:>16.1} {:>10.1}% {:>11.1} ({}) {:>11.1}%",
             flops / 1e9,
-            100.0 * flops / ceiling
+            100.0 * flops / ceiling,
+            roof.0,
+            if roof.1 { "FLOP" } else { "mem" },
+            100.0 * decode / roof.0
         );
         println!("       {split}");
         if a.gemm_rates {
             println!("       {}", decode_gemm_rates(&cfg, b));
         }
-        let base = *first_decode.get_or_insert((b, decode));
+        let base = *first_decode.get_or_insert((b, decode, roof.0));
         if b != base.0 {
             println!(
-                "       decode at batch {b} = {:.1}x batch {}",
+                "       decode at batch {b} = {:.1}x batch {} (their rooflines: {:.1}x)",
                 decode / base.1,
-                base.0
+                base.0,
+                roof.0 / base.2
             );
         }
     }
@@ -491,6 +511,17 @@ fn decode_gemm_rates(cfg: &ModelConfig, batch: usize) -> String {
         })
         .collect();
     format!("packed gemm GFLOP/s at {batch} rows: {}", rates.join(", "))
+}
+
+/// The fastest decode at `batch` sequences of context `ctx` that the machine allows, in tokens/s,
+/// and whether FLOPs (not bytes) bound it: a step takes at least its FLOPs over the multiply-add
+/// peak `peak`, and at least the bytes it must read (every f32 weight once, each sequence's
+/// cached keys and values) over the read bandwidth `bw`.
+fn decode_roofline(cfg: &ModelConfig, batch: usize, ctx: usize, peak: f64, bw: f64) -> (f64, bool) {
+    let compute = batch as f64 * decode_flops_per_token(cfg, ctx) / peak;
+    let bytes = (cfg.num_params() * 4 + batch * ctx * KvCache::bytes_per_token(cfg)) as f64;
+    let memory = bytes / bw;
+    (batch as f64 / compute.max(memory), compute >= memory)
 }
 
 /// FLOPs of one decode token at context length `ctx`: every weight matrix once (lm_head

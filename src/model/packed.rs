@@ -44,17 +44,22 @@ impl PackedLinear {
 
     /// `x @ w.t() + b` for `m` rows of `x`.
     pub fn apply(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let mut y = vec![0f32; m * self.w.rows()];
+        self.apply_into(x, m, &mut y);
+        y
+    }
+
+    /// [`Self::apply`] into `y` (`m` rows of the output features; every value written).
+    pub fn apply_into(&self, x: &[f32], m: usize, y: &mut [f32]) {
         let n = self.w.rows();
-        let mut y = vec![0f32; m * n];
-        crate::gemm::matmul(x, m, &self.w, &mut y);
+        crate::gemm::matmul(x, m, &self.w, y);
         if let Some(b) = &self.bias {
-            for row in y.chunks_mut(n) {
+            for row in y[..m * n].chunks_mut(n) {
                 for (v, b) in row.iter_mut().zip(b) {
                     *v += b;
                 }
             }
         }
-        y
     }
 
     /// [`Self::apply`] on a (T, in) tensor.

@@ -542,17 +542,29 @@ impl Transformer {
 
     /// [`Self::logits`] as host values, row-major (no tensor round trip when the head is packed).
     pub fn logits_host(&self, hidden: &Tensor) -> Result<Vec<f32>> {
+        let mut rows = Vec::new();
+        self.logits_host_into(hidden, &mut rows)?;
+        Ok(rows)
+    }
+
+    /// [`Self::logits_host`] into `rows`, whose allocation is reused (the packed head writes
+    /// every value, so a buffer of the right size is neither zeroed nor faulted in again).
+    pub fn logits_host_into(&self, hidden: &Tensor, rows: &mut Vec<f32>) -> Result<()> {
         match &self.packed_head {
             Some(p) => {
                 let m = hidden.dim(0)?;
-                Ok(p.apply(&hidden.flatten_all()?.to_vec1::<f32>()?, m))
+                rows.resize(m * p.w.rows(), 0.0);
+                p.apply_into(&hidden.flatten_all()?.to_vec1::<f32>()?, m, rows);
             }
-            None => self
-                .logits(hidden)?
-                .flatten_all()?
-                .to_dtype(DType::F32)?
-                .to_vec1(),
+            None => {
+                *rows = self
+                    .logits(hidden)?
+                    .flatten_all()?
+                    .to_dtype(DType::F32)?
+                    .to_vec1()?
+            }
         }
+        Ok(())
     }
 
     /// Logits for every token: (T, vocab).

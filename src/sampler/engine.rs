@@ -200,6 +200,8 @@ pub struct Engine<'m> {
     cancelled: Vec<bool>,
     /// One per sampling worker thread.
     scratch: Vec<Scratch>,
+    /// The CPU's logits rows, reused from step to step.
+    logits_buf: Vec<f32>,
     pub stats: EngineStats,
     /// On a GPU, wait for the device at each part of a step so that [`StepTimes`] holds device
     /// time (slower: for the benchmark's split only). Without it, GPU parts are launch times.
@@ -223,6 +225,7 @@ impl<'m> Engine<'m> {
             requests: Vec::new(),
             cancelled: Vec::new(),
             scratch: Vec::new(),
+            logits_buf: Vec::new(),
             stats: EngineStats::default(),
             sync_timing: false,
         })
@@ -435,7 +438,11 @@ impl<'m> Engine<'m> {
         let picked = hidden.index_select(&Tensor::new(rows.as_slice(), &dev)?, 0)?;
         // on the CPU the logits go straight to a host vector (no tensor round trip)
         let logits = if dev.is_cpu() {
-            Logits::Host(model.logits_host(&picked)?)
+            // into last step's buffer: a decode step's rows are megabytes, which a fresh
+            // allocation would zero (or fault in) every step
+            let mut rows = std::mem::take(&mut self.logits_buf);
+            model.logits_host_into(&picked, &mut rows)?;
+            Logits::Host(rows)
         } else {
             Logits::Device(model.logits(&picked)?)
         };
@@ -443,6 +450,9 @@ impl<'m> Engine<'m> {
         let t3 = Instant::now();
         self.stats.time.lm_head += (t3 - t2).as_secs_f64();
         let drawn = self.draw(&samplers, &logits)?;
+        if let Logits::Host(rows) = logits {
+            self.logits_buf = rows;
+        }
         for (id, (s, rng)) in samplers.into_iter().zip(drawn) {
             self.fork_siblings(id);
             self.meta[id.0].rng = rng;

@@ -12,7 +12,12 @@
 //! query's scores against a block's keys are `D` multiply-adds of one query value into a row of
 //! `block_size` scores, with no horizontal sums: with head_dim 32, the dot product of a query
 //! and one key is only four vectors long, and reducing each to a scalar cost more than the
-//! products.
+//! products. Where the block size and head_dim are multiples of 8, the scores of up to 4 query
+//! heads over up to 8 runs of 8 keys (from several blocks), and the value sums of up to 4 heads
+//! over up to 8 vectors of dimensions, are 8 vectors of independent chains in registers, each
+//! key or value row loaded once for all heads: one or two chains would wait on the multiply-add
+//! latency. Blocks are prefetched a few ahead (a block is less work than a memory latency), and
+//! the cache asks for huge pages (blocks are scattered over it).
 //!
 //! `PagedAttention::attend` (1) writes the step's keys and values into their slots, then
 //! (2) lets each new token attend over its sequence's keys at positions `0..=pos`, read through
@@ -263,9 +268,18 @@ impl<'a> PagedAttention<'a> {
                 .enumerate()
                 .for_each(|job| work(&mut scratch, job));
         } else {
-            out.par_chunks_mut(group * d)
+            // runs of consecutive jobs, eight per thread: one scratch each, and a token's KV
+            // heads (adjacent in a block) read one after another by one worker
+            let jobs_n = out.len() / (group * d);
+            let per = jobs_n.div_ceil(8 * rayon::current_num_threads()).max(1);
+            out.par_chunks_mut(per * group * d)
                 .enumerate()
-                .for_each_init(AttnScratch::default, work);
+                .for_each(|(r, run)| {
+                    let mut scratch = AttnScratch::default();
+                    for (j, o) in run.chunks_mut(group * d).enumerate() {
+                        work(&mut scratch, (r * per + j, o));
+                    }
+                });
         }
         Ok(())
     }
@@ -692,10 +706,11 @@ mod avx2 {
         for p in 0..len {
             let w: [__m256; G] =
                 std::array::from_fn(|h| unsafe { _mm256_broadcast_ss(&*pp.add(h * n + p)) });
-            for v in 0..V {
-                let x = unsafe { _mm256_loadu_ps(rows.add(p * d + 8 * v)) };
-                for h in 0..G {
-                    a[h][v] = _mm256_fmadd_ps(w[h], x, a[h][v]);
+            let x: [__m256; V] =
+                std::array::from_fn(|v| unsafe { _mm256_loadu_ps(rows.add(p * d + 8 * v)) });
+            for (ah, wh) in a.iter_mut().zip(&w) {
+                for (av, xv) in ah.iter_mut().zip(&x) {
+                    *av = _mm256_fmadd_ps(*wh, *xv, *av);
                 }
             }
         }

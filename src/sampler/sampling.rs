@@ -286,7 +286,7 @@ fn greedy(logits: &[f32]) -> Sampled {
             logprob: raw_logprob(logits, token),
         };
     }
-    let token = logits.iter().position(|&x| x == max).unwrap_or(0) as u32;
+    let token = crate::simd::position_eq(logits, max).unwrap_or(0) as u32;
     let max = f64::from(max);
     Sampled {
         token,
