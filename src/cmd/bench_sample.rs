@@ -37,6 +37,12 @@ pub struct SampleBenchArgs {
     /// Sampling temperature (0 = greedy, as `benches/hf_generate.py` does by default).
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
+    /// Top-k when sampling (0 = off; Qwen3's recommended settings use 20).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Top-p when sampling (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
     /// `cpu`, or `cuda` / `cuda:N` (a binary built with `--features cuda`).
     #[arg(long, default_value = "cpu")]
     pub device: String,
@@ -110,8 +116,7 @@ fn timed_run(
     batch: usize,
     prompt_len: usize,
     new: usize,
-    temperature: f32,
-    kv_fp8: bool,
+    a: &SampleBenchArgs,
     sync_timing: bool,
 ) -> Result<(f64, f64, String)> {
     let cfg = model.config();
@@ -127,11 +132,13 @@ fn timed_run(
         params: SamplingParams {
             max_new_tokens: new,
             ignore_eos: true,
-            temperature,
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
             ..SamplingParams::default()
         },
         eos_token_ids: Vec::new(),
-        kv_fp8,
+        kv_fp8: a.kv_fp8,
         thinking: None,
     };
     let mut e = Engine::new(model, ecfg)?;
@@ -201,13 +208,16 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
     model.set_fused_inference(true)?;
     println!(
         "shape {} ({:.1}M parameters, f32, {} threads), prompt {} tokens, {} new tokens, KV {} \
-         bytes/token, best of {} runs",
+         bytes/token, temperature {} top-k {} top-p {}, best of {} runs",
         a.shape,
         cfg.num_params() as f64 / 1e6,
         rayon::current_num_threads(),
         a.prompt_len,
         a.new_tokens,
         KvCache::bytes_per_token(&cfg),
+        a.temperature,
+        a.top_k,
+        a.top_p,
         a.repeat.max(1)
     );
     let (candle_rate, packed_rate) = (matmul_ceiling()?, packed_matmul_ceiling());
@@ -242,15 +252,7 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
     for &b in &batches {
         let (mut prefill, mut decode, mut split) = (0.0, 0.0, String::new());
         for _ in 0..a.repeat.max(1) {
-            let (p, d, s) = timed_run(
-                &model,
-                b,
-                a.prompt_len,
-                a.new_tokens + 1,
-                a.temperature,
-                false,
-                false,
-            )?;
+            let (p, d, s) = timed_run(&model, b, a.prompt_len, a.new_tokens + 1, a, false)?;
             prefill = f64::max(prefill, p);
             if d > decode {
                 (decode, split) = (d, s);
@@ -328,15 +330,7 @@ fn run_gpu(
         "of roofline"
     );
     for &b in batches {
-        let (prefill, decode, _) = timed_run(
-            &model,
-            b,
-            a.prompt_len,
-            a.new_tokens + 1,
-            a.temperature,
-            a.kv_fp8,
-            false,
-        )?;
+        let (prefill, decode, _) = timed_run(&model, b, a.prompt_len, a.new_tokens + 1, a, false)?;
         // Decode step s (0-based) computes token prompt+1+s of every sequence and reads that
         // many keys and values per sequence, plus every weight once.
         let (p, n) = (a.prompt_len as f64, a.new_tokens as f64);
@@ -352,15 +346,7 @@ fn run_gpu(
             100.0 * decode / roofline
         );
         let short = a.new_tokens.min(256);
-        let (_, _, split) = timed_run(
-            &model,
-            b,
-            a.prompt_len,
-            short + 1,
-            a.temperature,
-            a.kv_fp8,
-            true,
-        )?;
+        let (_, _, split) = timed_run(&model, b, a.prompt_len, short + 1, a, true)?;
         println!("       time (synchronised run of {short} new tokens): {split}");
     }
     Ok(())

@@ -253,8 +253,17 @@ pub fn sample(
     scratch: &mut Scratch,
 ) -> Sampled {
     let uniform = rng.next_f64();
-    if params.is_greedy() && !has_penalties(params) && generated.len() >= params.min_new_tokens {
+    let plain = !has_penalties(params) && generated.len() >= params.min_new_tokens;
+    if params.is_greedy() && plain {
         return greedy(logits);
+    }
+    if plain && params.top_k == 0 && params.top_p >= 1.0 && params.min_p <= 0.0 {
+        if let Some(token) = draw_whole_row(logits, params.temperature, uniform, scratch) {
+            return Sampled {
+                token,
+                logprob: raw_logprob(logits, token),
+            };
+        }
     }
     scratch.logits.clear();
     scratch.logits.extend(logits.iter().map(|&l| sanitize(l)));
@@ -292,6 +301,37 @@ fn greedy(logits: &[f32]) -> Sampled {
         token,
         logprob: (f64::from(logit_at(logits, token)) - max - sum_exp.ln()) as f32,
     }
+}
+
+/// The draw of the general path when it keeps every token (temperature only: no top-k, top-p,
+/// min-p, penalties or masks) and every temperature-scaled logit is finite, without its list of
+/// candidates: the same weights ([`fill_weights`] of the whole row) and the same scan
+/// ([`pick`]), so the same token. `None` (a `-inf` in the scaled row): the caller runs the
+/// general path.
+fn draw_whole_row(
+    logits: &[f32],
+    temperature: f32,
+    uniform: f64,
+    scratch: &mut Scratch,
+) -> Option<u32> {
+    let Scratch {
+        logits: scaled,
+        weights,
+        ..
+    } = scratch;
+    scaled.clear();
+    let mut any_masked = false;
+    scaled.extend(logits.iter().map(|&l| {
+        let x = sanitize(sanitize(l) / temperature);
+        any_masked |= x == f32::NEG_INFINITY;
+        x
+    }));
+    if any_masked || scaled.is_empty() {
+        return None;
+    }
+    weights.clear();
+    crate::simd::exp_sub_f64(scaled, crate::simd::lane_max(scaled), weights);
+    pick(weights, sum_weights(weights), uniform).map(|i| i as u32)
 }
 
 /// Whether repetition, presence or frequency penalties change the row.
@@ -562,15 +602,20 @@ fn sample_processed(scratch: &mut Scratch, params: &SamplingParams, uniform: f64
     for logit in logits.iter_mut() {
         *logit = sanitize(*logit / params.temperature);
     }
-    candidates.clear();
-    candidates.extend(
-        (0u32..)
-            .zip(logits.iter())
-            .filter(|(_, &l)| l > f32::NEG_INFINITY)
-            .map(|(token, _)| token),
-    );
-    if params.top_k > 0 {
-        keep_top_k(logits, candidates, params.top_k);
+    if params.top_k > 0 && params.top_k <= TOP_K_SCAN_MAX {
+        // the k best in one scan, without a candidate list of the whole vocabulary
+        top_k_scan(logits, params.top_k, candidates);
+    } else {
+        candidates.clear();
+        candidates.extend(
+            (0u32..)
+                .zip(logits.iter())
+                .filter(|(_, &l)| l > f32::NEG_INFINITY)
+                .map(|(token, _)| token),
+        );
+        if params.top_k > 0 {
+            keep_top_k(logits, candidates, params.top_k);
+        }
     }
     if params.top_p < 1.0 {
         keep_top_p(logits, candidates, weights, params.top_p);
@@ -579,6 +624,52 @@ fn sample_processed(scratch: &mut Scratch, params: &SamplingParams, uniform: f64
         keep_min_p(logits, candidates, params.min_p);
     }
     draw(logits, candidates, weights, uniform)
+}
+
+/// Largest `top_k` that [`top_k_scan`] takes (its cost grows with k; past this, selection).
+const TOP_K_SCAN_MAX: usize = 64;
+
+/// What [`keep_top_k`] leaves of the finite tokens of `logits` (no NaN: the row is sanitized),
+/// without listing them first: the `k` best under [`by_logit_desc`]'s order, best first, found in
+/// one pass in id order. The pass keeps the k best seen so far; a later token enters only with a
+/// logit above the worst kept (on a tie its higher id loses), and blocks of 64 whose largest
+/// value cannot enter are skipped after one vectorised max.
+fn top_k_scan(logits: &[f32], k: usize, out: &mut Vec<u32>) {
+    out.clear();
+    let mut i = 0;
+    while out.len() < k && i < logits.len() {
+        if logits[i] > f32::NEG_INFINITY {
+            out.push(i as u32);
+        }
+        i += 1;
+    }
+    if out.len() == k {
+        // the worst kept: lowest logit, and of those the highest id
+        let worst = |out: &[u32]| {
+            let mut w = 0;
+            for (j, &t) in out.iter().enumerate() {
+                let (a, b) = (logits[t as usize], logits[out[w] as usize]);
+                if a < b || (a == b && t > out[w]) {
+                    w = j;
+                }
+            }
+            (w, logits[out[w] as usize])
+        };
+        let (mut wpos, mut wval) = worst(out);
+        while i < logits.len() {
+            let end = (i + 64).min(logits.len());
+            if crate::simd::lane_max(&logits[i..end]) > wval {
+                for (t, &l) in (i..end).zip(&logits[i..end]) {
+                    if l > wval {
+                        out[wpos] = t as u32;
+                        (wpos, wval) = worst(out);
+                    }
+                }
+            }
+            i = end;
+        }
+    }
+    out.sort_unstable_by(by_logit_desc(logits));
 }
 
 /// Higher logit first, then lower token id (a total order: candidates are in range, not NaN).
@@ -610,7 +701,7 @@ const TOP_P_FIRST_PREFIX_LEN: usize = 256;
 /// Keeps the smallest most-likely prefix with probability mass ≥ `top_p` (at least one token).
 /// Only a prefix holding that mass is sorted, not the whole vocab.
 fn keep_top_p(logits: &[f32], candidates: &mut Vec<u32>, weights: &mut Vec<f64>, top_p: f32) {
-    let max = f64::from(max_logit(logits, candidates));
+    let max = max_logit(logits, candidates);
     let total = fill_weights(logits, candidates, weights);
     let target_mass = f64::from(top_p) * total;
     let prefix_len = select_prefix_with_mass(logits, candidates, max, target_mass);
@@ -633,7 +724,7 @@ fn keep_top_p(logits: &[f32], candidates: &mut Vec<u32>, weights: &mut Vec<f64>,
 fn select_prefix_with_mass(
     logits: &[f32],
     candidates: &mut [u32],
-    max: f64,
+    max: f32,
     target_mass: f64,
 ) -> usize {
     let mut len = TOP_P_FIRST_PREFIX_LEN;
@@ -655,7 +746,7 @@ fn select_prefix_with_mass(
 /// Drops candidates whose probability is below `min_p` × the top probability (min_p > 1 acts
 /// as 1: only the top logit's ties survive).
 fn keep_min_p(logits: &[f32], candidates: &mut Vec<u32>, min_p: f32) {
-    let max = f64::from(max_logit(logits, candidates));
+    let max = max_logit(logits, candidates);
     let min_ratio = f64::from(min_p.min(1.0));
     candidates.retain(|&token| weight(logits, token, max) >= min_ratio);
 }
@@ -667,33 +758,62 @@ fn max_logit(logits: &[f32], candidates: &[u32]) -> f32 {
         .fold(f32::NEG_INFINITY, f32::max)
 }
 
-/// Unnormalized probability `exp(logit - max)`, in f64.
-fn weight(logits: &[f32], token: u32, max: f64) -> f64 {
-    (f64::from(logit_at(logits, token)) - max).exp()
+/// Unnormalized probability `exp(logit - max)`: [`crate::simd::fast_exp`] (within 2 ulp of
+/// libm's) of the f32 difference, widened to f64 for the sums.
+fn weight(logits: &[f32], token: u32, max: f32) -> f64 {
+    f64::from(crate::simd::fast_exp(logit_at(logits, token) - max))
 }
 
-/// `weights[i] = weight(candidates[i])` with the candidates' max logit; returns their sum.
+/// `weights[i] = weight(candidates[i])` with the candidates' max logit; returns their sum (in
+/// eight f64 lanes). When the candidates are the whole row in order (a draw from the full
+/// vocabulary), the row is read directly, eight values at a time, for the same values.
 fn fill_weights(logits: &[f32], candidates: &[u32], weights: &mut Vec<f64>) -> f64 {
-    let max = f64::from(max_logit(logits, candidates));
     weights.clear();
-    weights.extend(candidates.iter().map(|&token| weight(logits, token, max)));
-    weights.iter().sum()
+    let whole_row =
+        candidates.len() == logits.len() && candidates.iter().zip(0u32..).all(|(&c, i)| c == i);
+    if whole_row {
+        // every candidate is finite, so the row's max is theirs
+        crate::simd::exp_sub_f64(logits, crate::simd::lane_max(logits), weights);
+    } else {
+        let max = max_logit(logits, candidates);
+        weights.extend(candidates.iter().map(|&token| weight(logits, token, max)));
+    }
+    sum_weights(weights)
+}
+
+/// The sum of the weights, in eight f64 lanes.
+fn sum_weights(weights: &[f64]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let chunks = weights.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (l, w) in lanes.iter_mut().zip(c) {
+            *l += w;
+        }
+    }
+    lanes.iter().sum::<f64>() + tail
 }
 
 /// Inverse-CDF draw over the softmax of the candidates with one uniform in [0, 1).
 fn draw(logits: &[f32], candidates: &[u32], weights: &mut Vec<f64>, uniform: f64) -> Option<u32> {
     let total = fill_weights(logits, candidates, weights);
+    pick(weights, total, uniform).map(|i| candidates[i])
+}
+
+/// The index the uniform lands on in the CDF of `weights` (whose sum is `total`); zero weights
+/// are never picked; `None` if every weight is zero.
+fn pick(weights: &[f64], total: f64, uniform: f64) -> Option<usize> {
     let target = uniform * total;
     let mut cumulative = 0.0;
     let mut last_positive = None;
-    for (&token, &weight) in candidates.iter().zip(weights.iter()) {
+    for (i, &weight) in weights.iter().enumerate() {
         if weight <= 0.0 {
             continue;
         }
         cumulative += weight;
-        last_positive = Some(token);
+        last_positive = Some(i);
         if target < cumulative {
-            return Some(token);
+            return Some(i);
         }
     }
     last_positive // rounding put `target` at the very end of the CDF
@@ -851,6 +971,79 @@ mod tests {
             sample_plain(&[-5.0, -4.0, -4.5], &params, &mut rng).token,
             1
         );
+    }
+
+    /// Rows for the fast paths: ties, NaN, infinities, masked tokens, and a long row.
+    fn odd_rows() -> Vec<Vec<f32>> {
+        vec![
+            vec![0.1, 3.0, 3.0, 2.9],
+            vec![-0.0, 0.0, -1.0],
+            vec![f32::NAN, -2.0, -1.0, f32::NAN],
+            vec![1.0, f32::INFINITY, 2.0, f32::INFINITY],
+            vec![f32::NAN, f32::NEG_INFINITY],
+            vec![f32::NEG_INFINITY; 3],
+            vec![5.0, f32::NEG_INFINITY, 4.0, 1.0, 0.5],
+            vec![-80.0, 0.0, 80.0, 1e-3],
+            (0..1000)
+                .map(|i| ((i * 37 % 101) as f32).sin() * 5.0)
+                .collect(),
+            (0..5003)
+                .map(|i| ((i * 7919 % 4999) as f32 / 4999.0 - 0.5) * 30.0)
+                .collect(),
+        ]
+    }
+
+    /// The whole-row draw (temperature only) gives the general path's token and log-probability
+    /// for the same uniform, row for row.
+    #[test]
+    fn whole_row_fast_path_draws_what_the_general_path_draws() {
+        let mut rng = SampleRng::new(11, "whole", 0);
+        let mut scratch = Scratch::new();
+        for row in &odd_rows() {
+            for temperature in [0.3f32, 0.7, 1.0, 1.7] {
+                let params = random_params(temperature);
+                for _ in 0..50 {
+                    let mut general_rng = rng.clone();
+                    let got = sample(row, &params, &[], &[], &[], &mut rng, &mut scratch);
+                    // the general path: the same uniform, through the candidate list
+                    let uniform = general_rng.next_f64();
+                    scratch.logits.clear();
+                    scratch.logits.extend(row.iter().map(|&l| sanitize(l)));
+                    let token = sample_processed(&mut scratch, &params, uniform)
+                        .or_else(|| argmax(row))
+                        .unwrap_or(0);
+                    assert_eq!(got.token, token, "T {temperature}: {row:?}");
+                    let lp = raw_logprob(row, token);
+                    assert!(
+                        got.logprob.to_bits() == lp.to_bits()
+                            || (got.logprob.is_nan() && lp.is_nan())
+                    );
+                    assert_eq!(rng, general_rng);
+                }
+            }
+        }
+    }
+
+    /// Top-k by one scan gives selection's set, in its order, for every k up to the scan's
+    /// limit (ties, masked tokens, fewer finite tokens than k).
+    #[test]
+    fn top_k_scan_keeps_what_selection_keeps() {
+        let mut rows = odd_rows();
+        rows.push((0..3000).map(|i| ((i * 13) % 7) as f32).collect()); // many ties
+        for row in &rows {
+            let clean: Vec<f32> = row.iter().map(|&l| sanitize(l)).collect();
+            for k in [1usize, 2, 3, 5, 20, 63, 64] {
+                let mut want: Vec<u32> = (0u32..)
+                    .zip(&clean)
+                    .filter(|(_, &l)| l > f32::NEG_INFINITY)
+                    .map(|(t, _)| t)
+                    .collect();
+                keep_top_k(&clean, &mut want, k);
+                let mut got = Vec::new();
+                top_k_scan(&clean, k, &mut got);
+                assert_eq!(got, want, "k {k}: {row:?}");
+            }
+        }
     }
 
     #[test]
