@@ -464,4 +464,18 @@ mod tests {
         }
         assert!((sum - got.iter().sum::<f32>()).abs() <= 1e-5 * sum);
     }
+
+    #[test]
+    fn exp_sub_f64_is_fast_exp_lane_for_lane() {
+        let xs: Vec<f32> = (0..37)
+            .map(|i| i as f32 * 0.77 - 20.0)
+            .chain([f32::NEG_INFINITY, 90.0, -100.0])
+            .collect();
+        let mut got = vec![7.0];
+        exp_sub_f64(&xs, 3.0, &mut got);
+        assert_eq!(got.len(), 1 + xs.len());
+        for (g, x) in got[1..].iter().zip(&xs) {
+            assert_eq!(*g, f64::from(fast_exp(x - 3.0)), "{x}");
+        }
+    }
 }

@@ -47,6 +47,21 @@ pub struct AttentionBenchArgs {
     pub iters: usize,
 }
 
+/// One decode token per sequence, at position `ctx - 1` (every table holds `ctx` positions).
+fn decode_steps(
+    tables: &[crate::sampler::block_pool::BlockTable],
+    ctx: usize,
+) -> Vec<crate::sampler::kv_cache::SeqStep<'_>> {
+    tables
+        .iter()
+        .map(|t| crate::sampler::kv_cache::SeqStep {
+            block_table: t,
+            start_pos: ctx - 1,
+            num_new: 1,
+        })
+        .collect()
+}
+
 /// The CPU cache this command may allocate, at most.
 const CPU_CACHE_LIMIT: usize = 8 << 30;
 
@@ -67,7 +82,7 @@ pub fn run_attention(a: &AttentionBenchArgs) -> Result<()> {
 fn run_cpu(a: &AttentionBenchArgs) -> Result<()> {
     use crate::model::attention::AttentionBackend;
     use crate::sampler::block_pool::{BlockPool, BlockTable};
-    use crate::sampler::kv_cache::{KvCache, PagedAttention, SeqStep};
+    use crate::sampler::kv_cache::{KvCache, PagedAttention};
     if a.kv_fp8 {
         bail!("--kv-fp8: the CPU cache is f32");
     }
@@ -100,14 +115,7 @@ fn run_cpu(a: &AttentionBenchArgs) -> Result<()> {
             }
         }
     }
-    let seqs: Vec<SeqStep> = tables
-        .iter()
-        .map(|t| SeqStep {
-            block_table: t,
-            start_pos: ctx - 1,
-            num_new: 1,
-        })
-        .collect();
+    let seqs = decode_steps(&tables, ctx);
     let gen = |len: usize, seed: usize| -> Vec<f32> {
         (0..len)
             .map(|i| (((i + seed) * 7919 % 1009) as f32 - 504.0) / 504.0)
@@ -198,14 +206,7 @@ fn run_gpu(a: &AttentionBenchArgs) -> Result<()> {
         let v = Tensor::randn(0f32, 1.0, (ctx, hkv, d), &dev)?.to_dtype(DType::BF16)?;
         write_kv(&cache, &fill, 0, &k, &v)?;
     }
-    let seqs: Vec<SeqStep> = tables
-        .iter()
-        .map(|t| SeqStep {
-            block_table: t,
-            start_pos: ctx - 1,
-            num_new: 1,
-        })
-        .collect();
+    let seqs = decode_steps(&tables, ctx);
     let step = GpuStep::new(&cache, &seqs, hq)?;
     let q = Tensor::randn(0f32, 1.0, (b, hq, d), &dev)?.to_dtype(DType::BF16)?;
     let k = Tensor::randn(0f32, 1.0, (b, hkv, d), &dev)?.to_dtype(DType::BF16)?;

@@ -1048,17 +1048,7 @@ mod tests {
 
     #[test]
     fn greedy_fast_path_draws_what_the_general_path_draws() {
-        let rows: Vec<Vec<f32>> = vec![
-            vec![0.1, 3.0, 3.0, 2.9],
-            vec![-0.0, 0.0, -1.0],
-            vec![f32::NAN, -2.0, -1.0, f32::NAN],
-            vec![1.0, f32::INFINITY, 2.0, f32::INFINITY],
-            vec![f32::NAN, f32::NEG_INFINITY],
-            vec![f32::NEG_INFINITY; 3],
-            (0..1000)
-                .map(|i| ((i * 37 % 101) as f32).sin() * 5.0)
-                .collect(),
-        ];
+        let rows = odd_rows();
         for row in &rows {
             let want = argmax(row).unwrap_or(0);
             let got = greedy(row);
@@ -1097,6 +1087,29 @@ mod tests {
             chi_square < 16.27,
             "chi-square {chi_square} (3 dof, p=0.001)"
         );
+    }
+
+    /// A row long enough for the eight-lane weights (and with a masked token, for the general
+    /// path) draws its softmax at temperature 1 and 0.5.
+    #[test]
+    fn long_rows_draw_their_softmax() {
+        let mut probs: Vec<f64> = (1..=27).map(f64::from).collect();
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+        let freq = frequencies(&logits_from_probs(&probs), &random_params(1.0), 60_000);
+        assert_close(&freq, &probs, 0.006);
+        let squared: f64 = probs.iter().map(|p| p * p).sum();
+        let sharp: Vec<f64> = probs.iter().map(|p| p * p / squared).collect();
+        let freq = frequencies(&logits_from_probs(&probs), &random_params(0.5), 60_000);
+        assert_close(&freq, &sharp, 0.006);
+        let mut masked = logits_from_probs(&probs);
+        masked[26] = f32::NEG_INFINITY;
+        let rest = 1.0 - probs[26];
+        let want: Vec<f64> = (0..27)
+            .map(|i| if i == 26 { 0.0 } else { probs[i] / rest })
+            .collect();
+        let freq = frequencies(&masked, &random_params(1.0), 60_000);
+        assert_close(&freq, &want, 0.006);
     }
 
     #[test]
