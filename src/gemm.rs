@@ -7,7 +7,9 @@
 //! computes it, and across the `k` blocks (a block's partial sums are stored in `y` and picked up
 //! by the next block unchanged). The sampler's promise that a sample's tokens do not depend on
 //! batch size or composition rests on this; a gemm that picks its kernel and blocking by `m`
-//! (candle's does) would break it. The AVX2 kernels and the portable ones give the same bits.
+//! (candle's does) would break it. The AVX-512 kernels (8 x 48 tiles in the 32 vector
+//! registers), the AVX2 ones (6 x 16) and the portable ones give the same bits, so which one a
+//! CPU runs ([`Kernel::best`]) changes speed alone.
 //!
 //! A panel is read from memory by its first row tile and from L1 by the others; each row tile of
 //! a column prefetches its share of the next panel, so that streaming weights (a decode step
@@ -155,6 +157,92 @@ pub fn product(
     y: &mut [f32],
     accumulate: bool,
 ) {
+    product_with(Kernel::best(), x, layout, m, w, y, accumulate);
+}
+
+/// The kernels [`product`] can run on; each gives the same bits (every output one multiply-add
+/// chain over `k` in order), so the choice is speed alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// 16-lane tiles of up to 12 rows by 4 panels in the 32 vector registers (x86-64 with
+    /// AVX-512F).
+    Avx512,
+    /// 8-lane tiles of up to 6 rows by 16 columns (x86-64 with AVX2 and FMA).
+    Avx2,
+    /// Scalar `mul_add`, any CPU.
+    Portable,
+}
+
+impl Kernel {
+    /// The fastest kernel this CPU runs, unless `SELFDISTILL_GEMM` (`avx512`, `avx2` or
+    /// `portable`) names a slower one, for comparisons; read once.
+    pub fn best() -> Kernel {
+        static BEST: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+        *BEST.get_or_init(|| {
+            let avail = Kernel::available();
+            match std::env::var("SELFDISTILL_GEMM").ok().as_deref() {
+                Some(name) => avail
+                    .iter()
+                    .copied()
+                    .find(|k| k.name() == name)
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "SELFDISTILL_GEMM={name}: this CPU runs {}",
+                            avail
+                                .iter()
+                                .map(|k| k.name())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )
+                    }),
+                None => avail[0],
+            }
+        })
+    }
+
+    /// The kernels this CPU runs, fastest first.
+    pub fn available() -> Vec<Kernel> {
+        [Kernel::Avx512, Kernel::Avx2, Kernel::Portable]
+            .into_iter()
+            .filter(|k| k.runs())
+            .collect()
+    }
+
+    /// Whether this CPU has the instructions the kernel is built from (std caches the answer).
+    pub fn runs(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        let simd = match self {
+            Kernel::Avx512 => {
+                std::is_x86_feature_detected!("avx512f") && crate::simd::has_avx2_fma()
+            }
+            Kernel::Avx2 => crate::simd::has_avx2_fma(),
+            Kernel::Portable => true,
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let simd = self == Kernel::Portable;
+        simd
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Avx512 => "avx512",
+            Kernel::Avx2 => "avx2",
+            Kernel::Portable => "portable",
+        }
+    }
+}
+
+/// [`product`] on a given kernel (one of [`Kernel::available`]).
+pub fn product_with(
+    kernel: Kernel,
+    x: &[f32],
+    layout: XLayout,
+    m: usize,
+    w: &PackedMatrix,
+    y: &mut [f32],
+    accumulate: bool,
+) {
+    assert!(kernel.runs(), "gemm kernel {kernel:?} on a CPU without it");
     let (n, k) = (w.n, w.k);
     assert!(
         x.len() >= m * k && y.len() >= m * n,
@@ -171,6 +259,10 @@ pub fn product(
     let x_at = |i: usize, k0: usize| if xt { k0 * m + i } else { i * k + k0 };
     let ld = if xt { m } else { k };
     let panels = n.div_ceil(NR);
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Avx512 {
+        return wide::product(x, xt, m, w, y, accumulate);
+    }
     // Jobs of whole panels: at least four per thread when the matrix has that many panels (a
     // small projection in few large jobs leaves a thread idle), at most PANELS_PER_JOB.
     let per_job = panels
@@ -213,7 +305,7 @@ pub fn product(
                                 &[]
                             },
                         };
-                        run_column(i1 - i0, &tile);
+                        run_column(kernel, i1 - i0, &tile);
                         p += 1;
                         continue;
                     }
@@ -243,7 +335,7 @@ pub fn product(
                                 first: k0 == 0 && !accumulate,
                                 prefetch: &[],
                             };
-                            run_tile(r, group, &tile);
+                            run_tile(kernel, r, group, &tile);
                             q += group;
                         }
                         i += r;
@@ -300,14 +392,14 @@ struct Tile<'a> {
     prefetch: &'a [Line],
 }
 
-fn run_tile(r: usize, p: usize, t: &Tile) {
+fn run_tile(kernel: Kernel, r: usize, p: usize, t: &Tile) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma() {
+    if kernel != Kernel::Portable {
         macro_rules! dispatch {
             ($(($a:literal, $b:literal)),*) => {
                 match (r, p, t.xt) {
-                    // SAFETY: the CPU has AVX2 and FMA (checked above); the tile's bounds are
-                    // the caller's (see `matmul`).
+                    // SAFETY: the CPU has AVX2 and FMA (`product_with` checks that it runs the
+                    // kernel); the tile's bounds are the caller's (see `matmul`).
                     $(
                         ($a, $b, false) => unsafe { avx2::tile::<$a, $b, false>(t) },
                         ($a, $b, true) => unsafe { avx2::tile::<$a, $b, true>(t) },
@@ -335,10 +427,11 @@ fn run_tile(r: usize, p: usize, t: &Tile) {
 
 /// `rows` rows of `x` (split by [`tile_rows`]) times one panel: the tiles of [`run_tile`] in
 /// one call.
-fn run_column(rows: usize, t: &Tile) {
+fn run_column(kernel: Kernel, rows: usize, t: &Tile) {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (checked above); the rows are the caller's.
+    if kernel != Kernel::Portable {
+        // SAFETY: the CPU has AVX2 and FMA (`product_with` checks that it runs the kernel);
+        // the rows are the caller's.
         unsafe {
             if t.xt {
                 avx2::column::<true>(rows, t)
@@ -499,6 +592,209 @@ mod avx2 {
     }
 }
 
+/// The AVX-512 path of [`product`]: 16-lane tiles of up to [`wide::MR`] rows by up to four
+/// panels (one vector per panel line), with the panels of a group prefetched while the group
+/// before it computes.
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use std::arch::x86_64::*;
+
+    use rayon::prelude::*;
+
+    use super::{Line, PackedMatrix, NR, PANELS_PER_JOB, PARALLEL_MIN};
+    use crate::simd::SendPtr;
+
+    /// Rows per tile, at most: 8 rows by 3 panels are 24 accumulators, leaving registers for
+    /// the panel loads and the broadcast (measured on Zen 4: tiles of 12 rows by 2 panels run
+    /// at the same rate, 6 rows by 4 slower).
+    pub const MR: usize = 8;
+    /// `k` per block: a group's panels (3 x 16 KiB at 8 rows) stay in L1 and L2 while its row
+    /// tiles pass (blocks of 128 measured 5-10% slower at 32 and 64 rows).
+    const KC: usize = 256;
+    /// Rows of `x` per block.
+    const MC: usize = 96;
+
+    /// Panels per tile of `r` rows: as many as keep `r` x panels accumulators within 24 of the
+    /// 32 vector registers (at most 4).
+    fn max_panels(r: usize) -> usize {
+        (24 / r.max(1)).clamp(1, 4)
+    }
+
+    /// One tile: `r` rows of `x` from column `k0` times up to four panels' `kc` steps.
+    struct Tile<'a> {
+        /// From the tile's first element: row `a`, step `s` at `a * ldx + s`, or with `xt` at
+        /// `s * ldx + a`.
+        x: &'a [f32],
+        ldx: usize,
+        panels: [&'a [Line]; 4],
+        y: *mut f32,
+        ldy: usize,
+        cols: usize,
+        first: bool,
+        /// Lines to prefetch, one from each slice per step from the first.
+        prefetch: [&'a [Line]; 4],
+    }
+
+    /// `y = x @ w^T` (or `+=`), as `super::product` promises, on AVX-512F.
+    pub fn product(x: &[f32], xt: bool, m: usize, w: &PackedMatrix, y: &mut [f32], acc: bool) {
+        let (n, k) = (w.n, w.k);
+        let x_at = |i: usize, k0: usize| if xt { k0 * m + i } else { i * k + k0 };
+        let ld = if xt { m } else { k };
+        let panels = n.div_ceil(NR);
+        let per_job = panels
+            .div_ceil(4 * rayon::current_num_threads())
+            .clamp(1, 2 * PANELS_PER_JOB);
+        let out = SendPtr(y.as_mut_ptr());
+        let job = |jb: usize| {
+            let (p0, p1) = (jb * per_job, ((jb + 1) * per_job).min(panels));
+            for i0 in (0..m).step_by(MC) {
+                let i1 = (i0 + MC).min(m);
+                // the block's row tiles: as even a split as tiles of at most MR rows allow
+                let count = (i1 - i0).div_ceil(MR);
+                let rows = |t: usize| (i1 - i0) / count + usize::from(t < (i1 - i0) % count);
+                // the job's panels in groups as even as groups of at most g allow (4 panels
+                // are 2 + 2, not 3 + 1: a one-panel tile reloads each broadcast for one FMA)
+                let g = (0..count).map(|t| max_panels(rows(t))).min().unwrap_or(1);
+                let groups = (p1 - p0).div_ceil(g);
+                let size = |j: usize| (p1 - p0) / groups + usize::from(j < (p1 - p0) % groups);
+                for k0 in (0..k).step_by(KC) {
+                    let kc = KC.min(k - k0);
+                    let mut p = p0;
+                    for j in 0..groups {
+                        let gp = size(j);
+                        // the next group's lines, spread over this group's row tiles
+                        let next = p + gp..(p + gp + if j + 1 < groups { size(j + 1) } else { 0 });
+                        let share = kc.div_ceil(count);
+                        let mut i = i0;
+                        for t in 0..count {
+                            let r = rows(t);
+                            let (s0, s1) = ((t * share).min(kc), ((t + 1) * share).min(kc));
+                            let lines = |q: usize| -> &[Line] {
+                                if q < gp {
+                                    &w.panel(p + q)[k0..k0 + kc]
+                                } else {
+                                    &[]
+                                }
+                            };
+                            let ahead = |q: usize| -> &[Line] {
+                                if next.start + q < next.end {
+                                    &w.panel(next.start + q)[k0 + s0..k0 + s1]
+                                } else {
+                                    &[]
+                                }
+                            };
+                            let tile = Tile {
+                                x: &x[x_at(i, k0)..],
+                                ldx: ld,
+                                panels: [0, 1, 2, 3].map(lines),
+                                // SAFETY: rows i..i + r and the group's columns are inside y
+                                // (m x n); each job writes only its own panels' columns.
+                                y: unsafe { out.get().add(i * n + p * NR) },
+                                ldy: n,
+                                cols: (n - p * NR).min(gp * NR),
+                                first: k0 == 0 && !acc,
+                                prefetch: [0, 1, 2, 3].map(ahead),
+                            };
+                            run(r, gp, xt, &tile);
+                            i += r;
+                        }
+                        p += gp;
+                    }
+                }
+            }
+        };
+        let jobs = panels.div_ceil(per_job);
+        if m * n * k < PARALLEL_MIN {
+            (0..jobs).for_each(job);
+        } else {
+            (0..jobs).into_par_iter().for_each(job);
+        }
+    }
+
+    fn run(r: usize, p: usize, xt: bool, t: &Tile) {
+        macro_rules! dispatch {
+            ($(($a:literal, [$($b:literal),*])),*) => {
+                match (r, p, xt) {
+                    // SAFETY: `super::product_with` checked that the CPU has AVX-512F; the
+                    // tile's bounds are the caller's.
+                    $($(
+                        ($a, $b, false) => unsafe { tile::<$a, $b, false>(t) },
+                        ($a, $b, true) => unsafe { tile::<$a, $b, true>(t) },
+                    )*)*
+                    _ => unreachable!("tile {r} x {p}"),
+                }
+            };
+        }
+        dispatch!(
+            (8, [3, 2, 1]),
+            (7, [3, 2, 1]),
+            (6, [4, 3, 2, 1]),
+            (5, [4, 3, 2, 1]),
+            (4, [4, 3, 2, 1]),
+            (3, [4, 3, 2, 1]),
+            (2, [4, 3, 2, 1]),
+            (1, [4, 3, 2, 1])
+        );
+    }
+
+    /// `R` rows by `P` panels: `R x P` accumulators over the block's `k` steps, each lane one
+    /// multiply-add chain (the same chain as every other kernel).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn tile<const R: usize, const P: usize, const XT: bool>(t: &Tile) {
+        let kc = t.panels[0].len();
+        // the columns of each panel this tile owns (the matrix's last panel may be short)
+        let mask = |q: usize| -> __mmask16 {
+            let c = t.cols.saturating_sub(q * NR).min(NR);
+            ((1u32 << c) - 1) as __mmask16
+        };
+        let mut acc = [[_mm512_setzero_ps(); P]; R];
+        if !t.first {
+            for (a, row) in acc.iter_mut().enumerate() {
+                for (q, v) in row.iter_mut().enumerate() {
+                    // SAFETY: the masked columns of row a are inside y (see `product`); the
+                    // others are not read.
+                    *v = unsafe { _mm512_maskz_loadu_ps(mask(q), t.y.add(a * t.ldy + q * NR)) };
+                }
+            }
+        }
+        let xp = t.x.as_ptr();
+        if XT {
+            assert!(t.x.len() >= (kc - 1) * t.ldx + R);
+        } else {
+            assert!(t.x.len() >= (R - 1) * t.ldx + kc);
+        }
+        let pf = t.prefetch;
+        let ahead = pf[0].len();
+        for s in 0..kc {
+            if s < ahead {
+                for l in pf.iter().filter(|l| s < l.len()) {
+                    crate::simd::prefetch(l[s].0.as_ptr());
+                }
+            }
+            let mut b = [_mm512_setzero_ps(); P];
+            for (q, v) in b.iter_mut().enumerate() {
+                // SAFETY: a line holds 16 f32s, 64-byte aligned.
+                *v = unsafe { _mm512_load_ps(t.panels[q][s].0.as_ptr()) };
+            }
+            for (a, row) in acc.iter_mut().enumerate() {
+                let at = if XT { s * t.ldx + a } else { a * t.ldx + s };
+                // SAFETY: at < x.len() (asserted above).
+                let xv = _mm512_set1_ps(unsafe { *xp.add(at) });
+                for (v, bv) in row.iter_mut().zip(&b) {
+                    *v = _mm512_fmadd_ps(xv, *bv, *v);
+                }
+            }
+        }
+        for (a, row) in acc.iter().enumerate() {
+            for (q, v) in row.iter().enumerate() {
+                // SAFETY: as for the loads above.
+                unsafe { _mm512_mask_storeu_ps(t.y.add(a * t.ldy + q * NR), mask(q), *v) };
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -514,37 +810,61 @@ mod tests {
         x.iter().zip(w).fold(0f32, |acc, (a, b)| a.mul_add(*b, acc))
     }
 
+    /// Every kernel this CPU runs (the AVX-512 one too, where it has it), on shapes that reach
+    /// each tile size, short last panels and tiles, several `k` blocks and several row blocks.
     #[test]
     fn matmul_is_the_fma_chain_and_each_row_is_bitwise_independent_of_the_batch() {
-        for &(m, n, k) in &[
-            (1, 300, 70),
-            (7, 1000, 256),
-            (37, 257, 203),
-            (70, 100, 40),
-            (3, 33, 300),
-            (100, 50, 1),
-            (13, 16, 129),
-        ] {
-            let (x, w) = (data(m * k, 1), data(n * k, 2));
-            let packed = PackedMatrix::pack(&w, n, k);
-            let mut y = vec![f32::NAN; m * n];
-            matmul(&x, m, &packed, &mut y);
-            for i in 0..m {
-                // the same row alone, and inside another batch at another index
-                let mut alone = vec![0f32; n];
-                matmul(&x[i * k..(i + 1) * k], 1, &packed, &mut alone);
-                let mut other = data(5 * k, 3);
-                other[2 * k..3 * k].copy_from_slice(&x[i * k..(i + 1) * k]);
-                let mut y5 = vec![0f32; 5 * n];
-                matmul(&other, 5, &packed, &mut y5);
-                for j in 0..n {
-                    let want = chain(&x[i * k..(i + 1) * k], &w[j * k..(j + 1) * k]);
-                    let got = y[i * n + j];
-                    assert_eq!(got.to_bits(), want.to_bits(), "{m}x{n}x{k} ({i}, {j})");
-                    assert_eq!(got.to_bits(), alone[j].to_bits(), "row {i} col {j} alone");
-                    assert_eq!(got.to_bits(), y5[2 * n + j].to_bits(), "row {i} col {j}");
+        let mm = |kern: Kernel, x: &[f32], m: usize, w: &PackedMatrix, y: &mut [f32]| {
+            product_with(kern, x, XLayout::Rows, m, w, y, false)
+        };
+        for kern in Kernel::available() {
+            for &(m, n, k) in &[
+                (1, 300, 70),
+                (7, 1000, 256),
+                (37, 257, 203),
+                (70, 100, 40),
+                (3, 33, 300),
+                (100, 50, 1),
+                (13, 16, 129),
+                (32, 520, 600),
+                (23, 49, 17),
+            ] {
+                let (x, w) = (data(m * k, 1), data(n * k, 2));
+                let packed = PackedMatrix::pack(&w, n, k);
+                let mut y = vec![f32::NAN; m * n];
+                mm(kern, &x, m, &packed, &mut y);
+                for i in 0..m {
+                    // the same row alone, and inside another batch at another index
+                    let mut alone = vec![0f32; n];
+                    mm(kern, &x[i * k..(i + 1) * k], 1, &packed, &mut alone);
+                    let mut other = data(5 * k, 3);
+                    other[2 * k..3 * k].copy_from_slice(&x[i * k..(i + 1) * k]);
+                    let mut y5 = vec![0f32; 5 * n];
+                    mm(kern, &other, 5, &packed, &mut y5);
+                    for j in 0..n {
+                        let want = chain(&x[i * k..(i + 1) * k], &w[j * k..(j + 1) * k]);
+                        let got = y[i * n + j];
+                        let at = format!("{kern:?} {m}x{n}x{k} ({i}, {j})");
+                        assert_eq!(got.to_bits(), want.to_bits(), "{at}");
+                        assert_eq!(got.to_bits(), alone[j].to_bits(), "{at} alone");
+                        assert_eq!(got.to_bits(), y5[2 * n + j].to_bits(), "{at} in 5");
+                    }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_best_kernel_is_the_widest_this_cpu_runs() {
+        let avail = Kernel::available();
+        assert_eq!(avail.last(), Some(&Kernel::Portable));
+        assert!(avail.iter().all(|k| k.runs()));
+        if std::env::var_os("SELFDISTILL_GEMM").is_none() {
+            assert_eq!(Kernel::best(), avail[0]);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx512f") {
+            assert_eq!(avail[0], Kernel::Avx512);
         }
     }
 
@@ -595,23 +915,37 @@ mod tests {
                 assert_eq!(packed.row(j), from_t.row(j), "{n}x{k} row {j}");
             }
             let y0 = data(m * n, 8);
-            let mut y = y0.clone();
-            product(&xt, XLayout::Transposed, m, &from_t, &mut y, true);
-            let mut plain = vec![0f32; m * n];
-            matmul(&x, m, &packed, &mut plain);
-            let mut transposed = vec![0f32; m * n];
-            product(&xt, XLayout::Transposed, m, &packed, &mut transposed, false);
-            for i in 0..m {
-                for j in 0..n {
-                    let (xr, wr) = (&x[i * k..(i + 1) * k], &w[j * k..(j + 1) * k]);
-                    let from = xr
-                        .iter()
-                        .zip(wr)
-                        .fold(y0[i * n + j], |acc, (a, b)| a.mul_add(*b, acc));
-                    let at = i * n + j;
-                    assert_eq!(y[at].to_bits(), from.to_bits(), "{m}x{n}x{k} ({i}, {j})");
-                    assert_eq!(transposed[at].to_bits(), plain[at].to_bits());
-                    assert_eq!(plain[at].to_bits(), chain(xr, wr).to_bits());
+            for kern in Kernel::available() {
+                let mut y = y0.clone();
+                product_with(kern, &xt, XLayout::Transposed, m, &from_t, &mut y, true);
+                let mut plain = vec![0f32; m * n];
+                product_with(kern, &x, XLayout::Rows, m, &packed, &mut plain, false);
+                let mut transposed = vec![0f32; m * n];
+                product_with(
+                    kern,
+                    &xt,
+                    XLayout::Transposed,
+                    m,
+                    &packed,
+                    &mut transposed,
+                    false,
+                );
+                for i in 0..m {
+                    for j in 0..n {
+                        let (xr, wr) = (&x[i * k..(i + 1) * k], &w[j * k..(j + 1) * k]);
+                        let from = xr
+                            .iter()
+                            .zip(wr)
+                            .fold(y0[i * n + j], |acc, (a, b)| a.mul_add(*b, acc));
+                        let at = i * n + j;
+                        assert_eq!(
+                            y[at].to_bits(),
+                            from.to_bits(),
+                            "{kern:?} {m}x{n}x{k} ({i}, {j})"
+                        );
+                        assert_eq!(transposed[at].to_bits(), plain[at].to_bits());
+                        assert_eq!(plain[at].to_bits(), chain(xr, wr).to_bits());
+                    }
                 }
             }
         }

@@ -258,6 +258,19 @@ impl<'a> PagedAttention<'a> {
         let work = |scratch: &mut AttnScratch, (c, o): (usize, &mut [f32])| {
             let (ti, kvh) = (c / hkv, c % hkv);
             let (table, pos, _) = jobs[ti];
+            // the next job's keys and values start on their way to L2 while this one computes
+            // (a job is a few microseconds, most of it waiting on memory when they are not)
+            if let Some(&(next, npos, _)) = jobs.get((c + 1) / hkv) {
+                let nkvh = (c + 1) % hkv;
+                let len = (npos + 1).min(next.blocks.len() * bs);
+                for b in &next.blocks[..len.div_ceil(bs)] {
+                    let base = (b.0 as usize * hkv + nkvh) * bs * d;
+                    for l in (0..bs * d).step_by(16) {
+                        crate::simd::prefetch_l2(view.kc.as_ptr().wrapping_add(base + l));
+                        crate::simd::prefetch_l2(view.vc.as_ptr().wrapping_add(base + l));
+                    }
+                }
+            }
             let qg = &q[(ti * hq + kvh * group) * d..][..group * d];
             attend_group(&view, qg, kvh, table, pos, scratch, o);
         };
