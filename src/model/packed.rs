@@ -130,16 +130,37 @@ impl PackedLayer {
         index: usize,
         xs: &mut [f32],
         t: usize,
+        rope: (&[f32], &[f32]),
+        heads: Heads,
+        attn: &mut dyn AttentionBackend,
+    ) -> Result<()> {
+        // this thread's buffers; fresh ones if they are in use (a step of another engine that
+        // this thread picked up while waiting inside a step)
+        BUFFERS.with(|b| match b.try_borrow_mut() {
+            Ok(mut b) => self.forward_in(&mut b, index, xs, t, rope, heads, attn),
+            Err(_) => self.forward_in(&mut Buffers::default(), index, xs, t, rope, heads, attn),
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_in(
+        &self,
+        b: &mut Buffers,
+        index: usize,
+        xs: &mut [f32],
+        t: usize,
         (cos, sin): (&[f32], &[f32]),
         (hq, hkv, d): Heads,
         attn: &mut dyn AttentionBackend,
     ) -> Result<()> {
         let hidden = xs.len() / t.max(1);
         // attention block
-        let h = rms_rows(xs, hidden, &self.input_norm, self.eps);
-        let mut qkv = self.qkv.apply(&h, t);
+        let h = sized(&mut b.h, xs.len());
+        rms_rows(xs, hidden, &self.input_norm, self.eps, h);
         let (nq, nkv) = (hq * d, hkv * d);
         let width = nq + 2 * nkv;
+        let qkv = sized(&mut b.qkv, t * width);
+        self.qkv.apply_into(h, t, qkv);
         let half = d / 2;
         let rotate_row = |(ti, row): (usize, &mut [f32])| {
             let (c, s) = (&cos[ti * half..][..half], &sin[ti * half..][..half]);
@@ -164,22 +185,28 @@ impl PackedLayer {
         } else {
             qkv.chunks_mut(width).enumerate().for_each(rotate_row);
         }
-        let part = |start: usize, len: usize| {
-            let mut v = Vec::with_capacity(t * len);
+        let part = |v: &mut Vec<f32>, start: usize, len: usize| {
+            v.clear();
             for row in qkv.chunks(width) {
                 v.extend_from_slice(&row[start..start + len]);
             }
-            v
         };
-        let (q, k, v) = (part(0, nq), part(nq, nkv), part(nq + nkv, nkv));
-        let mut a = vec![0f32; t * nq];
-        attn.attend_host(index, &q, &k, &v, (t, hq, hkv, d), &mut a)?;
-        add_into(xs, &self.o.apply(&a, t));
+        part(&mut b.q, 0, nq);
+        part(&mut b.k, nq, nkv);
+        part(&mut b.v, nq + nkv, nkv);
+        let a = sized(&mut b.a, t * nq);
+        a.fill(0.0);
+        attn.attend_host(index, &b.q, &b.k, &b.v, (t, hq, hkv, d), a)?;
+        let o = sized(&mut b.out, xs.len());
+        self.o.apply_into(a, t, o);
+        add_into(xs, o);
         // MLP block (SwiGLU)
-        let h = rms_rows(xs, hidden, &self.post_norm, self.eps);
-        let gu = self.gate_up.apply(&h, t);
-        let inter = gu.len() / t.max(1) / 2;
-        let mut act = vec![0f32; t * inter];
+        let h = sized(&mut b.h, xs.len());
+        rms_rows(xs, hidden, &self.post_norm, self.eps, h);
+        let inter = self.gate_up.w.rows() / 2;
+        let gu = sized(&mut b.qkv, t * 2 * inter);
+        self.gate_up.apply_into(h, t, gu);
+        let act = sized(&mut b.a, t * inter);
         let swiglu = |(a, g): (&mut [f32], &[f32])| {
             let (g, u) = g.split_at(inter);
             // a = exp(-g), then g * sigmoid(g) * u
@@ -200,9 +227,40 @@ impl PackedLayer {
                 .zip(gu.chunks(2 * inter))
                 .for_each(swiglu);
         }
-        add_into(xs, &self.down.apply(&act, t));
+        let down = sized(&mut b.out, xs.len());
+        self.down.apply_into(act, t, down);
+        add_into(xs, down);
         Ok(())
     }
+}
+
+/// A thread's buffers for [`PackedLayer::forward_host`], kept across layers and steps: a decode
+/// step's activations are tens to hundreds of KiB each, which a fresh allocation per layer would
+/// map, fault in and zero every time.
+#[derive(Default)]
+struct Buffers {
+    /// Normed rows (T, hidden).
+    h: Vec<f32>,
+    /// q|k|v rows (T, q + 2 kv), then gate|up rows (T, 2 inter).
+    qkv: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    /// Attention output (T, q), then the SwiGLU product (T, inter).
+    a: Vec<f32>,
+    /// A projection back to the residual stream (T, hidden).
+    out: Vec<f32>,
+}
+
+thread_local! {
+    static BUFFERS: std::cell::RefCell<Buffers> = std::cell::RefCell::default();
+}
+
+/// `v` as `n` values: its allocation kept, its old values left as they are (every user writes
+/// every value it reads).
+fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.resize(n, 0.0);
+    &mut v[..n]
 }
 
 /// `1 / sqrt(mean(x^2) + eps)`; the squares summed in eight lanes (plain multiply and add, which
@@ -219,9 +277,8 @@ fn inv_rms(x: &[f32], eps: f32) -> f32 {
     1.0 / ((lanes.iter().sum::<f32>() + tail) / x.len() as f32 + eps).sqrt()
 }
 
-/// RMS norm of each row of `x` (rows of `width`), scaled by `w`.
-fn rms_rows(x: &[f32], width: usize, w: &[f32], eps: f32) -> Vec<f32> {
-    let mut y = vec![0f32; x.len()];
+/// RMS norm of each row of `x` (rows of `width`), scaled by `w`, into `y`.
+fn rms_rows(x: &[f32], width: usize, w: &[f32], eps: f32, y: &mut [f32]) {
     let norm = |(yr, xr): (&mut [f32], &[f32])| {
         let r = inv_rms(xr, eps);
         for ((y, x), w) in yr.iter_mut().zip(xr).zip(w) {
@@ -235,7 +292,6 @@ fn rms_rows(x: &[f32], width: usize, w: &[f32], eps: f32) -> Vec<f32> {
     } else {
         y.chunks_mut(width).zip(x.chunks(width)).for_each(norm);
     }
-    y
 }
 
 fn add_into(x: &mut [f32], y: &[f32]) {
