@@ -18,8 +18,10 @@ use super::attention::AttentionBackend;
 use crate::gemm::PackedMatrix;
 use crate::simd::exp_sub_sum;
 
-/// Elements below which a row-wise op runs on the calling thread.
-const PARALLEL_MIN: usize = 1 << 16;
+/// Residual-stream elements below which the row-wise ops run on the calling thread (8 rows of
+/// a hidden size of 512: a decode step of a small model at batch 16 and up runs them in
+/// parallel).
+const PARALLEL_MIN: usize = 1 << 12;
 
 /// A projection packed for the batch-invariant matmul: the sampler's promise that a sample's
 /// tokens do not depend on batch size or composition rests on it (candle's gemm picks kernels
@@ -154,15 +156,29 @@ impl PackedLayer {
         attn: &mut dyn AttentionBackend,
     ) -> Result<()> {
         let hidden = xs.len() / t.max(1);
+        let Buffers {
+            h,
+            qkv,
+            q,
+            k,
+            v,
+            a,
+            out,
+        } = b;
+        // Every op between the matmuls works row by row, in parallel once the step has a few
+        // rows: run on one thread, it would leave the other workers to fall asleep until the
+        // next matmul wakes them.
+        let big = xs.len() >= PARALLEL_MIN;
         // attention block
-        let h = sized(&mut b.h, xs.len());
+        let h = sized(h, xs.len());
         rms_rows(xs, hidden, &self.input_norm, self.eps, h);
         let (nq, nkv) = (hq * d, hkv * d);
         let width = nq + 2 * nkv;
-        let qkv = sized(&mut b.qkv, t * width);
-        self.qkv.apply_into(h, t, qkv);
+        let rows = sized(qkv, t * width);
+        self.qkv.apply_into(h, t, rows);
         let half = d / 2;
-        let rotate_row = |(ti, row): (usize, &mut [f32])| {
+        // Qwen3's q/k norms and RoPE on a row, then its queries, keys and values apart
+        let rotate_row = |(ti, (((row, q), k), v)): (usize, RowParts)| {
             let (c, s) = (&cos[ti * half..][..half], &sin[ti * half..][..half]);
             for (head, v) in row[..nq + nkv].chunks_mut(d).enumerate() {
                 if let Some((qn, kn)) = &self.qk_norms {
@@ -179,34 +195,52 @@ impl PackedLayer {
                     x2[i] = b * c[i] + a * s[i];
                 }
             }
+            q.copy_from_slice(&row[..nq]);
+            k.copy_from_slice(&row[nq..nq + nkv]);
+            v.copy_from_slice(&row[nq + nkv..]);
         };
-        if qkv.len() >= PARALLEL_MIN {
-            qkv.par_chunks_mut(width).enumerate().for_each(rotate_row);
+        let (q, k, v) = (sized(q, t * nq), sized(k, t * nkv), sized(v, t * nkv));
+        if big {
+            rows.par_chunks_mut(width)
+                .zip(q.par_chunks_mut(nq))
+                .zip(k.par_chunks_mut(nkv))
+                .zip(v.par_chunks_mut(nkv))
+                .enumerate()
+                .for_each(rotate_row);
         } else {
-            qkv.chunks_mut(width).enumerate().for_each(rotate_row);
+            rows.chunks_mut(width)
+                .zip(q.chunks_mut(nq))
+                .zip(k.chunks_mut(nkv))
+                .zip(v.chunks_mut(nkv))
+                .enumerate()
+                .for_each(rotate_row);
         }
-        let part = |v: &mut Vec<f32>, start: usize, len: usize| {
-            v.clear();
-            for row in qkv.chunks(width) {
-                v.extend_from_slice(&row[start..start + len]);
-            }
+        let att = sized(a, t * nq);
+        att.fill(0.0);
+        attn.attend_host(index, q, k, v, (t, hq, hkv, d), att)?;
+        let o = sized(out, xs.len());
+        self.o.apply_into(att, t, o);
+        // the residual add, then the MLP's norm of the sum
+        let add_norm = |((x, o), h): ((&mut [f32], &[f32]), &mut [f32])| {
+            add_into(x, o);
+            norm_row(x, &self.post_norm, self.eps, h);
         };
-        part(&mut b.q, 0, nq);
-        part(&mut b.k, nq, nkv);
-        part(&mut b.v, nq + nkv, nkv);
-        let a = sized(&mut b.a, t * nq);
-        a.fill(0.0);
-        attn.attend_host(index, &b.q, &b.k, &b.v, (t, hq, hkv, d), a)?;
-        let o = sized(&mut b.out, xs.len());
-        self.o.apply_into(a, t, o);
-        add_into(xs, o);
+        if big {
+            xs.par_chunks_mut(hidden)
+                .zip(o.par_chunks(hidden))
+                .zip(h.par_chunks_mut(hidden))
+                .for_each(add_norm);
+        } else {
+            xs.chunks_mut(hidden)
+                .zip(o.chunks(hidden))
+                .zip(h.chunks_mut(hidden))
+                .for_each(add_norm);
+        }
         // MLP block (SwiGLU)
-        let h = sized(&mut b.h, xs.len());
-        rms_rows(xs, hidden, &self.post_norm, self.eps, h);
         let inter = self.gate_up.w.rows() / 2;
-        let gu = sized(&mut b.qkv, t * 2 * inter);
+        let gu = sized(qkv, t * 2 * inter);
         self.gate_up.apply_into(h, t, gu);
-        let act = sized(&mut b.a, t * inter);
+        let act = sized(a, t * inter);
         let swiglu = |(a, g): (&mut [f32], &[f32])| {
             let (g, u) = g.split_at(inter);
             // a = exp(-g), then g * sigmoid(g) * u
@@ -218,7 +252,7 @@ impl PackedLayer {
                 *a = g / (1.0 + *a) * u;
             }
         };
-        if act.len() >= PARALLEL_MIN {
+        if big {
             act.par_chunks_mut(inter)
                 .zip(gu.par_chunks(2 * inter))
                 .for_each(swiglu);
@@ -227,12 +261,24 @@ impl PackedLayer {
                 .zip(gu.chunks(2 * inter))
                 .for_each(swiglu);
         }
-        let down = sized(&mut b.out, xs.len());
+        let down = sized(out, xs.len());
         self.down.apply_into(act, t, down);
-        add_into(xs, down);
+        if big {
+            xs.par_chunks_mut(hidden)
+                .zip(down.par_chunks(hidden))
+                .for_each(|(x, o)| add_into(x, o));
+        } else {
+            add_into(xs, down);
+        }
         Ok(())
     }
 }
+
+/// A row of q|k|v and the rows of `q`, `k` and `v` it is split into.
+type RowParts<'a> = (
+    ((&'a mut [f32], &'a mut [f32]), &'a mut [f32]),
+    &'a mut [f32],
+);
 
 /// A thread's buffers for [`PackedLayer::forward_host`], kept across layers and steps: a decode
 /// step's activations are tens to hundreds of KiB each, which a fresh allocation per layer would
@@ -277,14 +323,17 @@ fn inv_rms(x: &[f32], eps: f32) -> f32 {
     1.0 / ((lanes.iter().sum::<f32>() + tail) / x.len() as f32 + eps).sqrt()
 }
 
+/// RMS norm of the row `x`, scaled by `w`, into `y`.
+fn norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let r = inv_rms(x, eps);
+    for ((y, x), w) in y.iter_mut().zip(x).zip(w) {
+        *y = x * r * w;
+    }
+}
+
 /// RMS norm of each row of `x` (rows of `width`), scaled by `w`, into `y`.
 fn rms_rows(x: &[f32], width: usize, w: &[f32], eps: f32, y: &mut [f32]) {
-    let norm = |(yr, xr): (&mut [f32], &[f32])| {
-        let r = inv_rms(xr, eps);
-        for ((y, x), w) in yr.iter_mut().zip(xr).zip(w) {
-            *y = x * r * w;
-        }
-    };
+    let norm = |(yr, xr): (&mut [f32], &[f32])| norm_row(xr, w, eps, yr);
     if x.len() >= PARALLEL_MIN {
         y.par_chunks_mut(width)
             .zip(x.par_chunks(width))

@@ -208,7 +208,14 @@ fn inference_mode_logits_match_transformers_and_ignore_the_batch() {
         // a sequence's rows are bit-identical alone and batched with others
         let alone = logits_of(&model, &[p]);
         let other = &prompts[(i + 1) % prompts.len()];
-        let batched = logits_of(&model, &[other, p, &p[..1]]);
+        // with more sequences behind, so that the batch is past the packed layer's threshold
+        // for running its row-wise ops in parallel (the prompts alone are below it)
+        let mut batch: Vec<&[u32]> = vec![other, p, &p[..1]];
+        while batch.iter().map(|s| s.len()).sum::<usize>() * model.config().hidden_size < 5000 {
+            batch.push(other);
+        }
+        assert!(p.len() * model.config().hidden_size < 4096);
+        let batched = logits_of(&model, &batch);
         assert_eq!(
             alone,
             batched[other.len()..other.len() + p.len()],
