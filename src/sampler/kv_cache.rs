@@ -19,9 +19,11 @@
 //! latency. Blocks are prefetched a few ahead (a block is less work than a memory latency), and
 //! the cache asks for huge pages (blocks are scattered over it).
 //!
-//! `PagedAttention::attend` (1) writes the step's keys and values into their slots, then
-//! (2) lets each new token attend over its sequence's keys at positions `0..=pos`, read through
-//! the block table, one (token, KV head) pair per parallel job. Knows nothing of scheduling or
+//! `PagedAttention::attend` (1) writes the step's keys and values into their slots (tokens in
+//! parallel when their slots differ, each asking for its `D` key lines before writing them),
+//! then (2) lets each new token attend over its sequence's keys at positions `0..=pos`, read
+//! through the block table, one (token, KV head) pair per parallel job, each starting the next
+//! job's keys and values on their way to L2. Knows nothing of scheduling or
 //! sampling; the caller reserves the slots (see `block_pool`) and copies shared blocks before
 //! they are written.
 
@@ -31,7 +33,7 @@ use rayon::prelude::*;
 use super::block_pool::{BlockId, BlockTable};
 use crate::model::attention::{AttentionBackend, AttnShape};
 use crate::model::ModelConfig;
-use crate::simd::exp_sub_sum;
+use crate::simd::{exp_sub_sum, SendPtr};
 
 #[derive(Debug, Clone)]
 pub struct KvCache {
@@ -130,6 +132,8 @@ pub struct PagedAttention<'a> {
     /// The step's tokens in order: (block table, position, cache slot if reserved), the same
     /// for every layer, so worked out once per step.
     tokens: Vec<(&'a BlockTable, usize, Option<usize>)>,
+    /// Whether the tokens' reserved slots are all different (the parallel write's premise).
+    distinct_slots: bool,
     /// Wall time spent in [`AttentionBackend::attend`], summed over layers.
     pub seconds: f64,
 }
@@ -167,16 +171,20 @@ impl AttentionBackend for PagedAttention<'_> {
 impl<'a> PagedAttention<'a> {
     pub fn new(cache: &'a mut KvCache, seqs: Vec<SeqStep<'a>>) -> Self {
         let bs = cache.block_size;
-        let tokens = seqs
+        let tokens: Vec<_> = seqs
             .iter()
             .flat_map(|s| {
                 (s.start_pos..s.start_pos + s.num_new)
                     .map(|p| (s.block_table, p, s.block_table.slot(p, bs)))
             })
             .collect();
+        let mut slots: Vec<usize> = tokens.iter().filter_map(|t| t.2).collect();
+        slots.sort_unstable();
+        let distinct_slots = slots.windows(2).all(|w| w[0] != w[1]);
         PagedAttention {
             cache,
             tokens,
+            distinct_slots,
             seconds: 0.0,
         }
     }
@@ -225,23 +233,54 @@ impl<'a> PagedAttention<'a> {
                 self.tokens.len()
             )));
         }
-        for (ti, &(_, _, slot)) in self.tokens.iter().enumerate() {
+        let mut slots = Vec::with_capacity(t);
+        for &(_, _, slot) in &self.tokens {
             let slot = slot.ok_or_else(|| candle_core::Error::Msg("slot not reserved".into()))?;
-            let (block, off) = (slot / bs, slot % bs);
-            let src = ti * row;
-            if (block + 1) * bs * row > kc.len() {
+            if (slot / bs + 1) * bs * row > kc.len() {
                 return Err(candle_core::Error::Msg(format!(
                     "slot {slot} is outside the cache"
                 )));
             }
+            slots.push(slot);
+        }
+        let (kp, vp) = (SendPtr(kc.as_mut_ptr()), SendPtr(vc.as_mut_ptr()));
+        // A token's keys go to `d` lines of its block (one per dimension), most of them not in
+        // any cache by now: their lines are asked for first, so that the misses overlap.
+        let write = |ti: usize| {
+            let slot = slots[ti];
+            let (block, off) = (slot / bs, slot % bs);
+            let src = ti * row;
+            for h in 0..hkv {
+                let head = (block * hkv + h) * bs * d;
+                for j in 0..d {
+                    crate::simd::prefetch(kp.get().wrapping_add(head + j * bs + off));
+                }
+                crate::simd::prefetch(vp.get().wrapping_add(head + off * d));
+            }
             for h in 0..hkv {
                 let head = (block * hkv + h) * bs * d;
                 for (j, x) in k[src + h * d..src + (h + 1) * d].iter().enumerate() {
-                    kc[head + j * bs + off] = *x;
+                    // SAFETY: inside the layer (checked above); tokens run in parallel only when
+                    // their slots are distinct, and nothing reads the cache meanwhile.
+                    unsafe { *kp.get().add(head + j * bs + off) = *x };
                 }
-                vc[head + off * d..head + (off + 1) * d]
-                    .copy_from_slice(&v[src + h * d..src + (h + 1) * d]);
+                // SAFETY: as above; the d values of the slot's row.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        v[src + h * d..].as_ptr(),
+                        vp.get().add(head + off * d),
+                        d,
+                    )
+                };
             }
+        };
+        if self.distinct_slots && t * row >= WRITE_PARALLEL_MIN {
+            // tokens write disjoint elements: spread over the workers, twice the misses in flight
+            (0..t).into_par_iter().with_min_len(4).for_each(write);
+        } else {
+            // (sequences that share blocks may recompute the same positions in one step: the
+            // same values into the same slots, written in token order)
+            (0..t).for_each(write);
         }
         // 2. each new token attends over its sequence's cached keys: one job per (token, KV
         //    head), whose query heads are the contiguous run of `out` it writes
@@ -297,6 +336,9 @@ impl<'a> PagedAttention<'a> {
         Ok(())
     }
 }
+
+/// Keys and values (floats) a step writes below which one thread writes them.
+const WRITE_PARALLEL_MIN: usize = 1 << 11;
 
 /// Multiply-adds in a step's attention below which it runs on the calling thread.
 const PARALLEL_MIN: usize = 1 << 15;
