@@ -164,8 +164,8 @@ pub fn product(
 /// chain over `k` in order), so the choice is speed alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
-    /// 16-lane tiles of up to 12 rows by 4 panels in the 32 vector registers (x86-64 with
-    /// AVX-512F).
+    /// 16-lane tiles of up to 8 rows by 3 panels (or 6 rows by 4) in the 32 vector registers
+    /// (x86-64 with AVX-512F).
     Avx512,
     /// 8-lane tiles of up to 6 rows by 16 columns (x86-64 with AVX2 and FMA).
     Avx2,
@@ -828,6 +828,11 @@ mod tests {
                 (13, 16, 129),
                 (32, 520, 600),
                 (23, 49, 17),
+                // jobs of many panels whatever the thread count: groups of 4 panels (6 rows),
+                // of 3 (8 rows), and the prefetch of each next group
+                (6, 12_300, 9),
+                (8, 12_300, 9),
+                (2, 12_300, 5),
             ] {
                 let (x, w) = (data(m * k, 1), data(n * k, 2));
                 let packed = PackedMatrix::pack(&w, n, k);

@@ -270,6 +270,7 @@ impl PackedLayer {
         } else {
             add_into(xs, down);
         }
+        b.release_large();
         Ok(())
     }
 }
@@ -280,9 +281,9 @@ type RowParts<'a> = (
     &'a mut [f32],
 );
 
-/// A thread's buffers for [`PackedLayer::forward_host`], kept across layers and steps: a decode
-/// step's activations are tens to hundreds of KiB each, which a fresh allocation per layer would
-/// map, fault in and zero every time.
+/// A thread's buffers for [`PackedLayer::forward_host`], kept across layers and steps (up to
+/// [`KEEP_BYTES`] each): a decode step's activations are tens to hundreds of KiB each, which a
+/// fresh allocation per layer would map, fault in and zero every time.
 #[derive(Default)]
 struct Buffers {
     /// Normed rows (T, hidden).
@@ -297,6 +298,29 @@ struct Buffers {
     /// A projection back to the residual stream (T, hidden).
     out: Vec<f32>,
 }
+
+impl Buffers {
+    /// Frees any buffer past [`KEEP_BYTES`]: a long prefill's activations (hundreds of MiB for
+    /// a large model) are not kept for the rest of the thread's life; a decode step's are.
+    fn release_large(&mut self) {
+        for v in [
+            &mut self.h,
+            &mut self.qkv,
+            &mut self.q,
+            &mut self.k,
+            &mut self.v,
+            &mut self.a,
+            &mut self.out,
+        ] {
+            if v.capacity() * std::mem::size_of::<f32>() > KEEP_BYTES {
+                *v = Vec::new();
+            }
+        }
+    }
+}
+
+/// The largest buffer [`Buffers`] keeps between layers.
+const KEEP_BYTES: usize = 16 << 20;
 
 thread_local! {
     static BUFFERS: std::cell::RefCell<Buffers> = std::cell::RefCell::default();

@@ -255,7 +255,9 @@ impl<'a> PagedAttention<'a> {
                 for j in 0..d {
                     crate::simd::prefetch(kp.get().wrapping_add(head + j * bs + off));
                 }
-                crate::simd::prefetch(vp.get().wrapping_add(head + off * d));
+                for c in (0..d).step_by(16) {
+                    crate::simd::prefetch(vp.get().wrapping_add(head + off * d + c));
+                }
             }
             for h in 0..hkv {
                 let head = (block * hkv + h) * bs * d;
@@ -276,7 +278,11 @@ impl<'a> PagedAttention<'a> {
         };
         if self.distinct_slots && t * row >= WRITE_PARALLEL_MIN {
             // tokens write disjoint elements: spread over the workers, twice the misses in flight
-            (0..t).into_par_iter().with_min_len(4).for_each(write);
+            // (runs of at least a block's tokens: a prefill's neighbours share key lines)
+            (0..t)
+                .into_par_iter()
+                .with_min_len(bs.max(4))
+                .for_each(write);
         } else {
             // (sequences that share blocks may recompute the same positions in one step: the
             // same values into the same slots, written in token order)
@@ -297,12 +303,14 @@ impl<'a> PagedAttention<'a> {
         let work = |scratch: &mut AttnScratch, (c, o): (usize, &mut [f32])| {
             let (ti, kvh) = (c / hkv, c % hkv);
             let (table, pos, _) = jobs[ti];
-            // the next job's keys and values start on their way to L2 while this one computes
-            // (a job is a few microseconds, most of it waiting on memory when they are not)
+            // the next job's first keys and values start on their way to L2 while this one
+            // computes (a job is a few microseconds, most of it waiting on memory when they are
+            // not); the job's own prefetch, a few blocks ahead, takes over from there
             if let Some(&(next, npos, _)) = jobs.get((c + 1) / hkv) {
                 let nkvh = (c + 1) % hkv;
                 let len = (npos + 1).min(next.blocks.len() * bs);
-                for b in &next.blocks[..len.div_ceil(bs)] {
+                let ahead = len.div_ceil(bs).min(NEXT_JOB_BLOCKS);
+                for b in &next.blocks[..ahead] {
                     let base = (b.0 as usize * hkv + nkvh) * bs * d;
                     for l in (0..bs * d).step_by(16) {
                         crate::simd::prefetch_l2(view.kc.as_ptr().wrapping_add(base + l));
@@ -336,6 +344,10 @@ impl<'a> PagedAttention<'a> {
         Ok(())
     }
 }
+
+/// Blocks of the next job prefetched into L2 (more would push out what the job itself reads
+/// at long contexts).
+const NEXT_JOB_BLOCKS: usize = 8;
 
 /// Keys and values (floats) a step writes below which one thread writes them.
 const WRITE_PARALLEL_MIN: usize = 1 << 11;
