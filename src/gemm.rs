@@ -255,22 +255,14 @@ pub fn product_with(
         return;
     }
     let xt = layout == XLayout::Transposed;
-    // where x's element (i, k0) is, and the distance between rows (or, transposed, k steps)
-    let x_at = |i: usize, k0: usize| if xt { k0 * m + i } else { i * k + k0 };
-    let ld = if xt { m } else { k };
-    let panels = n.div_ceil(NR);
+    let xv = XView { m, k, xt };
     #[cfg(target_arch = "x86_64")]
     if kernel == Kernel::Avx512 {
-        return wide::product(x, xt, m, w, y, accumulate);
+        return wide::product(x, xv, w, y, accumulate);
     }
-    // Jobs of whole panels: at least four per thread when the matrix has that many panels (a
-    // small projection in few large jobs leaves a thread idle), at most PANELS_PER_JOB.
-    let per_job = panels
-        .div_ceil(4 * rayon::current_num_threads())
-        .clamp(1, PANELS_PER_JOB);
+    let panels = n.div_ceil(NR);
     let out = SendPtr(y.as_mut_ptr());
-    let job = |jb: usize| {
-        let (p0, p1) = (jb * per_job, ((jb + 1) * per_job).min(panels));
+    panel_jobs(panels, PANELS_PER_JOB, m * n * k, |p0, p1| {
         for i0 in (0..m).step_by(MC) {
             let i1 = (i0 + MC).min(m);
             // panels go through the row tiles `step` at a time (the smallest tile's width)
@@ -289,8 +281,8 @@ pub fn product_with(
                     if step == 1 {
                         // every row tile takes one panel: one call runs them all
                         let tile = Tile {
-                            x: &x[x_at(i0, k0)..],
-                            ldx: ld,
+                            x: &x[xv.at(i0, k0)..],
+                            ldx: xv.ld(),
                             xt,
                             panels: [&w.panel(p)[k0..k0 + kc], &[], &[]],
                             // SAFETY: rows i0..i1 and the panel's columns are inside y; each
@@ -317,8 +309,8 @@ pub fn product_with(
                             let group = max_panels(r).min(p + g - q);
                             let cols = (n - q * NR).min(group * NR);
                             let tile = Tile {
-                                x: &x[x_at(i, k0)..],
-                                ldx: ld,
+                                x: &x[xv.at(i, k0)..],
+                                ldx: xv.ld(),
                                 xt,
                                 panels: [q, q + 1, q + 2].map(|c| {
                                     if c < q + group {
@@ -344,12 +336,50 @@ pub fn product_with(
                 }
             }
         }
-    };
+    });
+}
+
+/// Where the left operand's elements are: `m x k`, stored row-major or transposed.
+#[derive(Clone, Copy)]
+struct XView {
+    m: usize,
+    k: usize,
+    xt: bool,
+}
+
+impl XView {
+    /// The index of element (row `i`, step `k0`).
+    fn at(self, i: usize, k0: usize) -> usize {
+        if self.xt {
+            k0 * self.m + i
+        } else {
+            i * self.k + k0
+        }
+    }
+
+    /// The distance between rows (or, transposed, between steps).
+    fn ld(self) -> usize {
+        if self.xt {
+            self.m
+        } else {
+            self.k
+        }
+    }
+}
+
+/// Runs `job(p0, p1)` over `panels` panels in jobs of whole panels: at least four per thread
+/// when the matrix has that many (a small projection in few large jobs leaves a thread idle),
+/// at most `max`; on rayon's pool unless the product is below [`PARALLEL_MIN`] multiply-adds.
+fn panel_jobs(panels: usize, max: usize, work: usize, job: impl Fn(usize, usize) + Sync) {
+    let per_job = panels
+        .div_ceil(4 * rayon::current_num_threads())
+        .clamp(1, max);
+    let run = |jb: usize| job(jb * per_job, ((jb + 1) * per_job).min(panels));
     let jobs = panels.div_ceil(per_job);
-    if m * n * k < PARALLEL_MIN {
-        (0..jobs).for_each(job);
+    if work < PARALLEL_MIN {
+        (0..jobs).for_each(run);
     } else {
-        (0..jobs).into_par_iter().for_each(job);
+        (0..jobs).into_par_iter().for_each(run);
     }
 }
 
@@ -599,9 +629,7 @@ mod avx2 {
 mod wide {
     use std::arch::x86_64::*;
 
-    use rayon::prelude::*;
-
-    use super::{Line, PackedMatrix, NR, PANELS_PER_JOB, PARALLEL_MIN};
+    use super::{panel_jobs, Line, PackedMatrix, XView, NR, PANELS_PER_JOB};
     use crate::simd::SendPtr;
 
     /// Rows per tile, at most: 8 rows by 3 panels are 24 accumulators, leaving registers for
@@ -636,17 +664,11 @@ mod wide {
     }
 
     /// `y = x @ w^T` (or `+=`), as `super::product` promises, on AVX-512F.
-    pub fn product(x: &[f32], xt: bool, m: usize, w: &PackedMatrix, y: &mut [f32], acc: bool) {
-        let (n, k) = (w.n, w.k);
-        let x_at = |i: usize, k0: usize| if xt { k0 * m + i } else { i * k + k0 };
-        let ld = if xt { m } else { k };
+    pub fn product(x: &[f32], xv: XView, w: &PackedMatrix, y: &mut [f32], acc: bool) {
+        let (m, n, k, xt) = (xv.m, w.n, w.k, xv.xt);
         let panels = n.div_ceil(NR);
-        let per_job = panels
-            .div_ceil(4 * rayon::current_num_threads())
-            .clamp(1, 2 * PANELS_PER_JOB);
         let out = SendPtr(y.as_mut_ptr());
-        let job = |jb: usize| {
-            let (p0, p1) = (jb * per_job, ((jb + 1) * per_job).min(panels));
+        panel_jobs(panels, 2 * PANELS_PER_JOB, m * n * k, |p0, p1| {
             for i0 in (0..m).step_by(MC) {
                 let i1 = (i0 + MC).min(m);
                 // the block's row tiles: as even a split as tiles of at most MR rows allow
@@ -684,8 +706,8 @@ mod wide {
                                 }
                             };
                             let tile = Tile {
-                                x: &x[x_at(i, k0)..],
-                                ldx: ld,
+                                x: &x[xv.at(i, k0)..],
+                                ldx: xv.ld(),
                                 panels: [0, 1, 2, 3].map(lines),
                                 // SAFETY: rows i..i + r and the group's columns are inside y
                                 // (m x n); each job writes only its own panels' columns.
@@ -702,13 +724,7 @@ mod wide {
                     }
                 }
             }
-        };
-        let jobs = panels.div_ceil(per_job);
-        if m * n * k < PARALLEL_MIN {
-            (0..jobs).for_each(job);
-        } else {
-            (0..jobs).into_par_iter().for_each(job);
-        }
+        });
     }
 
     fn run(r: usize, p: usize, xt: bool, t: &Tile) {

@@ -308,10 +308,7 @@ pub fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
 #[inline(always)]
 pub fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint; it reads nothing and cannot fault.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
-    };
+    prefetch_hint::<{ std::arch::x86_64::_MM_HINT_T0 }, T>(p);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
 }
@@ -321,12 +318,16 @@ pub fn prefetch<T>(p: *const T) {
 #[inline(always)]
 pub fn prefetch_l2<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint; it reads nothing and cannot fault.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p as *const i8)
-    };
+    prefetch_hint::<{ std::arch::x86_64::_MM_HINT_T1 }, T>(p);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_hint<const HINT: i32, T>(p: *const T) {
+    // SAFETY: a prefetch is a hint; it reads nothing and cannot fault.
+    unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p as *const i8) };
 }
 
 /// The sum of `xs` in 16 lanes (plain adds, which vectorise on any x86-64; for the bandwidth

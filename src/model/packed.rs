@@ -168,7 +168,7 @@ impl PackedLayer {
         // Every op between the matmuls works row by row, in parallel once the step has a few
         // rows: run on one thread, it would leave the other workers to fall asleep until the
         // next matmul wakes them.
-        let big = xs.len() >= PARALLEL_MIN;
+        let min = min_rows(xs.len());
         // attention block
         let h = sized(h, xs.len());
         rms_rows(xs, hidden, &self.input_norm, self.eps, h);
@@ -200,21 +200,13 @@ impl PackedLayer {
             v.copy_from_slice(&row[nq + nkv..]);
         };
         let (q, k, v) = (sized(q, t * nq), sized(k, t * nkv), sized(v, t * nkv));
-        if big {
-            rows.par_chunks_mut(width)
-                .zip(q.par_chunks_mut(nq))
-                .zip(k.par_chunks_mut(nkv))
-                .zip(v.par_chunks_mut(nkv))
-                .enumerate()
-                .for_each(rotate_row);
-        } else {
-            rows.chunks_mut(width)
-                .zip(q.chunks_mut(nq))
-                .zip(k.chunks_mut(nkv))
-                .zip(v.chunks_mut(nkv))
-                .enumerate()
-                .for_each(rotate_row);
-        }
+        rows.par_chunks_mut(width)
+            .zip(q.par_chunks_mut(nq))
+            .zip(k.par_chunks_mut(nkv))
+            .zip(v.par_chunks_mut(nkv))
+            .enumerate()
+            .with_min_len(min)
+            .for_each(rotate_row);
         let att = sized(a, t * nq);
         att.fill(0.0);
         attn.attend_host(index, q, k, v, (t, hq, hkv, d), att)?;
@@ -225,17 +217,11 @@ impl PackedLayer {
             add_into(x, o);
             norm_row(x, &self.post_norm, self.eps, h);
         };
-        if big {
-            xs.par_chunks_mut(hidden)
-                .zip(o.par_chunks(hidden))
-                .zip(h.par_chunks_mut(hidden))
-                .for_each(add_norm);
-        } else {
-            xs.chunks_mut(hidden)
-                .zip(o.chunks(hidden))
-                .zip(h.chunks_mut(hidden))
-                .for_each(add_norm);
-        }
+        xs.par_chunks_mut(hidden)
+            .zip(o.par_chunks(hidden))
+            .zip(h.par_chunks_mut(hidden))
+            .with_min_len(min)
+            .for_each(add_norm);
         // MLP block (SwiGLU)
         let inter = self.gate_up.w.rows() / 2;
         let gu = sized(qkv, t * 2 * inter);
@@ -252,26 +238,29 @@ impl PackedLayer {
                 *a = g / (1.0 + *a) * u;
             }
         };
-        if big {
-            act.par_chunks_mut(inter)
-                .zip(gu.par_chunks(2 * inter))
-                .for_each(swiglu);
-        } else {
-            act.chunks_mut(inter)
-                .zip(gu.chunks(2 * inter))
-                .for_each(swiglu);
-        }
+        act.par_chunks_mut(inter)
+            .zip(gu.par_chunks(2 * inter))
+            .with_min_len(min)
+            .for_each(swiglu);
         let down = sized(out, xs.len());
         self.down.apply_into(act, t, down);
-        if big {
-            xs.par_chunks_mut(hidden)
-                .zip(down.par_chunks(hidden))
-                .for_each(|(x, o)| add_into(x, o));
-        } else {
-            add_into(xs, down);
-        }
+        xs.par_chunks_mut(hidden)
+            .zip(down.par_chunks(hidden))
+            .with_min_len(min)
+            .for_each(|(x, o)| add_into(x, o));
         b.release_large();
         Ok(())
+    }
+}
+
+/// The fewest rows a parallel job of a row-wise op takes for `len` residual-stream elements:
+/// one (split as rayon likes) from [`PARALLEL_MIN`] on; below it, all (rayon runs the op on
+/// the calling thread, unsplit).
+fn min_rows(len: usize) -> usize {
+    if len >= PARALLEL_MIN {
+        1
+    } else {
+        usize::MAX
     }
 }
 
@@ -357,14 +346,10 @@ fn norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
 
 /// RMS norm of each row of `x` (rows of `width`), scaled by `w`, into `y`.
 fn rms_rows(x: &[f32], width: usize, w: &[f32], eps: f32, y: &mut [f32]) {
-    let norm = |(yr, xr): (&mut [f32], &[f32])| norm_row(xr, w, eps, yr);
-    if x.len() >= PARALLEL_MIN {
-        y.par_chunks_mut(width)
-            .zip(x.par_chunks(width))
-            .for_each(norm);
-    } else {
-        y.chunks_mut(width).zip(x.chunks(width)).for_each(norm);
-    }
+    y.par_chunks_mut(width)
+        .zip(x.par_chunks(width))
+        .with_min_len(min_rows(x.len()))
+        .for_each(|(yr, xr)| norm_row(xr, w, eps, yr));
 }
 
 fn add_into(x: &mut [f32], y: &[f32]) {

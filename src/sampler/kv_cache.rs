@@ -132,7 +132,10 @@ pub struct PagedAttention<'a> {
     /// The step's tokens in order: (block table, position, cache slot if reserved), the same
     /// for every layer, so worked out once per step.
     tokens: Vec<(&'a BlockTable, usize, Option<usize>)>,
-    /// Whether the tokens' reserved slots are all different (the parallel write's premise).
+    /// The tokens' cache slots, each checked against the cache's size, or why they cannot be
+    /// written (the same for every layer, so worked out once per step).
+    slots: std::result::Result<Vec<usize>, String>,
+    /// Whether the slots are all different (the parallel write's premise).
     distinct_slots: bool,
     /// Wall time spent in [`AttentionBackend::attend`], summed over layers.
     pub seconds: f64,
@@ -178,12 +181,25 @@ impl<'a> PagedAttention<'a> {
                     .map(|p| (s.block_table, p, s.block_table.slot(p, bs)))
             })
             .collect();
-        let mut slots: Vec<usize> = tokens.iter().filter_map(|t| t.2).collect();
-        slots.sort_unstable();
-        let distinct_slots = slots.windows(2).all(|w| w[0] != w[1]);
+        let slots: std::result::Result<Vec<usize>, String> = tokens
+            .iter()
+            .map(|t| match t.2 {
+                None => Err("slot not reserved".to_string()),
+                Some(s) if s / bs >= cache.num_blocks => {
+                    Err(format!("slot {s} is outside the cache"))
+                }
+                Some(s) => Ok(s),
+            })
+            .collect();
+        let distinct_slots = slots.as_ref().is_ok_and(|slots| {
+            let mut sorted = slots.clone();
+            sorted.sort_unstable();
+            sorted.windows(2).all(|w| w[0] != w[1])
+        });
         PagedAttention {
             cache,
             tokens,
+            slots,
             distinct_slots,
             seconds: 0.0,
         }
@@ -233,16 +249,15 @@ impl<'a> PagedAttention<'a> {
                 self.tokens.len()
             )));
         }
-        let mut slots = Vec::with_capacity(t);
-        for &(_, _, slot) in &self.tokens {
-            let slot = slot.ok_or_else(|| candle_core::Error::Msg("slot not reserved".into()))?;
-            if (slot / bs + 1) * bs * row > kc.len() {
-                return Err(candle_core::Error::Msg(format!(
-                    "slot {slot} is outside the cache"
-                )));
+        let slots = match &self.slots {
+            Ok(slots) if (self.cache.num_blocks * bs * row) == kc.len() => slots,
+            Ok(_) => {
+                return Err(candle_core::Error::Msg(
+                    "cache layer of another size".into(),
+                ))
             }
-            slots.push(slot);
-        }
+            Err(e) => return Err(candle_core::Error::Msg(e.clone())),
+        };
         let (kp, vp) = (SendPtr(kc.as_mut_ptr()), SendPtr(vc.as_mut_ptr()));
         // A token's keys go to `d` lines of its block (one per dimension), most of them not in
         // any cache by now: their lines are asked for first, so that the misses overlap.
