@@ -4,7 +4,9 @@ Builds a randomly initialised Qwen3 of the same shapes as `pipeline bench sample
 (tiny, 20m, qwen3-0.6b), feeds the same kind of prompts (fixed length, batch of B), generates a
 fixed number of tokens greedily (min_new_tokens = max_new_tokens, so EOS never stops it early)
 and prints prefill and decode tokens/s per batch size. Prefill is timed as a generate of one
-token; decode as the difference between generating N+1 tokens and one token.
+token; decode as the difference between generating N+1 tokens and one token. Like `pipeline
+bench sample`, each figure is the best of `--repeat` runs (the machine's noise only ever slows a
+run), so the two sides are measured the same way.
 
 Needs python3 with torch and transformers; CI does not run it. Usage:
     python3 benches/hf_generate.py --shape 20m --batch 1,8,32,64 --prompt-len 64 --new-tokens 32
@@ -56,18 +58,20 @@ def main():
     ap.add_argument("--batch", default="1,8,32,64")
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=3, help="runs per batch size; the best is reported")
     a = ap.parse_args()
     import torch
 
     model, vocab = build(a.shape)
     params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"transformers generate, shape {a.shape} ({params:.1f}M parameters, f32, "
-          f"{torch.get_num_threads()} threads), prompt {a.prompt_len}, {a.new_tokens} new tokens")
+          f"{torch.get_num_threads()} threads), prompt {a.prompt_len}, {a.new_tokens} new tokens, "
+          f"best of {a.repeat} runs")
     print(f"{'batch':>6} {'prefill tok/s':>14} {'decode tok/s':>14}")
     for b in [int(x) for x in a.batch.split(",")]:
         timed(model, vocab, b, a.prompt_len, 2)  # warm-up
-        t1 = timed(model, vocab, b, a.prompt_len, 1)
-        tn = timed(model, vocab, b, a.prompt_len, a.new_tokens + 1)
+        t1 = min(timed(model, vocab, b, a.prompt_len, 1) for _ in range(a.repeat))
+        tn = min(timed(model, vocab, b, a.prompt_len, a.new_tokens + 1) for _ in range(a.repeat))
         print(f"{b:>6} {b * a.prompt_len / t1:>14.1f} {b * a.new_tokens / max(tn - t1, 1e-9):>14.1f}")
 
 
