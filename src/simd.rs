@@ -92,9 +92,19 @@ mod avx2 {
 
     #[target_feature(enable = "avx2,fma")]
     pub fn max_sum_exp(row: &[f32]) -> (f32, f64) {
+        let max = row_max(row);
+        if max == f32::NEG_INFINITY || max.is_nan() {
+            return (max, 0.0);
+        }
+        (max, sum_exp_from(row, max))
+    }
+
+    /// The largest non-NaN value (`-inf` when there is none).
+    #[target_feature(enable = "avx2,fma")]
+    fn row_max(row: &[f32]) -> f32 {
         let mut maxv = _mm256_set1_ps(f32::NEG_INFINITY);
         let lanes = row.chunks_exact(8);
-        let mut max = lanes
+        let max = lanes
             .remainder()
             .iter()
             .copied()
@@ -104,13 +114,19 @@ mod avx2 {
             let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
             maxv = _mm256_max_ps(v, maxv); // a NaN in v keeps maxv
         }
+        fold_lanes(maxv, max)
+    }
+
+    /// `max` folded with the eight lanes of `maxv`, in lane order.
+    fn fold_lanes(maxv: __m256, max: f32) -> f32 {
         let mut lane_max = [0f32; 8];
         // SAFETY: `lane_max` holds eight f32s.
         unsafe { _mm256_storeu_ps(lane_max.as_mut_ptr(), maxv) };
-        max = lane_max.iter().copied().fold(max, f32::max);
-        if max == f32::NEG_INFINITY || max.is_nan() {
-            return (max, 0.0);
-        }
+        lane_max.iter().copied().fold(max, f32::max)
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub fn sum_exp_from(row: &[f32], max: f32) -> f64 {
         let m = _mm256_set1_ps(max);
         let mut total = 0f64;
         for chunk in row.chunks(1024) {
@@ -128,7 +144,50 @@ mod avx2 {
             }
             total += f64::from(hsum(acc) + tail);
         }
-        (max, total)
+        total
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub fn temper(row: &[f32], t: f32, out: &mut Vec<f32>) -> (f32, bool) {
+        out.clear();
+        out.reserve(row.len());
+        let (ninf, big, inf) = (
+            _mm256_set1_ps(f32::NEG_INFINITY),
+            _mm256_set1_ps(f32::MAX),
+            _mm256_set1_ps(f32::INFINITY),
+        );
+        let tv = _mm256_set1_ps(t);
+        // NaN -> -inf, +inf -> f32::MAX (`sampling::sanitize`)
+        let clean = |v: __m256| {
+            let v = _mm256_blendv_ps(v, ninf, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+            _mm256_blendv_ps(v, big, _mm256_cmp_ps::<_CMP_EQ_OQ>(v, inf))
+        };
+        let mut maxv = ninf;
+        let mut infs = _mm256_setzero_ps();
+        let lanes = row.chunks_exact(8);
+        let tail = lanes.remainder();
+        let mut max = tail.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut has_inf = tail.contains(&f32::INFINITY);
+        let dst = out.spare_capacity_mut().as_mut_ptr() as *mut f32;
+        for (i, c) in lanes.enumerate() {
+            // SAFETY: `c` holds eight f32s.
+            let v = unsafe { _mm256_loadu_ps(c.as_ptr()) };
+            maxv = _mm256_max_ps(v, maxv); // a NaN in v keeps maxv, as in `row_max`
+            infs = _mm256_or_ps(infs, _mm256_cmp_ps::<_CMP_EQ_OQ>(v, inf));
+            let p = clean(_mm256_div_ps(clean(v), tv));
+            // SAFETY: 8 * i + 8 <= row.len() <= the reserved capacity.
+            unsafe { _mm256_storeu_ps(dst.add(8 * i), p) };
+        }
+        let done = row.len() - tail.len();
+        // SAFETY: the first `done` values were written above.
+        unsafe { out.set_len(done) };
+        out.extend(
+            tail.iter()
+                .map(|&x| super::sanitize(super::sanitize(x) / t)),
+        );
+        max = fold_lanes(maxv, max);
+        has_inf |= _mm256_movemask_ps(infs) != 0;
+        (max, has_inf)
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -216,11 +275,47 @@ pub fn max_sum_exp(row: &[f32]) -> (f32, f64) {
     if max == f32::NEG_INFINITY || max.is_nan() {
         return (max, 0.0);
     }
-    let total = row
-        .chunks(1024)
+    (max, sum_exp_from(row, max))
+}
+
+/// The sum half of [`max_sum_exp`] for a `max` already known (finite): the same bits as the
+/// sum it returns.
+pub fn sum_exp_from(row: &[f32], max: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        return unsafe { avx2::sum_exp_from(row, max) };
+    }
+    row.chunks(1024)
         .map(|c| f64::from(c.iter().map(|&x| fast_exp(x - max)).sum::<f32>()))
-        .sum();
-    (max, total)
+        .sum()
+}
+
+/// NaN as `-inf`, `+inf` as `f32::MAX`: the sampler's view of a logit.
+#[inline(always)]
+pub fn sanitize(x: f32) -> f32 {
+    if x.is_nan() {
+        f32::NEG_INFINITY
+    } else if x == f32::INFINITY {
+        f32::MAX
+    } else {
+        x
+    }
+}
+
+/// A sampling row's temperature step in one pass over the raw logits: `out[i] =
+/// sanitize(sanitize(row[i]) / t)`, and `(the row's max as [`max_sum_exp`] finds it, whether the
+/// row holds +inf)`, which its log-softmax needs. The same bits as the scalar steps.
+pub fn temper(row: &[f32], t: f32, out: &mut Vec<f32>) -> (f32, bool) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        return unsafe { avx2::temper(row, t, out) };
+    }
+    out.clear();
+    out.extend(row.iter().map(|&x| sanitize(sanitize(x) / t)));
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    (max, row.contains(&f32::INFINITY))
 }
 
 /// Appends `fast_exp(x - max)` of every `x`, widened to f64 (the sampler's weights), eight
@@ -442,6 +537,50 @@ mod tests {
                 let mut r = vec![-1.0; len];
                 r[len - 1] = *last;
                 assert_eq!(position_eq(&r, *last), r.iter().position(|&v| v == *last));
+            }
+        }
+    }
+
+    #[test]
+    fn temper_is_the_scalar_steps_and_finds_the_rows_max() {
+        let special = [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            0.0,
+            f32::MAX,
+            -f32::MAX,
+        ];
+        for len in [0usize, 3, 8, 13, 64, 1031, 4100] {
+            for with_inf in [false, true] {
+                let row: Vec<f32> = (0..len)
+                    .map(|i| match (i * 7919) % 97 {
+                        0 => special[i % special.len()],
+                        1 if with_inf => f32::INFINITY,
+                        1 => f32::NAN,
+                        r => (r as f32 - 48.0) * 0.37,
+                    })
+                    .filter(|x| with_inf || *x != f32::INFINITY)
+                    .collect();
+                for t in [0.6f32, 1.0, 1.7] {
+                    let mut out = vec![9.0; 5];
+                    let (max, has_inf) = temper(&row, t, &mut out);
+                    assert_eq!(out.len(), row.len());
+                    for (o, &x) in out.iter().zip(&row) {
+                        assert_eq!(
+                            o.to_bits(),
+                            sanitize(sanitize(x) / t).to_bits(),
+                            "{x} / {t}"
+                        );
+                    }
+                    assert_eq!(has_inf, row.contains(&f32::INFINITY), "len {len}");
+                    let (want, sum) = max_sum_exp(&row);
+                    assert_eq!(max.to_bits(), want.to_bits(), "len {len}");
+                    if !has_inf && max.is_finite() {
+                        assert_eq!(sum_exp_from(&row, max).to_bits(), sum.to_bits());
+                    }
+                }
             }
         }
     }

@@ -30,7 +30,7 @@
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
 
-use crate::simd::max_sum_exp;
+use crate::simd::{max_sum_exp, sanitize};
 
 /// Temperatures below this are greedy (vLLM's `_SAMPLING_EPS`); dividing by them overflows f32.
 pub const GREEDY_TEMPERATURE_EPS: f32 = 1e-5;
@@ -265,6 +265,20 @@ pub fn sample(
             };
         }
     }
+    if plain {
+        // (not greedy) the temperature step and the raw row's max in one pass: the same
+        // values as the steps below, which a plain row skips
+        let (max, has_inf) = crate::simd::temper(logits, params.temperature, &mut scratch.logits);
+        let token = select_and_draw(scratch, params, uniform)
+            .or_else(|| argmax(logits))
+            .unwrap_or(0);
+        let logprob = if has_inf {
+            raw_logprob(logits, token)
+        } else {
+            logprob_with_max(logits, token, max)
+        };
+        return Sampled { token, logprob };
+    }
     scratch.logits.clear();
     scratch.logits.extend(logits.iter().map(|&l| sanitize(l)));
     apply_penalties(scratch, params, prompt_tokens, generated);
@@ -450,17 +464,6 @@ pub fn sample_candidates(
     })
 }
 
-/// NaN → `-inf`, `+inf` → `f32::MAX` (so softmax stays defined); everything else unchanged.
-fn sanitize(logit: f32) -> f32 {
-    if logit.is_nan() {
-        f32::NEG_INFINITY
-    } else if logit == f32::INFINITY {
-        f32::MAX
-    } else {
-        logit
-    }
-}
-
 fn logit_at(logits: &[f32], token: u32) -> f32 {
     logits
         .get(token as usize)
@@ -492,11 +495,23 @@ fn raw_logprob(logits: &[f32], token: u32) -> f32 {
         return raw_logprob(&clean, token);
     }
     let (max, sum_exp) = max_sum_exp(logits);
+    logprob_from(logits, token, max, sum_exp)
+}
+
+/// [`raw_logprob`] of a row without +inf whose max (as [`max_sum_exp`] finds it) is known:
+/// the same bits.
+fn logprob_with_max(logits: &[f32], token: u32, max: f32) -> f32 {
     if max == f32::NEG_INFINITY || max.is_nan() {
         return f32::NEG_INFINITY;
     }
-    let max = f64::from(max);
-    (f64::from(logit_at(logits, token)) - max - sum_exp.ln()) as f32
+    logprob_from(logits, token, max, crate::simd::sum_exp_from(logits, max))
+}
+
+fn logprob_from(logits: &[f32], token: u32, max: f32, sum_exp: f64) -> f32 {
+    if max == f32::NEG_INFINITY || max.is_nan() {
+        return f32::NEG_INFINITY;
+    }
+    (f64::from(logit_at(logits, token)) - f64::from(max) - sum_exp.ln()) as f32
 }
 
 fn apply_penalties(scratch: &mut Scratch, params: &SamplingParams, prompt: &[u32], gen: &[u32]) {
@@ -593,15 +608,20 @@ fn mask_stop_tokens(logits: &mut [f32], params: &SamplingParams, eos_token_ids: 
 
 /// Temperature → top-k → top-p → min-p → draw; `None` if no token has finite logit.
 fn sample_processed(scratch: &mut Scratch, params: &SamplingParams, uniform: f64) -> Option<u32> {
+    for logit in scratch.logits.iter_mut() {
+        *logit = sanitize(*logit / params.temperature);
+    }
+    select_and_draw(scratch, params, uniform)
+}
+
+/// The draw of [`sample_processed`] from a row already divided by the temperature.
+fn select_and_draw(scratch: &mut Scratch, params: &SamplingParams, uniform: f64) -> Option<u32> {
     let Scratch {
         logits,
         candidates,
         weights,
         ..
     } = scratch;
-    for logit in logits.iter_mut() {
-        *logit = sanitize(*logit / params.temperature);
-    }
     if params.top_k > 0 && params.top_k <= TOP_K_SCAN_MAX {
         // the k best in one scan, without a candidate list of the whole vocabulary
         top_k_scan(logits, params.top_k, candidates);
@@ -1017,6 +1037,48 @@ mod tests {
                     assert!(
                         got.logprob.to_bits() == lp.to_bits()
                             || (got.logprob.is_nan() && lp.is_nan())
+                    );
+                    assert_eq!(rng, general_rng);
+                }
+            }
+        }
+    }
+
+    /// The one-pass temperature step of a plain row (top-k, top-p, min-p) gives the general
+    /// path's token and log-probability, bit for bit, for the same uniform.
+    #[test]
+    fn tempered_fast_path_draws_what_the_general_path_draws() {
+        let mut rows = odd_rows();
+        rows.extend((0..6).map(|seed| awkward_row(seed, 700 + 37 * seed as usize)));
+        let settings = [(0.6, 20, 0.95, 0.0), (1.0, 5, 1.0, 0.1), (0.7, 0, 0.9, 0.0)];
+        let mut rng = SampleRng::new(5, "tempered", 0);
+        let mut scratch = Scratch::new();
+        for row in &rows {
+            for &(temperature, top_k, top_p, min_p) in &settings {
+                let params = SamplingParams {
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p,
+                    ..SamplingParams::default()
+                };
+                for _ in 0..20 {
+                    let mut general_rng = rng.clone();
+                    let got = sample(row, &params, &[], &[], &[], &mut rng, &mut scratch);
+                    let uniform = general_rng.next_f64();
+                    scratch.logits.clear();
+                    scratch.logits.extend(row.iter().map(|&l| sanitize(l)));
+                    let token = sample_processed(&mut scratch, &params, uniform)
+                        .or_else(|| argmax(row))
+                        .unwrap_or(0);
+                    let at = format!("T {temperature} k {top_k} p {top_p} min_p {min_p}");
+                    assert_eq!(got.token, token, "{at}: {row:?}");
+                    let lp = raw_logprob(row, token);
+                    assert!(
+                        got.logprob.to_bits() == lp.to_bits()
+                            || (got.logprob.is_nan() && lp.is_nan()),
+                        "{at}: {} vs {lp}",
+                        got.logprob
                     );
                     assert_eq!(rng, general_rng);
                 }
