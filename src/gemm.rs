@@ -14,7 +14,7 @@
 //! A panel is read from memory by its first row tile and from L1 or L2 by the others; each row
 //! tile prefetches its share of the lines the job reads next (the next panels; with AVX-512 also
 //! the next `k` block's, and after a job's last panels the next job's first ones, which the pool
-//! hands the same worker), so that streaming weights (a decode step reads every weight once, far
+//! usually hands the same worker), so that streaming weights (a decode step reads every weight once, far
 //! more than the caches hold) does not stall the first tile. The AVX-512 tiles ask for them a
 //! line or a few per step rather than all at once: a burst of misses fills the queue that the
 //! tile's own loads wait in (on Zen 4, with the next `k` block and the next job added,
@@ -628,8 +628,8 @@ mod avx2 {
 }
 
 /// The AVX-512 path of [`product`]: 16-lane tiles of up to [`wide::MR`] rows by up to four
-/// panels (one vector per panel line), with the panels of a group prefetched while the group
-/// before it computes.
+/// panels (one vector per panel line); while a group of panels computes, the lines read next
+/// (the next group, `k` block, row block or job) are prefetched a few per step.
 #[cfg(target_arch = "x86_64")]
 mod wide {
     use std::arch::x86_64::*;
@@ -690,17 +690,21 @@ mod wide {
                     let mut p = p0;
                     for j in 0..groups {
                         let gp = size(j);
-                        // the lines the job (or, after its last group, the next job: the pool
-                        // hands a worker consecutive jobs) reads next, spread over this group's
-                        // row tiles: the next group of this `k` block, else the first group of
-                        // the next block, else the next panels' first block
+                        // the lines read next, spread over this group's row tiles: the next
+                        // group of this `k` block, else the first group of the next block, else
+                        // the first group of the next row block, else the next job's first
+                        // panels (the pool usually hands a worker consecutive jobs)
                         let (next, nk0) = if j + 1 < groups {
                             (p + gp..p + gp + size(j + 1), k0)
                         } else if k0 + KC < k {
                             (p0..p0 + size(0), k0 + KC)
+                        } else if i1 < m {
+                            (p0..p0 + size(0), 0)
                         } else {
                             (p1..(p1 + size(0)).min(panels), 0)
                         };
+                        // at most this block's `kc` steps of them (a short last block asks for
+                        // part of the next one), so that each step asks for at most four lines
                         let nkc = KC.min(k - nk0).min(kc);
                         let share = nkc.div_ceil(count);
                         let mut i = i0;
@@ -797,7 +801,8 @@ mod wide {
             assert!(t.x.len() >= (R - 1) * t.ldx + kc);
         }
         // the prefetches trickle at the fewest lines per step that finish them within the
-        // block, panel by panel: a burst of misses fills the queue the block's own loads wait in
+        // block, round the panels (step s of each, then s + 1): a burst of misses fills the
+        // queue that the block's own loads wait in
         let pf = t.prefetch;
         let np = pf.iter().filter(|l| !l.is_empty()).count();
         let per = pf[0].len();

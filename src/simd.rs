@@ -1,6 +1,6 @@
 //! Small numeric kernels for the CPU hot loops of sampling (attention dot products and softmax,
-//! log-sum-exp over a vocab row; the matmul is [`crate::gemm`]): AVX2+FMA
-//! intrinsics where the CPU has them (detected once by std), portable code elsewhere.
+//! log-sum-exp over a vocab row, a row's temperature step; the matmul is [`crate::gemm`]):
+//! AVX2+FMA intrinsics where the CPU has them (detected once by std), portable code elsewhere.
 //!
 //! Knows nothing of models or caches. Accuracy is stated per function and tested below.
 
@@ -91,17 +91,7 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub fn max_sum_exp(row: &[f32]) -> (f32, f64) {
-        let max = row_max(row);
-        if max == f32::NEG_INFINITY || max.is_nan() {
-            return (max, 0.0);
-        }
-        (max, sum_exp_from(row, max))
-    }
-
-    /// The largest non-NaN value (`-inf` when there is none).
-    #[target_feature(enable = "avx2,fma")]
-    fn row_max(row: &[f32]) -> f32 {
+    pub fn row_max(row: &[f32]) -> f32 {
         let mut maxv = _mm256_set1_ps(f32::NEG_INFINITY);
         let lanes = row.chunks_exact(8);
         let max = lanes
@@ -148,7 +138,7 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub fn temper(row: &[f32], t: f32, out: &mut Vec<f32>) -> (f32, bool) {
+    pub fn temper(row: &[f32], t: f32, out: &mut Vec<f32>) -> super::Tempered {
         out.clear();
         out.reserve(row.len());
         let (ninf, big, inf) = (
@@ -157,13 +147,13 @@ mod avx2 {
             _mm256_set1_ps(f32::INFINITY),
         );
         let tv = _mm256_set1_ps(t);
-        // NaN -> -inf, +inf -> f32::MAX (`sampling::sanitize`)
+        // NaN -> -inf, +inf -> f32::MAX (`super::sanitize`)
         let clean = |v: __m256| {
             let v = _mm256_blendv_ps(v, ninf, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
             _mm256_blendv_ps(v, big, _mm256_cmp_ps::<_CMP_EQ_OQ>(v, inf))
         };
         let mut maxv = ninf;
-        let mut infs = _mm256_setzero_ps();
+        let (mut infs, mut masked) = (_mm256_setzero_ps(), _mm256_setzero_ps());
         let lanes = row.chunks_exact(8);
         let tail = lanes.remainder();
         let mut max = tail.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -175,6 +165,7 @@ mod avx2 {
             maxv = _mm256_max_ps(v, maxv); // a NaN in v keeps maxv, as in `row_max`
             infs = _mm256_or_ps(infs, _mm256_cmp_ps::<_CMP_EQ_OQ>(v, inf));
             let p = clean(_mm256_div_ps(clean(v), tv));
+            masked = _mm256_or_ps(masked, _mm256_cmp_ps::<_CMP_EQ_OQ>(p, ninf));
             // SAFETY: 8 * i + 8 <= row.len() <= the reserved capacity.
             unsafe { _mm256_storeu_ps(dst.add(8 * i), p) };
         }
@@ -187,7 +178,12 @@ mod avx2 {
         );
         max = fold_lanes(maxv, max);
         has_inf |= _mm256_movemask_ps(infs) != 0;
-        (max, has_inf)
+        let masked = _mm256_movemask_ps(masked) != 0 || out[done..].contains(&f32::NEG_INFINITY);
+        super::Tempered {
+            max,
+            has_inf,
+            masked,
+        }
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -266,16 +262,21 @@ pub fn lane_max(xs: &[f32]) -> f32 {
 /// `(max, sum(exp(x - max)))` over a row; NaN counts as `-inf`. The sum runs in eight f32
 /// lanes per chunk of 1024 and in f64 across chunks: relative error about 1e-6.
 pub fn max_sum_exp(row: &[f32]) -> (f32, f64) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (checked above).
-        return unsafe { avx2::max_sum_exp(row) };
-    }
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if max == f32::NEG_INFINITY || max.is_nan() {
+    let max = row_max(row);
+    if max == f32::NEG_INFINITY {
         return (max, 0.0);
     }
     (max, sum_exp_from(row, max))
+}
+
+/// The largest non-NaN value of a row (`-inf` when there is none), eight lanes at a time.
+pub fn row_max(row: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        return unsafe { avx2::row_max(row) };
+    }
+    row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// The sum half of [`max_sum_exp`] for a `max` already known (finite): the same bits as the
@@ -303,10 +304,21 @@ pub fn sanitize(x: f32) -> f32 {
     }
 }
 
+/// What [`temper`] finds on its pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Tempered {
+    /// The raw row's max, as [`max_sum_exp`] finds it.
+    pub max: f32,
+    /// The raw row holds +inf.
+    pub has_inf: bool,
+    /// The tempered row holds `-inf` (a NaN or `-inf` logit, or an underflow).
+    pub masked: bool,
+}
+
 /// A sampling row's temperature step in one pass over the raw logits: `out[i] =
-/// sanitize(sanitize(row[i]) / t)`, and `(the row's max as [`max_sum_exp`] finds it, whether the
-/// row holds +inf)`, which its log-softmax needs. The same bits as the scalar steps.
-pub fn temper(row: &[f32], t: f32, out: &mut Vec<f32>) -> (f32, bool) {
+/// sanitize(sanitize(row[i]) / t)`, the same bits as those scalar steps, and what its
+/// log-softmax and draw need to know of the row ([`Tempered`]).
+pub fn temper(row: &[f32], t: f32, out: &mut Vec<f32>) -> Tempered {
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         // SAFETY: the CPU has AVX2 and FMA (checked above).
@@ -314,8 +326,11 @@ pub fn temper(row: &[f32], t: f32, out: &mut Vec<f32>) -> (f32, bool) {
     }
     out.clear();
     out.extend(row.iter().map(|&x| sanitize(sanitize(x) / t)));
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    (max, row.contains(&f32::INFINITY))
+    Tempered {
+        max: row_max(row),
+        has_inf: row.contains(&f32::INFINITY),
+        masked: out.contains(&f32::NEG_INFINITY),
+    }
 }
 
 /// Appends `fast_exp(x - max)` of every `x`, widened to f64 (the sampler's weights), eight
@@ -565,7 +580,11 @@ mod tests {
                     .collect();
                 for t in [0.6f32, 1.0, 1.7] {
                     let mut out = vec![9.0; 5];
-                    let (max, has_inf) = temper(&row, t, &mut out);
+                    let Tempered {
+                        max,
+                        has_inf,
+                        masked,
+                    } = temper(&row, t, &mut out);
                     assert_eq!(out.len(), row.len());
                     for (o, &x) in out.iter().zip(&row) {
                         assert_eq!(
@@ -575,6 +594,7 @@ mod tests {
                         );
                     }
                     assert_eq!(has_inf, row.contains(&f32::INFINITY), "len {len}");
+                    assert_eq!(masked, out.contains(&f32::NEG_INFINITY), "len {len}");
                     let (want, sum) = max_sum_exp(&row);
                     assert_eq!(max.to_bits(), want.to_bits(), "len {len}");
                     if !has_inf && max.is_finite() {

@@ -257,25 +257,21 @@ pub fn sample(
     if params.is_greedy() && plain {
         return greedy(logits);
     }
-    if plain && params.top_k == 0 && params.top_p >= 1.0 && params.min_p <= 0.0 {
-        if let Some(token) = draw_whole_row(logits, params.temperature, uniform, scratch) {
-            return Sampled {
-                token,
-                logprob: raw_logprob(logits, token),
-            };
-        }
-    }
     if plain {
-        // (not greedy) the temperature step and the raw row's max in one pass: the same
-        // values as the steps below, which a plain row skips
-        let (max, has_inf) = crate::simd::temper(logits, params.temperature, &mut scratch.logits);
-        let token = select_and_draw(scratch, params, uniform)
+        // (not greedy) the temperature step, and the raw row's max for the log-probability, in
+        // one pass: the values the general path below computes in steps
+        let row = crate::simd::temper(logits, params.temperature, &mut scratch.logits);
+        let whole = params.top_k == 0 && params.top_p >= 1.0 && params.min_p <= 0.0;
+        let token = (whole && !row.masked)
+            .then(|| draw_whole_row(scratch, uniform))
+            .flatten()
+            .or_else(|| select_and_draw(scratch, params, uniform))
             .or_else(|| argmax(logits))
             .unwrap_or(0);
-        let logprob = if has_inf {
+        let logprob = if row.has_inf {
             raw_logprob(logits, token)
         } else {
-            logprob_with_max(logits, token, max)
+            logprob_with_max(logits, token, row.max)
         };
         return Sampled { token, logprob };
     }
@@ -318,29 +314,16 @@ fn greedy(logits: &[f32]) -> Sampled {
 }
 
 /// The draw of the general path when it keeps every token (temperature only: no top-k, top-p,
-/// min-p, penalties or masks) and every temperature-scaled logit is finite, without its list of
-/// candidates: the same weights ([`fill_weights`] of the whole row) and the same scan
-/// ([`pick`]), so the same token. `None` (a `-inf` in the scaled row): the caller runs the
-/// general path.
-fn draw_whole_row(
-    logits: &[f32],
-    temperature: f32,
-    uniform: f64,
-    scratch: &mut Scratch,
-) -> Option<u32> {
+/// min-p, penalties or masks) and every tempered logit (`scratch.logits`, from
+/// [`crate::simd::temper`]) is finite, without its list of candidates: the same weights
+/// ([`fill_weights`] of the whole row) and the same scan ([`pick`]), so the same token.
+fn draw_whole_row(scratch: &mut Scratch, uniform: f64) -> Option<u32> {
     let Scratch {
         logits: scaled,
         weights,
         ..
     } = scratch;
-    scaled.clear();
-    let mut any_masked = false;
-    scaled.extend(logits.iter().map(|&l| {
-        let x = sanitize(sanitize(l) / temperature);
-        any_masked |= x == f32::NEG_INFINITY;
-        x
-    }));
-    if any_masked || scaled.is_empty() {
+    if scaled.is_empty() {
         return None;
     }
     weights.clear();
@@ -501,14 +484,17 @@ fn raw_logprob(logits: &[f32], token: u32) -> f32 {
 /// [`raw_logprob`] of a row without +inf whose max (as [`max_sum_exp`] finds it) is known:
 /// the same bits.
 fn logprob_with_max(logits: &[f32], token: u32, max: f32) -> f32 {
-    if max == f32::NEG_INFINITY || max.is_nan() {
-        return f32::NEG_INFINITY;
-    }
-    logprob_from(logits, token, max, crate::simd::sum_exp_from(logits, max))
+    let sum_exp = if max == f32::NEG_INFINITY {
+        0.0
+    } else {
+        crate::simd::sum_exp_from(logits, max)
+    };
+    logprob_from(logits, token, max, sum_exp)
 }
 
+/// `log_softmax[token]` from the row's max (never NaN) and sum of exponentials.
 fn logprob_from(logits: &[f32], token: u32, max: f32, sum_exp: f64) -> f32 {
-    if max == f32::NEG_INFINITY || max.is_nan() {
+    if max == f32::NEG_INFINITY {
         return f32::NEG_INFINITY;
     }
     (f64::from(logit_at(logits, token)) - f64::from(max) - sum_exp.ln()) as f32
@@ -928,14 +914,8 @@ mod tests {
             (1.3, 400, 0.99, 0.0),
             (0.7, 1000, 1.0, 0.0),
         ];
-        for (ti, &(temperature, top_k, top_p, min_p)) in settings.iter().enumerate() {
-            let params = SamplingParams {
-                temperature,
-                top_k,
-                top_p,
-                min_p,
-                ..SamplingParams::default()
-            };
+        for (ti, &setting) in settings.iter().enumerate() {
+            let params = truncation(setting);
             let k = candidates_needed(&params, 0).expect("no penalties: candidates suffice");
             for seed in 0..40u64 {
                 let row = awkward_row(seed * 7 + ti as u64, 300 + seed as usize * 13);
@@ -1013,6 +993,47 @@ mod tests {
         ]
     }
 
+    /// Sampling settings (temperature, top-k, top-p, min-p), the rest default.
+    fn truncation((temperature, top_k, top_p, min_p): (f32, usize, f32, f32)) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            ..SamplingParams::default()
+        }
+    }
+
+    /// `sample` on a plain row draws what the general path does with the same uniform (through
+    /// the candidate list), with the same log-probability bit for bit, and takes one uniform.
+    fn assert_draws_the_general_path(
+        row: &[f32],
+        params: &SamplingParams,
+        rng: &mut SampleRng,
+        scratch: &mut Scratch,
+        at: &str,
+    ) {
+        let mut general_rng = rng.clone();
+        let got = sample(row, params, &[], &[], &[], rng, scratch);
+        let uniform = general_rng.next_f64();
+        scratch.logits.clear();
+        scratch.logits.extend(row.iter().map(|&l| sanitize(l)));
+        let token = sample_processed(scratch, params, uniform)
+            .or_else(|| argmax(row))
+            .unwrap_or(0);
+        assert_eq!(got.token, token, "{at}: {row:?}");
+        assert_same_bits(got.logprob, raw_logprob(row, token), at);
+        assert_eq!(*rng, general_rng);
+    }
+
+    /// The same f32, bit for bit (any NaN matching any NaN).
+    fn assert_same_bits(got: f32, want: f32, at: &str) {
+        assert!(
+            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+            "{at}: {got} vs {want}"
+        );
+    }
+
     /// The whole-row draw (temperature only) gives the general path's token and log-probability
     /// for the same uniform, row for row.
     #[test]
@@ -1023,22 +1044,8 @@ mod tests {
             for temperature in [0.3f32, 0.7, 1.0, 1.7] {
                 let params = random_params(temperature);
                 for _ in 0..50 {
-                    let mut general_rng = rng.clone();
-                    let got = sample(row, &params, &[], &[], &[], &mut rng, &mut scratch);
-                    // the general path: the same uniform, through the candidate list
-                    let uniform = general_rng.next_f64();
-                    scratch.logits.clear();
-                    scratch.logits.extend(row.iter().map(|&l| sanitize(l)));
-                    let token = sample_processed(&mut scratch, &params, uniform)
-                        .or_else(|| argmax(row))
-                        .unwrap_or(0);
-                    assert_eq!(got.token, token, "T {temperature}: {row:?}");
-                    let lp = raw_logprob(row, token);
-                    assert!(
-                        got.logprob.to_bits() == lp.to_bits()
-                            || (got.logprob.is_nan() && lp.is_nan())
-                    );
-                    assert_eq!(rng, general_rng);
+                    let at = format!("T {temperature}");
+                    assert_draws_the_general_path(row, &params, &mut rng, &mut scratch, &at);
                 }
             }
         }
@@ -1050,37 +1057,22 @@ mod tests {
     fn tempered_fast_path_draws_what_the_general_path_draws() {
         let mut rows = odd_rows();
         rows.extend((0..6).map(|seed| awkward_row(seed, 700 + 37 * seed as usize)));
-        let settings = [(0.6, 20, 0.95, 0.0), (1.0, 5, 1.0, 0.1), (0.7, 0, 0.9, 0.0)];
+        rows.push(Vec::new());
+        rows.push(vec![f32::MAX, 1.0, -f32::MAX, f32::MAX, 0.5]);
+        let settings = [
+            (0.6, 20, 0.95, 0.0),
+            (1.0, 5, 1.0, 0.1),
+            (0.7, 0, 0.9, 0.0),
+            (0.5, 0, 1.0, 0.0),
+        ];
         let mut rng = SampleRng::new(5, "tempered", 0);
         let mut scratch = Scratch::new();
         for row in &rows {
-            for &(temperature, top_k, top_p, min_p) in &settings {
-                let params = SamplingParams {
-                    temperature,
-                    top_k,
-                    top_p,
-                    min_p,
-                    ..SamplingParams::default()
-                };
+            for &setting in &settings {
+                let params = truncation(setting);
                 for _ in 0..20 {
-                    let mut general_rng = rng.clone();
-                    let got = sample(row, &params, &[], &[], &[], &mut rng, &mut scratch);
-                    let uniform = general_rng.next_f64();
-                    scratch.logits.clear();
-                    scratch.logits.extend(row.iter().map(|&l| sanitize(l)));
-                    let token = sample_processed(&mut scratch, &params, uniform)
-                        .or_else(|| argmax(row))
-                        .unwrap_or(0);
-                    let at = format!("T {temperature} k {top_k} p {top_p} min_p {min_p}");
-                    assert_eq!(got.token, token, "{at}: {row:?}");
-                    let lp = raw_logprob(row, token);
-                    assert!(
-                        got.logprob.to_bits() == lp.to_bits()
-                            || (got.logprob.is_nan() && lp.is_nan()),
-                        "{at}: {} vs {lp}",
-                        got.logprob
-                    );
-                    assert_eq!(rng, general_rng);
+                    let at = format!("(T, top-k, top-p, min-p) {setting:?}");
+                    assert_draws_the_general_path(row, &params, &mut rng, &mut scratch, &at);
                 }
             }
         }
@@ -1115,12 +1107,7 @@ mod tests {
             let want = argmax(row).unwrap_or(0);
             let got = greedy(row);
             assert_eq!(got.token, want, "{row:?}");
-            let lp = raw_logprob(row, want);
-            assert!(
-                got.logprob.to_bits() == lp.to_bits() || (got.logprob.is_nan() && lp.is_nan()),
-                "{row:?}: {} vs {lp}",
-                got.logprob
-            );
+            assert_same_bits(got.logprob, raw_logprob(row, want), &format!("{row:?}"));
         }
     }
 
