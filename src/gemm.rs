@@ -372,6 +372,16 @@ impl XView {
     }
 }
 
+/// Elements of a tile's left operand from its first one that `rows` rows by `kc` steps reach,
+/// stored as [`XView`] says (`xt`: transposed, `ldx` apart).
+fn x_extent(xt: bool, rows: usize, kc: usize, ldx: usize) -> usize {
+    if xt {
+        (kc - 1) * ldx + rows
+    } else {
+        (rows - 1) * ldx + kc
+    }
+}
+
 /// Runs `job(p0, p1)` over `panels` panels in jobs of whole panels: at least four per thread
 /// when the matrix has that many (a small projection in few large jobs leaves a thread idle),
 /// at most `max`; on rayon's pool unless the product is below [`PARALLEL_MIN`] multiply-adds.
@@ -579,11 +589,7 @@ mod avx2 {
             }
         }
         let xp = t.x.as_ptr();
-        if XT {
-            assert!(t.x.len() >= (kc - 1) * t.ldx + R);
-        } else {
-            assert!(t.x.len() >= (R - 1) * t.ldx + kc);
-        }
+        assert!(t.x.len() >= super::x_extent(XT, R, kc, t.ldx));
         let pf = t.prefetch;
         for s in 0..kc {
             if s < pf.len() {
@@ -795,11 +801,7 @@ mod wide {
             }
         }
         let xp = t.x.as_ptr();
-        if XT {
-            assert!(t.x.len() >= (kc - 1) * t.ldx + R);
-        } else {
-            assert!(t.x.len() >= (R - 1) * t.ldx + kc);
-        }
+        assert!(t.x.len() >= super::x_extent(XT, R, kc, t.ldx));
         // the prefetches trickle at the fewest lines per step that finish them within the
         // block, round the panels (step s of each, then s + 1): a burst of misses fills the
         // queue that the block's own loads wait in
