@@ -13,6 +13,7 @@ pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod data;
+pub mod digest;
 pub mod eval;
 pub mod fault;
 pub mod gemm;

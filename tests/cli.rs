@@ -506,6 +506,7 @@ fn filter_applies_every_rule_to_a_completions_parquet() {
         model: Some("m".into()),
         sampling_hash: Some("h".into()),
         grade: None,
+        logprobs: None,
     };
     let rows = vec![
         row(id(0), 0, "2+2 = 4, so \\boxed{4}", "stop", 8),
@@ -524,8 +525,8 @@ fn filter_applies_every_rule_to_a_completions_parquet() {
     let comp = dir.path().join("completions.parquet");
     write_parquet_atomic(
         &comp,
-        completions_schema(false),
-        &[completions_batch(&rows, false).unwrap()],
+        completions_schema(false, false),
+        &[completions_batch(&rows, false, false).unwrap()],
     )
     .unwrap();
     let cfg = format!(
@@ -618,30 +619,63 @@ fn misspelled_completion_field_is_an_error_not_empty_output() {
     );
 }
 
-/// Every shipped pipeline validates and plans on a machine without the models or a GPU (hub
-/// models from their built-in cards), as CI runs it.
+/// Every shipped pipeline validates and plans on a user's machine: no network, an empty Hugging
+/// Face cache, no `../shared` (the configs are copied away from it), no GPU. Hub models are
+/// planned from their built-in cards and hub data files as provisional inputs.
 #[test]
-fn shipped_pipelines_pass_preflight_plan_only() {
-    if shared("data").is_none() {
-        return;
-    }
+fn shipped_pipelines_pass_preflight_plan_only_offline_without_shared() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let work = tempfile::tempdir().unwrap();
+    // <tmp>/a/b/pipelines/*.toml: `../../shared` from there does not exist
+    let user = tempfile::tempdir().unwrap();
+    let pipelines = user.path().join("a/b/pipelines");
+    std::fs::create_dir_all(&pipelines).unwrap();
+    let hf_home = user.path().join("hf");
     let mut n = 0;
+    let mut planned = 0;
     for e in std::fs::read_dir(root.join("pipelines")).unwrap() {
         let p = e.unwrap().path();
         if p.extension().is_none_or(|x| x != "toml") {
             continue;
         }
+        let toml = std::fs::read_to_string(&p).unwrap();
+        assert!(
+            !toml
+                .lines()
+                .any(|l| l.starts_with("path") && l.contains("shared/")),
+            "{} reads ../shared, which users do not have",
+            p.display()
+        );
+        let copy = pipelines.join(p.file_name().unwrap());
+        std::fs::write(&copy, toml).unwrap();
         let o = bin()
-            .args(["preflight", "--plan-only", "--config", p.to_str().unwrap()])
-            .current_dir(work.path())
+            .args([
+                "preflight",
+                "--plan-only",
+                "--config",
+                copy.to_str().unwrap(),
+            ])
+            .current_dir(user.path())
             .env("HF_HUB_OFFLINE", "1")
+            .env("HF_HOME", &hf_home)
             .output()
             .unwrap();
         assert!(o.status.success(), "{}: {}", p.display(), text(&o));
         assert!(text(&o).contains("preflight ok"), "{}", text(&o));
+        planned += text(&o).matches("not downloaded: planned").count();
         n += 1;
     }
     assert!(n >= 4, "{n} pipelines");
+    assert!(planned >= 1, "no hub data file was planned");
+    // the shipped eval sets read hub files too
+    for e in std::fs::read_dir(root.join("evals")).unwrap() {
+        let p = e.unwrap().path();
+        let toml = std::fs::read_to_string(&p).unwrap();
+        assert!(
+            !toml
+                .lines()
+                .any(|l| l.starts_with("path") && l.contains("shared/")),
+            "{} reads ../shared",
+            p.display()
+        );
+    }
 }

@@ -381,6 +381,7 @@ fn run_fixture(
         params,
         eos_token_ids: vec![],
         kv_fp8: false,
+        logprobs: None,
         thinking: None,
     };
     let mut e = Engine::new(&model, cfg).unwrap();

@@ -139,11 +139,32 @@ fn eval_writes_samples_metrics_and_a_table_and_reuses_samples() {
     assert!(text(&o).contains("gsm8k_test"), "{}", text(&o));
 }
 
+/// The shipped `evals/<name>.toml` written into `dir`, reading the copy of its data in
+/// `../shared/data/<file>` instead of the hub (tests run offline).
+fn local_set(dir: &std::path::Path, name: &str, file: &str) -> Option<()> {
+    let data = shared(&format!("data/{file}"))?;
+    let shipped =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("evals/{name}.toml"));
+    let text: String = std::fs::read_to_string(shipped)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("split"))
+        .map(|l| match l.starts_with("path = ") {
+            true => format!("path = \"{}\"\n", data.display()),
+            false => format!("{l}\n"),
+        })
+        .collect();
+    std::fs::write(dir.join(format!("{name}.toml")), text).unwrap();
+    Some(())
+}
+
 /// A data -> filter (GSM8K reference solutions) -> train -> eval pipeline on the tiny fixture,
-/// with extra `[filter]` and `[train]` keys; `None` without `../shared`.
+/// with extra `[filter]` and `[train]` keys; `None` without `../shared`. [`write_pipeline`]
+/// writes it with its eval set.
 fn pipeline_config(filter: &str, train: &str) -> Option<String> {
     let data = shared("data/gsm8k_train.jsonl")?;
     let model = shared("fixtures/tiny-qwen3")?;
+    shared("data/math500.jsonl")?;
     Some(format!(
         r#"[run]
 workdir = "work"
@@ -165,7 +186,7 @@ max_seq_len = 256
 micro_batch_tokens = 1024
 peak_tflops = 1.0
 {train}[eval]
-sets = ["math500"]
+sets = ["math500.toml"]
 n = 2
 max_new_tokens = 8
 limit = 6
@@ -173,6 +194,12 @@ limit = 6
         data = data.display(),
         model = model.display()
     ))
+}
+
+/// Writes `dir/f.toml` and the local MATH-500 set it evaluates on.
+fn write_pipeline(dir: &std::path::Path, cfg: &str) {
+    std::fs::write(dir.join("f.toml"), cfg).unwrap();
+    local_set(dir, "math500", "math500.jsonl").unwrap();
 }
 
 /// data -> filter (reference solutions) -> train -> eval: the report shows base vs trained, the
@@ -183,7 +210,7 @@ fn run_all_writes_a_report_that_pipeline_report_rebuilds() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("f.toml"), cfg).unwrap();
+    write_pipeline(dir.path(), &cfg);
     let o = run(&["run", "all", "--config", "f.toml"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
     let report_dir = dir.path().join("work/report");
@@ -232,7 +259,7 @@ fn run_all_killed_in_every_stage_then_rerun_gives_the_same_report() {
     };
     // the uninterrupted run (its own folder: the eval cache lives beside the work dir)
     let clean = tempfile::tempdir().unwrap();
-    std::fs::write(clean.path().join("f.toml"), &cfg).unwrap();
+    write_pipeline(clean.path(), &cfg);
     let t0 = std::time::Instant::now();
     let o = run(&["run", "all", "--config", "f.toml"], clean.path());
     assert!(o.status.success(), "{}", text(&o));
@@ -244,7 +271,7 @@ fn run_all_killed_in_every_stage_then_rerun_gives_the_same_report() {
     );
 
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("f.toml"), &cfg).unwrap();
+    write_pipeline(dir.path(), &cfg);
     run_killed_at(
         dir.path(),
         "f.toml",

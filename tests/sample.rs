@@ -268,3 +268,198 @@ fn preflight_counts_the_kv_cache_and_the_context() {
         text(&o)
     );
 }
+
+/// A checkpoint is keyed by its content: the same folder with one weight changed (same sizes)
+/// re-runs the stages that read it; the unchanged folder stays cached.
+#[test]
+fn rewritten_weights_in_the_same_folder_rerun_the_sample_stage() {
+    let Some(fixture) = shared("fixtures/tiny-qwen3") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    for e in std::fs::read_dir(&fixture).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, model.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let input = problems(dir.path());
+    let cfg = format!(
+        "[run]\nworkdir = \"work\"\n[[data.sources]]\nname = \"toy\"\nformat = \"mapped\"\n\
+         path = \"{}\"\nproblem_field = \"problem\"\nanswer_field = \"answer\"\nlimit = 2\n\
+         [sample]\nmodel = \"{}\"\nprompt_template = \"raw\"\nn = 1\nmax_new_tokens = 4\n",
+        input.display(),
+        model.display()
+    );
+    std::fs::write(dir.path().join("p.toml"), cfg).unwrap();
+    let cache = dir.path().join("cache");
+    let run_all = || {
+        let o = bin()
+            .args(["run", "all", "--config", "p.toml"])
+            .current_dir(dir.path())
+            .env("SELFDISTILL_CACHE_DIR", &cache)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+    };
+    assert!(run_all().contains("==> sample"));
+    assert!(run_all().contains("--> sample cached"));
+    // Flip one bit of the last weight (the end of the file is tensor data): same size.
+    let weights = model.join("model.safetensors");
+    let mut bytes = std::fs::read(&weights).unwrap();
+    *bytes.last_mut().unwrap() ^= 1;
+    std::fs::write(&weights, &bytes).unwrap();
+    let out = run_all();
+    assert!(out.contains("==> sample"), "{out}");
+    assert!(run_all().contains("--> sample cached"));
+}
+
+/// `pipeline sample` on the toy problems with the default KV cache (sized by the job).
+fn sample_default_kv(dir: &Path, extra: &[&str], out: &str) -> std::process::Output {
+    let model = shared("fixtures/tiny-qwen3").unwrap();
+    let input = problems(dir);
+    let mut args = vec![
+        "sample",
+        "--model",
+        model.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--answer-field",
+        "answer",
+        "--prompt-template",
+        "raw",
+        "--max-new-tokens",
+        "24",
+        "--seed",
+        "11",
+        "--output",
+        out,
+    ];
+    args.extend_from_slice(extra);
+    run(&args, dir)
+}
+
+/// Any max_num_seqs with any n: the default KV cache holds the prompts whose samples wait plus
+/// a running sequence, and the tokens are those of a large batch. A cache too small for that is
+/// an error naming `kv_cache` before any sampling.
+#[test]
+fn max_num_seqs_below_n_gives_the_large_batch_tokens() {
+    if shared("fixtures/tiny-qwen3").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let o = sample_default_kv(
+        dir.path(),
+        &["--n", "4", "--temperature", "0.8", "--max-num-seqs", "64"],
+        "a.parquet",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let a = read_completions(&dir.path().join("a.parquet")).unwrap();
+    assert_eq!(a.len(), 80);
+    for seqs in ["1", "3"] {
+        let out = format!("b{seqs}.parquet");
+        let o = sample_default_kv(
+            dir.path(),
+            &["--n", "4", "--temperature", "0.8", "--max-num-seqs", seqs],
+            &out,
+        );
+        assert!(o.status.success(), "max_num_seqs {seqs}: {}", text(&o));
+        let b = read_completions(&dir.path().join(&out)).unwrap();
+        assert_eq!(key(&a), key(&b), "max_num_seqs {seqs}");
+    }
+    let o = sample_default_kv(
+        dir.path(),
+        &["--n", "4", "--max-num-seqs", "8", "--kv-cache", "16 KiB"],
+        "c.parquet",
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("kv_cache = \"16 KiB\" holds") && text(&o).contains("lower max_num_seqs"),
+        "{}",
+        text(&o)
+    );
+    assert!(!dir.path().join("c.parquet").exists());
+}
+
+/// `--logprobs K`: per-token columns that agree with the cumulative logprob, alternatives in
+/// order with the greedy token first; without it no such columns. Penalties and stop token ids
+/// reach the engine from the command line.
+#[test]
+fn logprobs_penalties_and_stop_token_ids_from_the_command_line() {
+    if shared("fixtures/tiny-qwen3").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let greedy = ["--n", "1", "--temperature", "0"];
+    let o = sample_default_kv(
+        dir.path(),
+        &[&greedy[..], &["--logprobs", "3"]].concat(),
+        "lp.parquet",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let rows = read_completions(&dir.path().join("lp.parquet")).unwrap();
+    for r in &rows {
+        let lp = r.logprobs.as_ref().expect("logprobs columns");
+        let ids = r.completion_token_ids.as_ref().unwrap();
+        assert_eq!(lp.token.len(), ids.len());
+        let sum: f64 = lp.token.iter().map(|x| f64::from(x.unwrap())).sum();
+        assert!(
+            (sum - r.cumulative_logprob.unwrap()).abs() < 1e-3,
+            "{sum} vs {r:?}"
+        );
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(lp.top_ids[i].len(), 3);
+            // greedy: the chosen token is the most likely one, with the same logprob
+            assert_eq!(lp.top_ids[i][0], *id);
+            assert_eq!(lp.top[i][0], lp.token[i].unwrap());
+            assert!(lp.top[i].windows(2).all(|w| w[0] >= w[1]));
+        }
+    }
+    // the same tokens without logprobs, and no logprob columns
+    let o = sample_default_kv(dir.path(), &greedy, "plain.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    let plain = read_completions(&dir.path().join("plain.parquet")).unwrap();
+    assert_eq!(key(&plain), key(&rows));
+    assert!(plain.iter().all(|r| r.logprobs.is_none()));
+    // a stop token id: the first generated token of problem 0 ends every sample that draws it
+    let first = plain[0].completion_token_ids.as_ref().unwrap()[0].to_string();
+    let o = sample_default_kv(
+        dir.path(),
+        &[&greedy[..], &["--stop-token-ids", &first]].concat(),
+        "stop.parquet",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let stopped = read_completions(&dir.path().join("stop.parquet")).unwrap();
+    assert_eq!(
+        stopped[0].completion_token_ids.as_deref(),
+        Some(&[first.parse().unwrap()][..])
+    );
+    assert_eq!(stopped[0].finish_reason.as_deref(), Some("stop"));
+    // a strong repetition penalty changes the greedy completions
+    let o = sample_default_kv(
+        dir.path(),
+        &[
+            &greedy[..],
+            &["--repetition-penalty", "5", "--frequency-penalty", "-0.5"],
+        ]
+        .concat(),
+        "pen.parquet",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let pen = read_completions(&dir.path().join("pen.parquet")).unwrap();
+    assert_ne!(key(&pen), key(&plain));
+    let o = sample_default_kv(
+        dir.path(),
+        &[&greedy[..], &["--logprobs", "21"]].concat(),
+        "x.parquet",
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("logprobs must be at most 20"),
+        "{}",
+        text(&o)
+    );
+}

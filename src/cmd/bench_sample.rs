@@ -139,6 +139,7 @@ fn timed_run(
         },
         eos_token_ids: Vec::new(),
         kv_fp8: a.kv_fp8,
+        logprobs: None,
         thinking: None,
     };
     let mut e = Engine::new(model, ecfg)?;

@@ -22,6 +22,27 @@ pub struct EvalArgs {
     #[arg(long)]
     pub temperature: Option<f32>,
     #[arg(long)]
+    pub top_p: Option<f32>,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    /// vLLM's repetition penalty (1 = off).
+    #[arg(long)]
+    pub repetition_penalty: Option<f32>,
+    /// vLLM's presence penalty (0 = off).
+    #[arg(long, allow_negative_numbers = true)]
+    pub presence_penalty: Option<f32>,
+    /// vLLM's frequency penalty (0 = off).
+    #[arg(long, allow_negative_numbers = true)]
+    pub frequency_penalty: Option<f32>,
+    /// Token ids that end a sample like EOS (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// Per-token log-probabilities (and K alternatives) in each set's samples Parquet.
+    #[arg(long)]
+    pub logprobs: Option<usize>,
+    #[arg(long)]
     pub max_new_tokens: Option<usize>,
     /// Chat template's `enable_thinking` (Qwen3), over the sets' own.
     #[arg(long)]
@@ -46,14 +67,20 @@ pub fn run(a: &EvalArgs) -> Result<()> {
         model: None,
         n: a.n,
         temperature: a.temperature,
-        top_p: None,
-        top_k: None,
+        top_p: a.top_p,
+        top_k: a.top_k,
         max_new_tokens: a.max_new_tokens,
         enable_thinking: a.enable_thinking,
         limit: a.limit,
         seed: a.seed,
         device: a.device.clone(),
         max_num_seqs: a.max_num_seqs,
+        min_p: a.min_p,
+        repetition_penalty: a.repetition_penalty,
+        presence_penalty: a.presence_penalty,
+        frequency_penalty: a.frequency_penalty,
+        stop_token_ids: a.stop_token_ids.clone(),
+        logprobs: a.logprobs,
     };
     let sets = cfg.load_sets(Path::new("."))?;
     eval::evaluate(&a.models, &sets, &cfg, &a.output)?;

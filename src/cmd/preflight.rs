@@ -11,19 +11,18 @@ use anyhow::{bail, Result};
 
 use crate::bytes::format_bytes;
 use crate::config::Config;
-use crate::stages::{stage_state, Models, Plan, StageState};
+use crate::stages::{stage_state, Plan, Resolve, StageState};
 
 /// `plan_only`: skip the comparison with this machine's free disk and memory.
 pub fn run(cfg: &Config, plan_only: bool) -> Result<()> {
     println!("config {}: valid", cfg.origin);
     // a hub model that is not downloaded is planned from its built-in card (config only)
-    let plan = Plan::build_with(cfg, &cfg.workdir, Models { cards: true })?;
+    let plan = Plan::build_with(cfg, &cfg.workdir, Resolve { preflight: true })?;
     for s in &plan.stages {
-        for i in s
-            .inputs
-            .iter()
-            .filter(|i| i.location.ends_with("(built-in card: not downloaded)"))
-        {
+        for i in s.inputs.iter().filter(|i| {
+            i.location.ends_with("(built-in card: not downloaded)")
+                || i.location.ends_with(crate::stages::NOT_DOWNLOADED)
+        }) {
             println!(
                 "note: {} of {}: {}; its stage keys are provisional",
                 i.name, s.name, i.location

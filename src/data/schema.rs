@@ -9,9 +9,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
-use arrow_array::builder::{Int32Builder, ListBuilder};
+use arrow_array::builder::{Float32Builder, Int32Builder, ListBuilder};
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Float64Type, Int32Type, Int64Type};
+use arrow_array::types::{Float32Type, Float64Type, Int32Type, Int64Type};
 use arrow_array::{
     Array, ArrayRef, BooleanArray, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
 };
@@ -135,6 +135,22 @@ pub struct Completion {
     pub model: Option<String>,
     pub sampling_hash: Option<String>,
     pub grade: Option<Grade>,
+    /// Per generated token, when the sampler was asked for logprobs.
+    pub logprobs: Option<Logprobs>,
+}
+
+/// Log-probabilities of a completion's tokens, one entry per `completion_token_ids` entry, as
+/// vLLM returns them: the raw model's (`log_softmax` of the logits before penalties,
+/// temperature and truncation). A token the sampler did not draw (the thinking budget's forced
+/// closing text) has no log-probability and no alternatives.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Logprobs {
+    /// The chosen token's log-probability; `None` for a forced token.
+    pub token: Vec<Option<f32>>,
+    /// The K most likely tokens at each position, most likely first (ties: lower id first).
+    pub top_ids: Vec<Vec<i32>>,
+    /// Their log-probabilities, in the same order.
+    pub top: Vec<Vec<f32>>,
 }
 
 fn completion_fields() -> Vec<Field> {
@@ -163,20 +179,46 @@ fn grade_fields() -> Vec<Field> {
     ]
 }
 
+/// The columns of a sampler run with `logprobs = K`.
+fn logprob_fields() -> Vec<Field> {
+    vec![
+        Field::new("token_logprobs", float_list_type(), true),
+        Field::new("top_logprob_ids", nested(token_list_type()), true),
+        Field::new("top_logprobs", nested(float_list_type()), true),
+    ]
+}
+
 fn token_list_type() -> DataType {
     DataType::List(Arc::new(Field::new("item", DataType::Int32, true)))
 }
 
-/// The completions schema; `graded` adds `gold_answer`, `extracted_answer`, `correct`, `reason`.
-pub fn completions_schema(graded: bool) -> SchemaRef {
+fn float_list_type() -> DataType {
+    DataType::List(Arc::new(Field::new("item", DataType::Float32, true)))
+}
+
+fn nested(inner: DataType) -> DataType {
+    DataType::List(Arc::new(Field::new("item", inner, true)))
+}
+
+/// The completions schema; `graded` adds `gold_answer`, `extracted_answer`, `correct`, `reason`;
+/// `logprobs` adds `token_logprobs`, `top_logprob_ids`, `top_logprobs`.
+pub fn completions_schema(graded: bool, logprobs: bool) -> SchemaRef {
     let mut f = completion_fields();
     if graded {
         f.extend(grade_fields());
     }
+    if logprobs {
+        f.extend(logprob_fields());
+    }
     Arc::new(Schema::new(f))
 }
 
-pub fn completions_batch(rows: &[Completion], graded: bool) -> Result<RecordBatch> {
+/// Whether any row carries logprobs (the schema its file gets).
+pub fn has_logprobs(rows: &[Completion]) -> bool {
+    rows.iter().any(|r| r.logprobs.is_some())
+}
+
+pub fn completions_batch(rows: &[Completion], graded: bool, logprobs: bool) -> Result<RecordBatch> {
     let mut cols: Vec<ArrayRef> = vec![
         strs(rows.iter().map(|r| Some(r.problem_id.as_str()))),
         Arc::new(Int32Array::from_iter_values(
@@ -213,7 +255,13 @@ pub fn completions_batch(rows: &[Completion], graded: bool) -> Result<RecordBatc
         )));
         cols.push(strs(g.iter().map(|g| Some(g.reason.as_str()))));
     }
-    Ok(RecordBatch::try_new(completions_schema(graded), cols)?)
+    if logprobs {
+        cols.extend(logprob_columns(rows));
+    }
+    Ok(RecordBatch::try_new(
+        completions_schema(graded, logprobs),
+        cols,
+    )?)
 }
 
 /// Reads a completions Parquet (ours, or any file with at least `problem_id` and `completion`;
@@ -239,6 +287,9 @@ pub fn read_completions(path: &Path) -> Result<Vec<Completion>> {
         let ext = c.opt_str("extracted_answer")?;
         let correct = c.opt_bool("correct")?;
         let reason = c.opt_str("reason")?;
+        let token_lp = c.opt_list("token_logprobs", float_list_type())?;
+        let top_ids = c.opt_list("top_logprob_ids", nested(token_list_type()))?;
+        let top_lp = c.opt_list("top_logprobs", nested(float_list_type()))?;
         for i in 0..b.num_rows() {
             let grade = match (&gold, &correct, &reason) {
                 (Some(g), Some(ok), Some(r)) if !g.is_null(i) && !ok.is_null(i) => Some(Grade {
@@ -282,6 +333,8 @@ pub fn read_completions(path: &Path) -> Result<Vec<Completion>> {
                 model: get_str(model.as_ref(), i),
                 sampling_hash: get_str(shash.as_ref(), i),
                 grade,
+                logprobs: get_logprobs(token_lp.as_ref(), top_ids.as_ref(), top_lp.as_ref(), i)
+                    .with_context(|| format!("{}: row {}", path.display(), out.len() + 1))?,
             });
         }
     }
@@ -415,6 +468,86 @@ fn strs<'a>(it: impl Iterator<Item = Option<&'a str>>) -> ArrayRef {
     Arc::new(StringArray::from_iter(it))
 }
 
+/// The three logprob columns of `rows` (null where a row has none).
+fn logprob_columns(rows: &[Completion]) -> [ArrayRef; 3] {
+    let mut token = ListBuilder::new(Float32Builder::new());
+    let mut ids = ListBuilder::new(ListBuilder::new(Int32Builder::new()));
+    let mut top = ListBuilder::new(ListBuilder::new(Float32Builder::new()));
+    for r in rows {
+        let Some(lp) = &r.logprobs else {
+            token.append(false);
+            ids.append(false);
+            top.append(false);
+            continue;
+        };
+        token.values().extend(lp.token.iter().copied());
+        token.append(true);
+        for v in &lp.top_ids {
+            ids.values().values().append_slice(v);
+            ids.values().append(true);
+        }
+        ids.append(true);
+        for v in &lp.top {
+            top.values().values().append_slice(v);
+            top.values().append(true);
+        }
+        top.append(true);
+    }
+    [
+        Arc::new(token.finish()),
+        Arc::new(ids.finish()),
+        Arc::new(top.finish()),
+    ]
+}
+
+/// A row's logprobs from the three columns (all present and non-null, or none).
+fn get_logprobs(
+    token: Option<&arrow_array::ListArray>,
+    ids: Option<&arrow_array::ListArray>,
+    top: Option<&arrow_array::ListArray>,
+    i: usize,
+) -> Result<Option<Logprobs>> {
+    let (Some(token), Some(ids), Some(top)) = (token, ids, top) else {
+        return Ok(None);
+    };
+    if token.is_null(i) {
+        return Ok(None);
+    }
+    let t = token.value(i);
+    let (ids, top) = (ids.value(i), top.value(i));
+    let (ids, top) = (ids.as_list::<i32>(), top.as_list::<i32>());
+    let mut lp = Logprobs {
+        token: t.as_primitive::<Float32Type>().iter().collect(),
+        ..Logprobs::default()
+    };
+    for k in 0..ids.len() {
+        let v = ids.value(k);
+        let v = v.as_primitive::<Int32Type>();
+        if v.null_count() > 0 {
+            bail!("`top_logprob_ids` has a null id");
+        }
+        lp.top_ids.push(v.values().to_vec());
+    }
+    for k in 0..top.len() {
+        let v = top.value(k);
+        lp.top.push(
+            v.as_primitive::<Float32Type>()
+                .iter()
+                .map(|x| x.unwrap_or(f32::NAN))
+                .collect(),
+        );
+    }
+    let n = lp.token.len();
+    if lp.top_ids.len() != n || lp.top.len() != n {
+        bail!(
+            "the logprob columns disagree on the number of tokens ({n}, {}, {})",
+            lp.top_ids.len(),
+            lp.top.len()
+        );
+    }
+    Ok(Some(lp))
+}
+
 fn token_lists<'a>(it: impl Iterator<Item = Option<&'a [i32]>>) -> ArrayRef {
     let mut b = ListBuilder::new(Int32Builder::new());
     for v in it {
@@ -505,6 +638,10 @@ impl<'a> Cols<'a> {
             .map(|a| a.as_boolean().clone()))
     }
 
+    fn opt_list(&self, name: &str, to: DataType) -> Result<Option<arrow_array::ListArray>> {
+        Ok(self.cast(name, &to)?.map(|a| a.as_list::<i32>().clone()))
+    }
+
     fn opt_tokens(&self, name: &str) -> Result<Option<arrow_array::ListArray>> {
         Ok(self
             .cast(name, &token_list_type())?
@@ -560,6 +697,7 @@ mod tests {
                 correct: false,
                 reason: "no_answer".into(),
             }),
+            logprobs: None,
         }
     }
 
@@ -567,12 +705,52 @@ mod tests {
     fn completions_round_trip() {
         let dir = tempfile::tempdir().unwrap();
         for graded in [false, true] {
-            let p = dir.path().join(format!("c{graded}.parquet"));
-            let rows: Vec<_> = (0..5).map(|i| row(i, graded)).collect();
-            let b = completions_batch(&rows, graded).unwrap();
-            write_parquet_atomic(&p, completions_schema(graded), &[b]).unwrap();
-            assert_eq!(read_completions(&p).unwrap(), rows);
+            for logprobs in [false, true] {
+                let p = dir.path().join(format!("c{graded}{logprobs}.parquet"));
+                let mut rows: Vec<_> = (0..5).map(|i| row(i, graded)).collect();
+                if logprobs {
+                    for r in rows.iter_mut().skip(1) {
+                        r.logprobs = Some(Logprobs {
+                            token: vec![Some(-0.25), None, Some(-1.5)],
+                            top_ids: vec![vec![7, 3], vec![], vec![1, 2]],
+                            top: vec![vec![-0.25, -2.0], vec![], vec![-1.0, -1.5]],
+                        });
+                    }
+                }
+                let b = completions_batch(&rows, graded, logprobs).unwrap();
+                write_parquet_atomic(&p, completions_schema(graded, logprobs), &[b]).unwrap();
+                assert_eq!(read_completions(&p).unwrap(), rows);
+            }
         }
+    }
+
+    /// The README's table of each file's columns names every column, in schema order.
+    #[test]
+    fn readme_documents_every_column() {
+        let readme = include_str!("../../README.md");
+        let documented = |heading: &str| -> Vec<String> {
+            let at = readme
+                .find(heading)
+                .unwrap_or_else(|| panic!("{heading} missing"));
+            readme[at..]
+                .lines()
+                .skip_while(|l| !l.starts_with("| column"))
+                .skip(2)
+                .take_while(|l| l.starts_with("| `"))
+                .filter_map(|l| l.split('`').nth(1).map(str::to_string))
+                .collect()
+        };
+        let names =
+            |s: SchemaRef| -> Vec<String> { s.fields().iter().map(|f| f.name().clone()).collect() };
+        assert_eq!(
+            documented("**`problems.parquet`**"),
+            names(problems_schema())
+        );
+        assert_eq!(
+            documented("**Completions**"),
+            names(completions_schema(true, true))
+        );
+        assert_eq!(documented("**`sft.parquet`**"), names(sft_schema()));
     }
 
     #[test]

@@ -158,6 +158,21 @@ pub struct EvalConfig {
     pub seed: Option<u64>,
     pub device: Option<String>,
     pub max_num_seqs: Option<usize>,
+    // The overrides below are left out of the serialized config when unset, so adding them kept
+    // every existing eval key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// Per-token log-probabilities in the samples' Parquet (see `[sample] logprobs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<usize>,
 }
 
 impl EvalConfig {
@@ -204,6 +219,24 @@ impl EvalConfig {
         }
         if let Some(seed) = self.seed {
             s.seed = seed;
+        }
+        if let Some(m) = self.min_p {
+            s.min_p = m;
+        }
+        if let Some(r) = self.repetition_penalty {
+            s.repetition_penalty = r;
+        }
+        if let Some(p) = self.presence_penalty {
+            s.presence_penalty = p;
+        }
+        if let Some(f) = self.frequency_penalty {
+            s.frequency_penalty = f;
+        }
+        if let Some(ids) = &self.stop_token_ids {
+            s.stop_token_ids = ids.clone();
+        }
+        if self.logprobs.is_some() {
+            s.logprobs = self.logprobs;
         }
     }
 }

@@ -29,6 +29,19 @@ pub use config::{Family, ModelConfig};
 pub use tokenizer::{ChatTemplate, Message, TextTokenizer};
 pub use transformer::Transformer;
 
+/// The files beside the weights that change what a checkpoint computes or how its text is
+/// read and written: tokenizer, chat template, generation defaults.
+pub const SIDE_FILES: &[&str] = &[
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+];
+
 /// The files of one checkpoint, all local.
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
@@ -69,6 +82,23 @@ impl Checkpoint {
             .with_context(|| format!("cannot map the weights of {}", self.dir.display()))?;
         Transformer::new(&self.config, vb)
             .with_context(|| format!("{} does not match its config.json", self.dir.display()))
+    }
+
+    /// Every file that defines this checkpoint, as it is read: `config.json`, the
+    /// [`SIDE_FILES`] it has, the shard index and the weights (not READMEs, licences, or files
+    /// the loader never reads).
+    pub fn defining_files(&self) -> Vec<PathBuf> {
+        let mut files = vec![self.dir.join("config.json")];
+        let index = self.dir.join("model.safetensors.index.json");
+        let side = SIDE_FILES.iter().map(|f| self.dir.join(f));
+        files.extend(side.chain([index]).filter(|p| p.is_file()));
+        files.extend(self.weights.iter().cloned());
+        files
+    }
+
+    /// The content digest of [`Self::defining_files`] (memoised, see [`crate::digest`]).
+    pub fn digest(&self) -> Result<crate::digest::FilesDigest> {
+        crate::digest::files_digest(&self.dir.display().to_string(), &self.defining_files())
     }
 
     pub fn tokenizer(&self) -> Result<TextTokenizer> {

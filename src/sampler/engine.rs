@@ -64,6 +64,17 @@ pub struct Sample {
     pub finish_reason: FinishReason,
     /// Sum of the chosen tokens' log-probabilities under the raw model distribution.
     pub cumulative_logprob: f64,
+    /// With [`EngineConfig::logprobs`]: one entry per token of `tokens`.
+    pub logprobs: Option<Vec<TokenLogprob>>,
+}
+
+/// One generated token's log-probability and the most likely tokens at its position (raw model
+/// distribution, as [`super::sampling::top_logprobs`] gives them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// `None` for a token the sampler did not draw (the thinking budget's closing text).
+    pub logprob: Option<f32>,
+    pub top: Vec<(u32, f32)>,
 }
 
 /// A thinking model's budget: after `max_thinking_tokens` generated tokens without
@@ -85,6 +96,9 @@ pub struct EngineConfig {
     pub thinking: Option<ThinkingBudget>,
     /// Keys and values in fp8 e4m3 (CUDA, bf16 models): half the cache bytes of bf16.
     pub kv_fp8: bool,
+    /// Record each drawn token's log-probability and this many alternatives (vLLM's
+    /// `logprobs`); `None`: nothing recorded, and the GPU keeps its candidate-only draw.
+    pub logprobs: Option<usize>,
 }
 
 /// Counters for the end-of-run summary.
@@ -127,6 +141,8 @@ struct SeqMeta {
     thinking_closed: bool,
     /// The thinking budget forced the closing text in.
     thinking_forced: bool,
+    /// Per generated token, with [`EngineConfig::logprobs`].
+    token_logprobs: Vec<TokenLogprob>,
 }
 
 /// The logits rows as host f32. A bf16 model's logits cross as bf16 (half the bytes; the same
@@ -288,6 +304,7 @@ impl<'m> Engine<'m> {
             done: false,
             thinking_closed: false,
             thinking_forced: false,
+            token_logprobs: Vec::new(),
         });
         id
     }
@@ -449,13 +466,33 @@ impl<'m> Engine<'m> {
         self.sync_device(&dev)?;
         let t3 = Instant::now();
         self.stats.time.lm_head += (t3 - t2).as_secs_f64();
+        // Logprobs need every row's alternatives: the rows go to the host whole.
+        let logits = match logits {
+            Logits::Device(t) if self.cfg.logprobs.is_some() => Logits::Host(logits_to_host(&t)?),
+            l => l,
+        };
         let drawn = self.draw(&samplers, &logits)?;
+        let mut tops = Vec::new();
+        if let (Some(k), Logits::Host(rows)) = (self.cfg.logprobs, &logits) {
+            let vocab = (rows.len() / samplers.len()).max(1);
+            tops = rows
+                .par_chunks(vocab)
+                .map(|row| super::sampling::top_logprobs(row, k))
+                .collect();
+        }
         if let Logits::Host(rows) = logits {
             self.logits_buf = rows;
         }
+        let mut tops = tops.into_iter();
         for (id, (s, rng)) in samplers.into_iter().zip(drawn) {
             self.fork_siblings(id);
             self.meta[id.0].rng = rng;
+            if self.cfg.logprobs.is_some() {
+                self.meta[id.0].token_logprobs.push(TokenLogprob {
+                    logprob: Some(s.logprob),
+                    top: tops.next().unwrap_or_default(),
+                });
+            }
             if let Some(done) = self.take_token(id, s, decode) {
                 finished.push(done);
             }
@@ -627,6 +664,12 @@ impl<'m> Engine<'m> {
                     let room = params.max_new_tokens.saturating_sub(n_gen);
                     let add = &t.closing[..t.closing.len().min(room)];
                     m.tokens.extend_from_slice(add);
+                    if self.cfg.logprobs.is_some() {
+                        m.token_logprobs.extend(add.iter().map(|_| TokenLogprob {
+                            logprob: None,
+                            top: Vec::new(),
+                        }));
+                    }
                     self.seqs[id.0].num_tokens += add.len();
                     m.thinking_closed = true;
                     m.thinking_forced = true;
@@ -648,6 +691,10 @@ impl<'m> Engine<'m> {
             tokens: m.tokens[m.prompt_len..].to_vec(),
             finish_reason: reason,
             cumulative_logprob: m.logprob,
+            logprobs: self
+                .cfg
+                .logprobs
+                .map(|_| std::mem::take(&mut m.token_logprobs)),
         };
         // Siblings are forked before the leader's blocks go (see `step`).
         self.sched.finish(id, &mut self.seqs);

@@ -25,8 +25,8 @@ use super::kv_cache::KvCache;
 use super::sampling::SamplingParams;
 use super::scheduler::SchedulerConfig;
 use crate::data::schema::{
-    completions_batch, completions_schema, read_completions, write_parquet_atomic,
-    write_parquet_atomic_kv, Completion, Grade, Problem,
+    completions_batch, completions_schema, has_logprobs, read_completions, write_parquet_atomic,
+    write_parquet_atomic_kv, Completion, Grade, Logprobs, Problem,
 };
 use crate::model::{ChatTemplate, Message, TextTokenizer, Transformer};
 use crate::verify::{grade, GradeOptions};
@@ -87,6 +87,9 @@ pub struct JobConfig {
     pub thinking: Option<super::engine::ThinkingBudget>,
     /// This run's shard `(i, n)`; `(0, 1)` for an unsharded run.
     pub shard: (usize, usize),
+    /// Per-token logprobs and this many alternatives in the output (see
+    /// [`SampleSettings::logprobs`]); not part of the sampling hash (the tokens do not change).
+    pub logprobs: Option<usize>,
 }
 
 /// Metadata keys of a completions file, read by `pipeline merge`.
@@ -124,6 +127,18 @@ fn d_auto() -> String {
 fn d_close() -> String {
     "\n</think>\n\n".into()
 }
+fn d_one_f() -> f32 {
+    1.0
+}
+fn is_one(v: &f32) -> bool {
+    *v == 1.0
+}
+fn is_zero(v: &f32) -> bool {
+    *v == 0.0
+}
+
+/// The most alternatives `logprobs` may ask for per token (vLLM's default `max_logprobs`).
+pub const MAX_LOGPROBS: usize = 20;
 
 /// Everything a sampling run is configured with: the `[sample]` section of a pipeline config
 /// and the flags of `pipeline sample` (same names, same defaults).
@@ -164,6 +179,32 @@ pub struct SampleSettings {
     #[serde(default)]
     #[arg(long, default_value_t = 0.0)]
     pub min_p: f32,
+    /// vLLM's (and HF's) repetition penalty over the prompt's and the generated tokens: a
+    /// positive logit is divided by it, a negative one multiplied; 1 = off.
+    #[serde(default = "d_one_f", skip_serializing_if = "is_one")]
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token generated so far (vLLM's); 0 = off.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub presence_penalty: f32,
+    /// Subtracted from a generated token's logit once per time it was generated (vLLM's);
+    /// 0 = off.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    pub frequency_penalty: f32,
+    /// Token ids that end a sample like EOS (kept in the completion, as vLLM does); repeatable
+    /// or comma-separated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[arg(long, value_delimiter = ',')]
+    pub stop_token_ids: Vec<u32>,
+    /// Write each generated token's log-probability and the `K` most likely tokens at its
+    /// position (vLLM's `logprobs = K`: the raw model's, before penalties and temperature) as
+    /// the columns `token_logprobs`, `top_logprob_ids`, `top_logprobs`; 0 = the chosen token's
+    /// only. Unset: no columns and no cost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
+    pub logprobs: Option<usize>,
     #[serde(default = "d_max_new")]
     #[arg(long, default_value_t = 1024)]
     pub max_new_tokens: usize,
@@ -227,12 +268,15 @@ impl SampleSettings {
             top_k: self.top_k,
             top_p: self.top_p,
             min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             max_new_tokens: self.max_new_tokens,
             min_new_tokens: self.min_new_tokens,
+            stop_token_ids: self.stop_token_ids.clone(),
             stop_strings: self.stop.clone(),
             ignore_eos: self.ignore_eos,
             seed: self.seed,
-            ..SamplingParams::default()
         }
     }
 
@@ -280,7 +324,77 @@ impl SampleSettings {
         if self.target_correct == Some(0) {
             return Err("target_correct must be at least 1".into());
         }
+        if let Some(k) = self.logprobs.filter(|&k| k > MAX_LOGPROBS) {
+            return Err(format!(
+                "logprobs must be at most {MAX_LOGPROBS} (alternatives per token), got {k}"
+            ));
+        }
         Ok(())
+    }
+}
+
+/// What the KV cache must hold, in blocks, for a run's prompts (up to `prompt` tokens), `n`
+/// samples each, `max_new_tokens` each, `max_num_seqs` at once.
+///
+/// A prompt's blocks are shared by its samples and stay cached while any of them waits to run
+/// (forked samples wait at the front of the queue; a new prompt is admitted only when none
+/// waits), so at most `min(max_num_seqs, problems)` prompts hold blocks at once. With fewer
+/// blocks than those prompts plus one whole sequence (its prompt recomputed after a
+/// preemption), every sequence can end up preempted and the run stalls: that is
+/// [`Self::min_blocks`]. [`Self::default_blocks`] adds every running sequence's own blocks, so
+/// none is preempted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvNeed {
+    pub min_blocks: usize,
+    pub default_blocks: usize,
+    /// Blocks held by cached prompts at most.
+    pub prompt_blocks: usize,
+    /// Blocks of one sequence: its prompt and max_new_tokens.
+    pub sequence_blocks: usize,
+}
+
+impl KvNeed {
+    pub fn new(prompt: usize, s: &SampleSettings, problems: usize) -> KvNeed {
+        let bs = s.block_size.max(1);
+        let n = s.n.max(1) as usize;
+        let sequence_blocks = (prompt + s.max_new_tokens).div_ceil(bs);
+        let running = s.max_num_seqs.min(problems.max(1) * n).max(1);
+        let prompt_blocks = match n {
+            1 => 0, // nothing shared, nothing held while waiting
+            _ => s.max_num_seqs.min(problems.max(1)).max(1) * prompt.div_ceil(bs),
+        };
+        KvNeed {
+            min_blocks: prompt_blocks + sequence_blocks,
+            // one more block per sequence: the copy of a shared, partly filled prompt block
+            default_blocks: prompt_blocks + running * (sequence_blocks + 1),
+            prompt_blocks,
+            sequence_blocks,
+        }
+    }
+
+    /// An error naming `kv_cache` when `blocks` cannot run these settings.
+    pub fn check(&self, blocks: u64, block_bytes: u64, s: &SampleSettings) -> Result<()> {
+        if blocks >= self.min_blocks as u64 {
+            return Ok(());
+        }
+        let mib = |b: usize| (b as u64 * block_bytes) as f64 / (1 << 20) as f64;
+        let given = match &s.kv_cache {
+            Some(k) => format!("kv_cache = \"{k}\""),
+            None => "the memory available for the KV cache".into(),
+        };
+        bail!(
+            "{given} holds {blocks} blocks of {} tokens, but n = {} with max_num_seqs = {} needs \
+             at least {} ({:.1} MiB): {} for the prompts whose samples wait for a slot and {} for \
+             one sequence of the longest prompt plus max_new_tokens; give it more memory, or \
+             lower max_num_seqs or max_new_tokens",
+            s.block_size,
+            s.n,
+            s.max_num_seqs,
+            self.min_blocks,
+            mib(self.min_blocks),
+            self.prompt_blocks,
+            self.sequence_blocks,
+        )
     }
 }
 
@@ -333,14 +447,15 @@ pub fn run_settings(
     // need, capped at a quarter of the available memory (on a GPU: 90% of its free memory).
     let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
     let per_token = kv_bytes_per_token(&model, kv_fp8) as u64;
-    let seqs = s.max_num_seqs.min(problems.len() * s.n as usize).max(1);
-    let needed = (seqs * (longest + s.max_new_tokens + s.block_size)) as u64 * per_token;
+    let need = KvNeed::new(longest, s, problems.len());
+    let block_bytes = per_token * s.block_size as u64;
     let kv_cache_bytes = match &s.kv_cache {
         Some(text) => {
             crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
         }
-        None => needed.min(free_kv_memory(&device)?),
+        None => (need.default_blocks as u64 * block_bytes).min(free_kv_memory(&device)?),
     };
+    need.check(kv_cache_bytes / block_bytes.max(1), block_bytes, s)?;
     let thinking = match s.max_thinking_tokens {
         None => None,
         Some(max_thinking_tokens) => Some(ThinkingBudget {
@@ -368,7 +483,15 @@ pub fn run_settings(
         },
         thinking,
         shard,
+        logprobs: s.logprobs,
     };
+    let vocab = model.config().vocab_size;
+    if let Some(id) = s.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
+        bail!(
+            "stop_token_ids: {id} is not a token id of {} (vocabulary of {vocab})",
+            s.model
+        );
+    }
     run(
         &model,
         &tok,
@@ -489,6 +612,7 @@ pub fn run(
         params: cfg.params.clone(),
         eos_token_ids: eos.to_vec(),
         kv_fp8: cfg.kv_fp8,
+        logprobs: cfg.logprobs,
         thinking: cfg.thinking.clone(),
     };
     let mut engine = Engine::new(model, ecfg)?;
@@ -572,9 +696,10 @@ pub fn run(
     }
     rows.sort_by_key(|r| (order.get(r.problem_id.as_str()).copied(), r.sample_index));
     let graded = rows.iter().all(|r| r.grade.is_some());
+    let logprobs = cfg.logprobs.is_some();
     let batches = rows
         .chunks(crate::data::schema::ROW_GROUP_ROWS)
-        .map(|c| completions_batch(c, graded))
+        .map(|c| completions_batch(c, graded, logprobs))
         .collect::<Result<Vec<_>>>()?;
     let kv = vec![
         (
@@ -584,7 +709,7 @@ pub fn run(
         (META_SAMPLING_HASH.to_string(), shash.clone()),
         (META_PROBLEMS.to_string(), problems.len().to_string()),
     ];
-    write_parquet_atomic_kv(output, completions_schema(graded), &batches, &kv)?;
+    write_parquet_atomic_kv(output, completions_schema(graded, logprobs), &batches, &kv)?;
     std::fs::remove_dir_all(&parts)
         .with_context(|| format!("cannot remove {}", parts.display()))?;
     summary.prompt_tokens = engine.stats.prompt_tokens_computed;
@@ -631,6 +756,17 @@ fn to_row(
         model: Some(cfg.model_name.clone()),
         sampling_hash: Some(shash.to_string()),
         grade: grade_row,
+        logprobs: s.logprobs.as_ref().map(|lp| Logprobs {
+            token: lp.iter().map(|t| t.logprob).collect(),
+            top_ids: lp
+                .iter()
+                .map(|t| t.top.iter().map(|&(id, _)| id as i32).collect())
+                .collect(),
+            top: lp
+                .iter()
+                .map(|t| t.top.iter().map(|&(_, p)| p).collect())
+                .collect(),
+        }),
     })
 }
 
@@ -680,9 +816,10 @@ fn commit_part(
         return Ok(());
     }
     let graded = rows.iter().all(|r| r.grade.is_some());
-    let batch = completions_batch(&rows, graded)?;
+    let logprobs = has_logprobs(&rows);
+    let batch = completions_batch(&rows, graded, logprobs)?;
     let path = parts.join(format!("part-{:06}.parquet", *next));
-    write_parquet_atomic(&path, completions_schema(graded), &[batch])?;
+    write_parquet_atomic(&path, completions_schema(graded, logprobs), &[batch])?;
     *next += 1;
     crate::fault::point("sample.part");
     Ok(())
@@ -819,14 +956,15 @@ pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<usize> {
     }
     rows.sort_by(|a, b| (&a.problem_id, a.sample_index).cmp(&(&b.problem_id, b.sample_index)));
     let graded = rows.iter().all(|r| r.grade.is_some());
+    let logprobs = has_logprobs(&rows);
     let batches = rows
         .chunks(crate::data::schema::ROW_GROUP_ROWS)
-        .map(|c| completions_batch(c, graded))
+        .map(|c| completions_batch(c, graded, logprobs))
         .collect::<Result<Vec<_>>>()?;
     let kv = vec![
         (META_SHARD.to_string(), "0/1".to_string()),
         (META_SAMPLING_HASH.to_string(), hash.unwrap_or_default()),
     ];
-    write_parquet_atomic_kv(output, completions_schema(graded), &batches, &kv)?;
+    write_parquet_atomic_kv(output, completions_schema(graded, logprobs), &batches, &kv)?;
     Ok(rows.len())
 }

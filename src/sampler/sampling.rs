@@ -481,6 +481,34 @@ fn raw_logprob(logits: &[f32], token: u32) -> f32 {
     logprob_from(logits, token, max, sum_exp)
 }
 
+/// The `k` most likely tokens of a raw logits row and their log-probabilities, most likely
+/// first (ties: the lower id first): vLLM's raw `logprobs`, the same values as
+/// [`Sampled::logprob`] gives the chosen token.
+pub fn top_logprobs(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+    if k == 0 || logits.is_empty() {
+        return Vec::new();
+    }
+    if logits.contains(&f32::INFINITY) {
+        let clean: Vec<f32> = logits.iter().map(|&l| sanitize(l)).collect();
+        return top_logprobs(&clean, k);
+    }
+    let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+    for (token, &raw) in (0u32..).zip(logits) {
+        let logit = sanitize(raw);
+        if best.len() == k && best.last().is_some_and(|&(_, worst)| logit <= worst) {
+            continue;
+        }
+        // after the equal ones: a tie keeps the lower id first
+        let at = best.partition_point(|&(_, b)| b >= logit);
+        best.insert(at, (token, logit));
+        best.truncate(k);
+    }
+    let (max, sum_exp) = max_sum_exp(logits);
+    best.into_iter()
+        .map(|(token, _)| (token, logprob_from(logits, token, max, sum_exp)))
+        .collect()
+}
+
 /// [`raw_logprob`] of a row without +inf whose max (as [`max_sum_exp`] finds it) is known:
 /// the same bits.
 fn logprob_with_max(logits: &[f32], token: u32, max: f32) -> f32 {
@@ -1420,6 +1448,35 @@ mod tests {
         assert!(draws.iter().all(|&u| (0.0..1.0).contains(&u)));
         let mean = draws.iter().sum::<f64>() / draws.len() as f64;
         assert!((mean - 0.5).abs() < 0.005, "mean {mean}");
+    }
+
+    #[test]
+    fn top_logprobs_are_the_chosen_tokens_logprobs_in_order() {
+        let row = [0.5f32, 2.0, -1.0, 2.0, f32::NAN, 1.0];
+        let top = top_logprobs(&row, 3);
+        // 2.0 twice (lower id first), then 1.0
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 5]);
+        for &(token, lp) in &top {
+            assert_same_bits(lp, raw_logprob(&row, token), "top vs raw");
+        }
+        // the greedy draw's logprob is the top entry's, bit for bit
+        let params = SamplingParams::default();
+        let mut rng = SampleRng::new(0, "p", 0);
+        let s = sample(&row, &params, &[], &[], &[], &mut rng, &mut Scratch::new());
+        assert_eq!(
+            (s.token, s.logprob.to_bits()),
+            (top[0].0, top[0].1.to_bits())
+        );
+        // k past the vocabulary: every token, NaN last as -inf
+        let all = top_logprobs(&row, 10);
+        assert_eq!(all.len(), row.len());
+        assert_eq!(all.last().map(|t| (t.0, t.1)), Some((4, f32::NEG_INFINITY)));
+        assert!(top_logprobs(&row, 0).is_empty());
+        let probs: f64 = all.iter().map(|t| f64::from(t.1).exp()).sum();
+        assert!((probs - 1.0).abs() < 1e-5, "{probs}");
+        // +inf is f32::MAX, as everywhere in the sampler
+        let inf = [0.0f32, f32::INFINITY, 1.0];
+        assert_eq!(top_logprobs(&inf, 1), vec![(1, 0.0)]);
     }
 
     #[test]

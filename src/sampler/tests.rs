@@ -381,6 +381,7 @@ mod engine {
             params,
             eos_token_ids: vec![482, 480],
             kv_fp8: false,
+            logprobs: None,
             thinking: None,
         };
         let mut e = Engine::new(model, cfg).unwrap();
@@ -472,6 +473,7 @@ mod engine {
             },
             eos_token_ids: vec![482],
             kv_fp8: false,
+            logprobs: None,
             thinking: None,
         };
         let mut e = Engine::new(&model, cfg).unwrap();
@@ -513,6 +515,7 @@ mod engine {
             },
             eos_token_ids: vec![482],
             kv_fp8: false,
+            logprobs: None,
             thinking: Some(super::super::engine::ThinkingBudget {
                 max_thinking_tokens: 5,
                 think_end_id: 484,
@@ -572,6 +575,7 @@ mod engine {
             },
             eos_token_ids: vec![482, 480],
             kv_fp8: false,
+            logprobs: None,
             thinking: None,
         };
         let mut e = Engine::new(&model, cfg).unwrap();

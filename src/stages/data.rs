@@ -8,30 +8,27 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use super::{file_input, output_file, Estimate, PlannedStage, StageOutput};
+use super::{output_file, Estimate, PlannedStage, StageOutput};
 use crate::config::DataConfig;
+use crate::data::load_source;
 use crate::data::schema::{problems_batch, problems_schema, write_parquet_atomic, ROW_GROUP_ROWS};
-use crate::data::{hub, load_source};
 
 /// Bump when the output for the same inputs changes.
 pub const CODE_VERSION: u32 = 1;
 pub const OUTPUT: &str = "problems.parquet";
 
-pub fn plan(cfg: &DataConfig, workdir: &Path) -> Result<PlannedStage> {
+pub fn plan(cfg: &DataConfig, workdir: &Path, resolve: &super::Resolve) -> Result<PlannedStage> {
     let mut inputs = Vec::new();
     let mut files = Vec::new();
     let mut bytes = 0;
     for s in &cfg.sources {
-        for (i, path) in hub::resolve(&s.location)
-            .map_err(|e| anyhow::anyhow!("data source `{}`: {e}", s.name))?
-            .into_iter()
-            .enumerate()
-        {
-            let name = format!("{}#{i}", s.name);
-            let (input, n) = file_input(&name, &path)?;
+        let what = format!("data source `{}`", s.name);
+        for (input, path, n) in resolve.location(&s.name, &what, &s.location)? {
             bytes += n;
+            if let Some(path) = path {
+                files.push((input.name.clone(), path));
+            }
             inputs.push(input);
-            files.push((name, path));
         }
     }
     // Gold answers of `boxed` sources are extracted by the verifier.

@@ -24,15 +24,23 @@ pub const METRICS: &str = "metrics.json";
 pub const TABLE: &str = "eval.md";
 
 /// The content of an eval set as a stage input: its definition and its data files.
-fn set_input(set: &EvalSet) -> Result<InputRef> {
-    let files = crate::data::hub::resolve(&set.source.location)?;
+fn set_input(set: &EvalSet, resolve: &super::Resolve) -> Result<InputRef> {
+    let what = format!("eval set `{}`", set.name);
+    let files = resolve.location(&set.name, &what, &set.source.location)?;
     let mut parts = vec![store::hash_file(&set.file)?];
-    for f in &files {
-        parts.push(store::hash_file(f)?);
+    let planned = files.iter().any(|(_, path, _)| path.is_none());
+    parts.extend(files.into_iter().map(|(input, _, _)| input.hash));
+    let mut location = set.file.display().to_string();
+    if planned {
+        location = format!(
+            "{location}: {} {}",
+            set.source.location.describe(),
+            super::NOT_DOWNLOADED
+        );
     }
     Ok(InputRef {
         name: format!("set:{}", set.name),
-        location: set.file.display().to_string(),
+        location,
         hash: store::hash_json(&serde_json::json!(parts)),
     })
 }
@@ -43,6 +51,7 @@ pub fn plan(
     sets: &[EvalSet],
     trained: &[&PlannedStage],
     workdir: &Path,
+    resolve: &super::Resolve,
 ) -> Result<PlannedStage> {
     let mut inputs = vec![base.input.clone(), super::verifier_input()];
     for t in trained {
@@ -52,7 +61,7 @@ pub fn plan(
         });
     }
     for s in sets {
-        inputs.push(set_input(s)?);
+        inputs.push(set_input(s, resolve)?);
     }
     // memory: the sampler's estimate for the hungriest set (one model at a time)
     let mut memory_bytes = 0;

@@ -17,13 +17,13 @@ use std::sync::LazyLock;
 use anyhow::{bail, Context, Result};
 use regex::Regex;
 
-use super::{file_input, output_file, Counts, Estimate, Plan, PlannedStage, StageOutput};
+use super::{output_file, Counts, Estimate, Plan, PlannedStage, StageOutput};
 use crate::config::{CompletionsFormat, Config, Dedup, FilterConfig};
+use crate::data::load_source_with;
 use crate::data::schema::{
-    completions_batch, completions_schema, read_completions, read_problems, sft_batch, sft_schema,
-    write_parquet_atomic, Completion, Grade, ROW_GROUP_ROWS,
+    completions_batch, completions_schema, has_logprobs, read_completions, read_problems,
+    sft_batch, sft_schema, write_parquet_atomic, Completion, Grade, ROW_GROUP_ROWS,
 };
-use crate::data::{hub, load_source_with};
 use crate::store::{self, InputRef, Progress};
 use crate::verify::{grade, GradeOptions};
 
@@ -40,6 +40,7 @@ pub fn plan(
     data: &PlannedStage,
     sampled: Option<&PlannedStage>,
     workdir: &Path,
+    resolve: &super::Resolve,
 ) -> Result<PlannedStage> {
     let upstream = |name: &str, s: &PlannedStage| InputRef {
         name: name.into(),
@@ -48,13 +49,19 @@ pub fn plan(
     };
     let (completions, path, bytes) = match (&cfg.completions, sampled) {
         (Some(c), _) => {
-            let files = hub::resolve(&c.location)
-                .map_err(|e| anyhow::anyhow!("filter.completions: {e}"))?;
-            let [path] = files.as_slice() else {
+            let files = resolve.location("completions", "filter.completions", &c.location)?;
+            let [(input, path, bytes)] = files.as_slice() else {
                 bail!("filter.completions must name a single file");
             };
-            let (input, bytes) = file_input("completions", path)?;
-            (input, path.clone(), bytes)
+            let input = InputRef {
+                name: "completions".into(),
+                ..input.clone()
+            };
+            // a provisional hub file (preflight) has no path yet
+            let path = path
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(&input.location));
+            (input, path, *bytes)
         }
         (None, Some(s)) => (
             upstream("completions", s),
@@ -115,11 +122,12 @@ pub fn run(
             continue;
         }
         let graded: Vec<Completion> = chunk.iter().map(|c| grade_row(c, &gold, &opts)).collect();
+        let logprobs = has_logprobs(&graded);
         let batches = graded
             .chunks(ROW_GROUP_ROWS)
-            .map(|b| completions_batch(b, true))
+            .map(|b| completions_batch(b, true, logprobs))
             .collect::<Result<Vec<_>>>()?;
-        write_parquet_atomic(&part, completions_schema(true), &batches)?;
+        write_parquet_atomic(&part, completions_schema(true, logprobs), &batches)?;
         store::write_json_atomic(
             &stage.dir.join(store::PROGRESS),
             &Progress {
@@ -237,6 +245,7 @@ fn load_completions(
             model: Some(format!("import:{}", path.display())),
             sampling_hash: None,
             grade: None,
+            logprobs: None,
         })
         .collect();
     Ok((rows, counts))
@@ -506,6 +515,7 @@ mod tests {
                 correct,
                 reason: reason.into(),
             }),
+            logprobs: None,
         }
     }
 

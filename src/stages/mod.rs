@@ -109,18 +109,18 @@ pub fn stage_state(dir: &Path) -> Result<StageState> {
 impl Plan {
     /// Resolves every input (downloading hub files when needed) and keys every stage.
     pub fn build(cfg: &Config, workdir: &Path) -> Result<Plan> {
-        Plan::build_with(cfg, workdir, Models::default())
+        Plan::build_with(cfg, workdir, Resolve::default())
     }
 
-    /// [`Self::build`], finding models through `models`.
-    pub fn build_with(cfg: &Config, workdir: &Path, models: Models) -> Result<Plan> {
+    /// [`Self::build`], finding inputs through `resolve`.
+    pub fn build_with(cfg: &Config, workdir: &Path, resolve: Resolve) -> Result<Plan> {
         let mut stages: Vec<PlannedStage> = Vec::new();
         if let Some(d) = &cfg.data {
-            stages.push(data::plan(d, workdir)?);
+            stages.push(data::plan(d, workdir, &resolve)?);
         }
         let pretrained = match &cfg.pretrain {
             Some(p) => {
-                let (stage, facts) = pretrain::plan(p, workdir)?;
+                let (stage, facts) = pretrain::plan(p, workdir, &resolve)?;
                 stages.push(stage);
                 Some(facts)
             }
@@ -133,7 +133,7 @@ impl Plan {
                     .clone()
                     .context("`@pretrain` names the pretrain stage's model: add [pretrain]");
             }
-            models.facts(name)
+            resolve.facts(name)
         };
         let rounds = cfg.rounds.max(1);
         let named = |kind: &str, r: u32| {
@@ -167,7 +167,8 @@ impl Plan {
             }
             if let Some(f) = &cfg.filter {
                 let data = find(&stages, "data").context("the filter needs the data stage")?;
-                let mut st = filter::plan(f, data, sampled.map(|i| &stages[i]), workdir)?;
+                let from = sampled.map(|i| &stages[i]);
+                let mut st = filter::plan(f, data, from, workdir, &resolve)?;
                 st.name = named("filter", r);
                 st.deps.push(("data", data.name.clone()));
                 if let Some(i) = sampled {
@@ -197,7 +198,7 @@ impl Plan {
         if let Some(e) = &cfg.eval {
             let base = facts(&e.base_model)?;
             let trained: Vec<&PlannedStage> = stages.iter().filter(|s| s.kind == "train").collect();
-            let mut st = eval::plan(&e.settings, &base, &e.sets, &trained, workdir)?;
+            let mut st = eval::plan(&e.settings, &base, &e.sets, &trained, workdir, &resolve)?;
             st.model = Some(model_path(&stages, &e.base_model));
             stages.push(st);
         }
@@ -331,14 +332,23 @@ pub fn verifier_input() -> InputRef {
     }
 }
 
-/// How planning finds a model: its checkpoint (a hub id is downloaded when online), or, when
-/// `cards` is on (preflight) and the checkpoint cannot be had, the built-in card of a well-known
-/// hub id ([`crate::model::cards`]): its config, and weights of its dtype's size. The stage keys
-/// are then provisional (they change once the real files are fingerprinted).
+/// How planning finds its inputs. A model: its checkpoint (a hub id is downloaded when online),
+/// or, in a `preflight` plan when the checkpoint cannot be had, the built-in card of a
+/// well-known hub id ([`crate::model::cards`]): its config, and weights of its dtype's size. A
+/// data file: its local path or hub file (downloaded when online), or, in a `preflight` plan
+/// when a hub file cannot be had, a provisional input named by its location. Provisional stage
+/// keys change once the real files are fingerprinted; a run never plans with them.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Models {
-    pub cards: bool,
+pub struct Resolve {
+    pub preflight: bool,
 }
+
+/// The end of a provisional input's location (see [`Resolve`]).
+pub const NOT_DOWNLOADED: &str = "(not downloaded: planned)";
+
+/// A data location's files as stage inputs named `<name>#i`, each with its path and size;
+/// `None` for the path of a provisional hub input (see [`Resolve`]).
+pub type LocationInputs = Vec<(InputRef, Option<PathBuf>, u64)>;
 
 /// What planning needs of a model.
 #[derive(Debug, Clone)]
@@ -348,7 +358,40 @@ pub struct ModelFacts {
     pub input: InputRef,
 }
 
-impl Models {
+impl Resolve {
+    /// The files of `location` as inputs named `<name>#i`; `what` names it in errors.
+    pub fn location(
+        &self,
+        name: &str,
+        what: &str,
+        location: &crate::data::source::Location,
+    ) -> Result<LocationInputs> {
+        use crate::data::source::Location;
+        match crate::data::hub::resolve(location) {
+            Ok(files) => files
+                .into_iter()
+                .enumerate()
+                .map(|(i, path)| {
+                    let (input, bytes) = file_input(&format!("{name}#{i}"), &path)?;
+                    Ok((input, Some(path), bytes))
+                })
+                .collect(),
+            Err(_) if self.preflight && matches!(location, Location::Hub { .. }) => {
+                let at = location.describe();
+                Ok(vec![(
+                    InputRef {
+                        name: format!("{name}#0"),
+                        location: format!("{at} {NOT_DOWNLOADED}"),
+                        hash: store::hash_json(&serde_json::json!(["hub", at])),
+                    },
+                    None,
+                    0,
+                )])
+            }
+            Err(e) => Err(e.context(what.to_string())),
+        }
+    }
+
     pub fn facts(&self, model: &str) -> Result<ModelFacts> {
         let err = match crate::model::Checkpoint::open(model) {
             Ok(ck) => {
@@ -366,7 +409,7 @@ impl Models {
             }
             Err(e) => e,
         };
-        match (self.cards, crate::model::cards::card(model)) {
+        match (self.preflight, crate::model::cards::card(model)) {
             (true, Some(config)) => {
                 let config = config?;
                 let bytes = crate::train::checkpoint::config_dtype(&config).size_in_bytes() as u64;
@@ -385,29 +428,17 @@ impl Models {
     }
 }
 
-/// A cheap fingerprint of a checkpoint folder: config and tokenizer contents, weight sizes.
+/// A checkpoint folder as a stage input: the content digest of every file that defines it
+/// (weights included; memoised, so an unchanged folder is not read again).
 pub fn model_input(model: &str) -> Result<InputRef> {
     checkpoint_input(&crate::model::Checkpoint::open(model)?)
 }
 
 fn checkpoint_input(ck: &crate::model::Checkpoint) -> Result<InputRef> {
-    let mut parts = vec![
-        store::hash_file(&ck.dir.join("config.json"))?,
-        store::hash_file(&ck.dir.join("tokenizer.json"))?,
-    ];
-    for w in &ck.weights {
-        parts.push(format!(
-            "{}:{}",
-            w.file_name()
-                .map(|n| n.to_string_lossy())
-                .unwrap_or_default(),
-            std::fs::metadata(w)?.len()
-        ));
-    }
     Ok(InputRef {
         name: "model".into(),
         location: ck.dir.display().to_string(),
-        hash: store::hash_json(&serde_json::json!(parts)),
+        hash: ck.digest()?.hex,
     })
 }
 

@@ -12,10 +12,10 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 
-use super::{file_input, output_file, Estimate, ModelFacts, PlannedStage, StageOutput};
+use super::{output_file, Estimate, ModelFacts, PlannedStage, StageOutput};
+use crate::data::load_source;
 use crate::data::schema::{completions_batch, completions_schema, write_parquet_atomic};
 use crate::data::schema::{Completion, ROW_GROUP_ROWS};
-use crate::data::{hub, load_source};
 use crate::pretrain::{write_initial_checkpoint, PretrainConfig};
 use crate::sampler::job::{build_prompts, PromptTemplate};
 
@@ -29,35 +29,29 @@ pub const ROWS: &str = "rows.parquet";
 const PLANNED_VOCAB: usize = 1024;
 
 /// Input names: `source#i` for the pretraining files, `tokenizer:<name>#i` for the others.
-fn source_files(p: &PretrainConfig) -> Result<Vec<(String, PathBuf)>> {
-    let mut files = Vec::new();
-    for (i, f) in hub::resolve(&p.source.location)
-        .map_err(|e| anyhow::anyhow!("pretrain.source: {e}"))?
-        .into_iter()
-        .enumerate()
-    {
-        files.push((format!("source#{i}"), f));
-    }
+fn source_inputs(p: &PretrainConfig, resolve: &super::Resolve) -> Result<super::LocationInputs> {
+    let mut inputs = resolve.location("source", "pretrain.source", &p.source.location)?;
     for s in &p.tokenizer_sources {
-        for (i, f) in hub::resolve(&s.location)
-            .map_err(|e| anyhow::anyhow!("pretrain tokenizer source `{}`: {e}", s.name))?
-            .into_iter()
-            .enumerate()
-        {
-            files.push((format!("tokenizer:{}#{i}", s.name), f));
-        }
+        let what = format!("pretrain tokenizer source `{}`", s.name);
+        inputs.extend(resolve.location(&format!("tokenizer:{}", s.name), &what, &s.location)?);
     }
-    Ok(files)
+    Ok(inputs)
 }
 
 /// The planned stage, and the facts of the model it will make (for the stages that use it).
-pub fn plan(p: &PretrainConfig, workdir: &Path) -> Result<(PlannedStage, ModelFacts)> {
-    let files = source_files(p)?;
+pub fn plan(
+    p: &PretrainConfig,
+    workdir: &Path,
+    resolve: &super::Resolve,
+) -> Result<(PlannedStage, ModelFacts)> {
     let mut inputs = Vec::new();
+    let mut files = Vec::new();
     let mut bytes = 0;
-    for (name, path) in &files {
-        let (input, n) = file_input(name, path)?;
+    for (input, path, n) in source_inputs(p, resolve)? {
         bytes += n;
+        if let Some(path) = path {
+            files.push((input.name.clone(), path));
+        }
         inputs.push(input);
     }
     let config = serde_json::to_value(p)?;
@@ -165,14 +159,15 @@ pub fn run(p: &PretrainConfig, stage: &PlannedStage) -> Result<StageOutput> {
             model: None,
             sampling_hash: None,
             grade: None,
+            logprobs: None,
         })
         .collect();
     let batches = rows
         .chunks(ROW_GROUP_ROWS)
-        .map(|c| completions_batch(c, false))
+        .map(|c| completions_batch(c, false, false))
         .collect::<Result<Vec<_>>>()?;
     let rows_path = stage.dir.join(ROWS);
-    write_parquet_atomic(&rows_path, completions_schema(false), &batches)?;
+    write_parquet_atomic(&rows_path, completions_schema(false, false), &batches)?;
 
     // 4) train
     let mut settings = p.train.clone();

@@ -48,7 +48,11 @@ pub(super) fn memory_estimate(s: &SampleSettings, model: &super::ModelFacts) -> 
         Some(text) => {
             crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
         }
-        None => (s.max_num_seqs * (ESTIMATE_PROMPT_TOKENS + s.max_new_tokens)) as u64 * per_token,
+        None => {
+            // the problems are not counted yet: as many as sequences
+            let need = crate::sampler::job::KvNeed::new(ESTIMATE_PROMPT_TOKENS, s, s.max_num_seqs);
+            (need.default_blocks * s.block_size) as u64 * per_token
+        }
     };
     Ok(stored * widen + kv)
 }

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::adamw::AdamW;
 use super::settings::TrainSettings;
 use super::Trainable;
-use crate::model::Checkpoint;
+use crate::model::{Checkpoint, SIDE_FILES};
 
 /// The non-tensor part of a checkpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -160,18 +160,6 @@ fn dtype_name(d: DType) -> &'static str {
     }
 }
 
-/// Files copied beside the weights, when the base model has them.
-const SIDE_FILES: &[&str] = &[
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "chat_template.jinja",
-    "generation_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "added_tokens.json",
-];
-
 /// Largest shard written; bigger models get `model.safetensors.index.json`.
 pub const MAX_SHARD_BYTES: u64 = 5_000_000_000;
 
@@ -181,6 +169,7 @@ pub const MAX_SHARD_BYTES: u64 = 5_000_000_000;
 pub fn export(t: &Trainable, base: &Checkpoint, dtype: DType, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     for f in SIDE_FILES {
+        // copied beside the weights when the base model has them
         let src = base.dir.join(f);
         if src.exists() {
             let bytes = std::fs::read(&src)?;

@@ -275,6 +275,7 @@ fn write_sft(rows: &[(Vec<u32>, Vec<u32>)], path: &std::path::Path) {
                 correct: true,
                 reason: "equal".into(),
             }),
+            logprobs: None,
         })
         .collect();
     write_parquet_atomic(path, sft_schema(), &[sft_batch(&rows).unwrap()]).unwrap();

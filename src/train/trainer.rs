@@ -111,15 +111,10 @@ fn fingerprint(s: &TrainSettings, ck: &Checkpoint, data: &Path) -> Result<String
             o.remove(k);
         }
     }
-    let mut weights = Vec::new();
-    for w in &ck.weights {
-        weights.push(std::fs::metadata(w)?.len());
-    }
     Ok(crate::store::hash_json(&serde_json::json!({
         "settings": v,
         "data": crate::store::hash_file(data)?,
-        "config": crate::store::hash_file(&ck.dir.join("config.json"))?,
-        "weights": weights,
+        "model": ck.digest()?.hex,
     })))
 }
 
