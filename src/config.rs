@@ -955,6 +955,54 @@ path = "c.parquet"
         }
     }
 
+    /// vLLM's sampling keys parse in [sample] and reach the engine; unset, they are left out of
+    /// the stage config (so stages configured before they existed keep their keys); bad values
+    /// name the key.
+    #[test]
+    fn every_sampling_parameter_is_a_sample_key() {
+        let with = |extra: &str| {
+            format!("{OK}[sample]\nmodel = \"m\"\nprompt_template = \"raw\"\n{extra}\n")
+        };
+        let c = parse(&with(
+            "repetition_penalty = 1.2\npresence_penalty = -0.5\nfrequency_penalty = 0.25\n\
+             stop_token_ids = [7, 9]\nlogprobs = 5",
+        ))
+        .unwrap();
+        let s = c.sample.unwrap();
+        let p = s.params();
+        assert_eq!(
+            (
+                p.repetition_penalty,
+                p.presence_penalty,
+                p.frequency_penalty
+            ),
+            (1.2, -0.5, 0.25)
+        );
+        assert_eq!((p.stop_token_ids, s.logprobs), (vec![7, 9], Some(5)));
+        let plain = parse(&with("")).unwrap().sample.unwrap();
+        let v = serde_json::to_value(&plain).unwrap();
+        for key in [
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+            "stop_token_ids",
+            "logprobs",
+        ] {
+            assert!(v.get(key).is_none(), "{key} in {v}");
+        }
+        for (extra, want) in [
+            ("repetition_penalty = 0", "repetition_penalty must be"),
+            ("logprobs = 50", "logprobs must be at most 20"),
+            (
+                "repetition_penaly = 1.1",
+                "did you mean `repetition_penalty`?",
+            ),
+        ] {
+            let e = parse(&with(extra)).unwrap_err().0;
+            assert!(e.contains(want), "{extra}: {e}");
+        }
+    }
+
     #[test]
     fn misspelled_enum_value_suggests_the_variant() {
         let bad = OK.replace("format = \"math\"", "format = \"maht\"");

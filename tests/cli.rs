@@ -625,10 +625,11 @@ fn misspelled_completion_field_is_an_error_not_empty_output() {
 #[test]
 fn shipped_pipelines_pass_preflight_plan_only_offline_without_shared() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    // <tmp>/a/b/pipelines/*.toml: `../../shared` from there does not exist
+    // a clone at <tmp>/clone (its data/ linked in), with no `../shared` beside it
     let user = tempfile::tempdir().unwrap();
-    let pipelines = user.path().join("a/b/pipelines");
+    let pipelines = user.path().join("clone/pipelines");
     std::fs::create_dir_all(&pipelines).unwrap();
+    std::os::unix::fs::symlink(root.join("data"), user.path().join("clone/data")).unwrap();
     let hf_home = user.path().join("hf");
     let mut n = 0;
     let mut planned = 0;
