@@ -17,6 +17,7 @@ pub mod digest;
 pub mod eval;
 pub mod fault;
 pub mod gemm;
+pub mod machine;
 pub mod model;
 pub mod pretrain;
 pub mod report;

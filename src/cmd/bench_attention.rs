@@ -15,7 +15,7 @@ use anyhow::{bail, Result};
 #[cfg(feature = "cuda")]
 use candle_core::{DType, Tensor};
 
-use super::bench_sample::shape;
+use crate::model::init::shape;
 
 #[derive(Debug, clap::Args)]
 pub struct AttentionBenchArgs {
@@ -126,7 +126,7 @@ fn run_cpu(a: &AttentionBenchArgs) -> Result<()> {
     let layers = cfg.num_layers;
     let kv_bytes = (b * ctx * hkv * d * 2 * std::mem::size_of::<f32>()) as f64;
     let flops = (4 * b * ctx * hq * d) as f64;
-    let bw = super::bench_sample::read_bandwidth();
+    let bw = crate::machine::read_bandwidth();
     println!(
         "decode attention on the CPU ({} threads), {hq} heads / {hkv} KV heads of {d}, batch {b}, \
          context {ctx}, blocks of {bs}, {layers} layers in turn: {:.1} MB of KV per layer, \

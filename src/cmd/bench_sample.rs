@@ -6,13 +6,17 @@
 //! token budget, so the first step is the prefill (it also samples each sequence's first token);
 //! every later step is decode.
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
+use candle_core::DType;
+#[cfg(feature = "cuda")]
+use candle_core::{Device, Tensor};
 
+use crate::machine::{
+    fma_peak, matmul_ceiling, packed_matmul_ceiling, packed_matmul_rate, read_bandwidth, CEILING_N,
+};
+use crate::model::init::{random_model, shape};
 use crate::model::{ModelConfig, Transformer};
 use crate::sampler::engine::{Engine, EngineConfig, Request};
 use crate::sampler::kv_cache::KvCache;
@@ -55,58 +59,6 @@ pub struct SampleBenchArgs {
     /// Also print the packed gemm's rate at each batch's decode shapes (CPU).
     #[arg(long)]
     pub gemm_rates: bool,
-}
-
-/// The benchmark shapes (Qwen3 layout, tied embeddings).
-pub fn shape(name: &str) -> Result<ModelConfig> {
-    let (h, i, l, q, kv, d, v) = match name {
-        "tiny" => (64, 176, 2, 4, 2, 16, 485),
-        "arith" => (128, 384, 4, 4, 4, 32, 72),
-        "20m" => (256, 768, 8, 8, 4, 32, 32000),
-        "50m" => (512, 1536, 10, 8, 4, 64, 32000),
-        "qwen3-0.6b" => (1024, 3072, 28, 16, 8, 128, 151936),
-        "qwen3-4b" => (2560, 9728, 36, 32, 8, 128, 151936),
-        other => bail!("--shape {other}: use tiny, arith, 20m, 50m, qwen3-0.6b or qwen3-4b"),
-    };
-    let json = format!(
-        r#"{{"model_type": "qwen3", "hidden_size": {h}, "intermediate_size": {i},
-        "num_hidden_layers": {l}, "num_attention_heads": {q}, "num_key_value_heads": {kv},
-        "head_dim": {d}, "vocab_size": {v}, "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 40960, "tie_word_embeddings": true, "rope_theta": 1000000.0}}"#
-    );
-    ModelConfig::parse(&json)
-}
-
-/// A model with [`random_weights`].
-pub fn random_model(cfg: &ModelConfig) -> Result<Transformer> {
-    let vb = VarBuilder::from_tensors(random_weights(cfg)?, DType::F32, &Device::Cpu);
-    Ok(Transformer::new(cfg, vb)?)
-}
-
-/// A model with N(0, 0.02) weights drawn on `dev` itself (no host copy of a 4B model), in
-/// `dtype`. On the CPU in f32 it is [`random_model`].
-pub fn random_model_on(cfg: &ModelConfig, dev: &Device, dtype: DType) -> Result<Transformer> {
-    if dev.is_cpu() && dtype == DType::F32 {
-        return random_model(cfg);
-    }
-    let mut w = HashMap::new();
-    for (name, shape, norm) in crate::pretrain::weight_shapes(cfg) {
-        let t = if norm {
-            Tensor::ones(shape.as_slice(), dtype, dev)?
-        } else {
-            Tensor::randn(0f32, 0.02, shape.as_slice(), dev)?.to_dtype(dtype)?
-        };
-        w.insert(name, t);
-    }
-    let vb = VarBuilder::from_tensors(w, dtype, dev);
-    Ok(Transformer::new(cfg, vb)?)
-}
-
-/// Random N(0, 0.02) weights with unit norms, named as in a checkpoint (seed 0).
-pub fn random_weights(cfg: &ModelConfig) -> Result<HashMap<String, Tensor>> {
-    Ok(crate::pretrain::init_weights(cfg, 0.02, 0)?
-        .into_iter()
-        .collect())
 }
 
 /// (prefill tokens/s, decode tokens/s, the decode steps' time split) for `batch` requests of `prompt_len` tokens generating
@@ -305,7 +257,7 @@ fn run_gpu(
         bw / 1e9,
         mm / 1e12
     );
-    let mut model = random_model_on(cfg, dev, dtype)?;
+    let mut model = crate::model::init::random_model_on(cfg, dev, dtype)?;
     model.set_fused_inference(true)?;
     let weight_bytes = (cfg.num_params() * dtype.size_in_bytes()) as f64;
     let kv_tok = crate::cuda::GpuKvCache::bytes_per_token(cfg, dtype, a.kv_fp8) as f64;
@@ -379,102 +331,6 @@ pub(super) fn gpu_ceilings(dev: &Device) -> Result<(f64, f64)> {
     let b = Tensor::randn(0f32, 1.0, (m, m), dev)?.to_dtype(DType::BF16)?;
     let mm_s = time(&|| Ok(a.matmul(&b)?))?;
     Ok(((4 * n) as f64 / copy_s, 2.0 * (m * m * m) as f64 / mm_s))
-}
-
-const CEILING_N: usize = 1024;
-
-/// The machine's memory read bandwidth in bytes/s: every thread of rayon's pool sums its share
-/// of a 256 MiB buffer (far larger than any cache), the best of 5 passes after a warm-up.
-pub fn read_bandwidth() -> f64 {
-    use rayon::prelude::*;
-    let buf = vec![1f32; 64 << 20];
-    let threads = rayon::current_num_threads().max(1);
-    let per = buf.len().div_ceil(threads);
-    let pass = || -> f64 {
-        let t = Instant::now();
-        let s: f32 = buf
-            .par_chunks(per)
-            .map(|c| crate::simd::sum(std::hint::black_box(c)))
-            .sum();
-        std::hint::black_box(s);
-        t.elapsed().as_secs_f64()
-    };
-    pass();
-    let best = (0..5).map(|_| pass()).fold(f64::INFINITY, f64::min);
-    (buf.len() * std::mem::size_of::<f32>()) as f64 / best
-}
-
-/// The machine's multiply-add peak in FLOP/s: every thread of rayon's pool runs independent
-/// chains of 8-lane fused multiply-adds held in registers (AVX2; the portable build's vectors
-/// otherwise), the best of 3 runs.
-pub fn fma_peak() -> f64 {
-    use rayon::prelude::*;
-    let threads = rayon::current_num_threads().max(1);
-    let iters = 20_000_000usize;
-    let best = (0..3)
-        .map(|_| {
-            let t = Instant::now();
-            let s: f32 = (0..threads)
-                .into_par_iter()
-                .map(|i| crate::simd::fma_chains(iters, i as f32))
-                .sum();
-            std::hint::black_box(s);
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min);
-    (threads * iters * crate::simd::FMA_CHAINS * 16) as f64 / best
-}
-
-/// The machine's f32 matmul rate through candle (the gemm every Linear runs on): FLOP/s of the
-/// best of several square products.
-pub fn matmul_ceiling() -> Result<f64> {
-    let n = CEILING_N;
-    let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
-    let b = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
-    let _ = a.matmul(&b)?; // warm-up
-    let mut best = f64::INFINITY;
-    for _ in 0..10 {
-        let t = Instant::now();
-        let c = a.matmul(&b)?;
-        std::hint::black_box(&c);
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    Ok(2.0 * (n * n * n) as f64 / best)
-}
-
-/// The same square product through the sampler's packed, batch-invariant gemm
-/// ([`crate::gemm`]).
-pub fn packed_matmul_ceiling() -> f64 {
-    packed_matmul_rate(CEILING_N, CEILING_N, CEILING_N)
-}
-
-/// The CPU's f32 matmul rate for MFU: the faster of candle's gemm and the packed one (training's
-/// linear layers and LM head run on the packed gemm, other products on candle's).
-pub fn cpu_matmul_ceiling() -> Result<f64> {
-    Ok(matmul_ceiling()?.max(packed_matmul_ceiling()))
-}
-
-/// FLOP/s of the packed gemm `(m x k) @ (n x k)^T`: the best of repeated products (at least 10,
-/// and at least ~50 ms in all) after a warm-up.
-pub fn packed_matmul_rate(m: usize, n: usize, k: usize) -> f64 {
-    let x: Vec<f32> = (0..m * k)
-        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
-        .collect();
-    let w: Vec<f32> = (0..n * k)
-        .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
-        .collect();
-    let w = crate::gemm::PackedMatrix::pack(&w, n, k);
-    let mut y = vec![0f32; m * n];
-    crate::gemm::matmul(&x, m, &w, &mut y); // warm-up
-    let (mut best, start, mut runs) = (f64::INFINITY, Instant::now(), 0);
-    while runs < 10 || (start.elapsed().as_secs_f64() < 0.3 && runs < 10_000) {
-        let t = Instant::now();
-        crate::gemm::matmul(&x, m, &w, &mut y);
-        std::hint::black_box(&y);
-        best = best.min(t.elapsed().as_secs_f64());
-        runs += 1;
-    }
-    2.0 * (m * n * k) as f64 / best
 }
 
 /// The packed gemm's rate at one decode step's shapes for `batch` rows: each projection of a

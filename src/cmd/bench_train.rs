@@ -55,8 +55,8 @@ fn reset_peak() {
 }
 
 pub fn run(a: &TrainBenchArgs) -> Result<()> {
-    let cfg = super::bench_sample::shape(&a.shape)?;
-    let weights = super::bench_sample::random_weights(&cfg)?;
+    let cfg = crate::model::init::shape(&a.shape)?;
+    let weights = crate::model::init::random_weights(&cfg)?;
     let t = Trainable::from_tensors(&cfg, &weights, &Device::Cpu)?;
     drop(weights);
     let params = t.num_params();
@@ -78,7 +78,7 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
     let tokens = batch.tokens.len();
     let scale = 1.0 / batch.loss_tokens() as f64;
     let mut opt = AdamW::new(t.named_vars().to_vec(), AdamWConfig::default(), |_| true)?;
-    let ceiling = super::bench_sample::cpu_matmul_ceiling()?;
+    let ceiling = crate::machine::cpu_matmul_ceiling()?;
     println!(
         "train bench: shape {} ({:.1}M parameters, f32, {} threads), {} rows x {} tokens per \
          step ({} prompt), AdamW; matmul ceiling {:.1} GFLOP/s",

@@ -5,12 +5,11 @@
 //! Cached stages need nothing new. Estimates come from input sizes (see each stage's `plan`), so
 //! they are coarse; the check exists to catch the run that cannot fit, hours before it fails.
 
-use std::path::Path;
-
 use anyhow::{bail, Result};
 
 use crate::bytes::format_bytes;
 use crate::config::Config;
+use crate::machine::{available_memory_bytes, free_disk_bytes};
 use crate::stages::{stage_state, Plan, Resolve, StageState};
 
 /// `plan_only`: skip the comparison with this machine's free disk and memory.
@@ -102,40 +101,4 @@ pub fn run(cfg: &Config, plan_only: bool) -> Result<()> {
         println!("preflight ok");
     }
     Ok(())
-}
-
-/// Free bytes on the filesystem that holds `path` (or its nearest existing ancestor).
-pub fn free_disk_bytes(path: &Path) -> Result<u64> {
-    let mut p = if path.is_absolute() {
-        path.to_path_buf()
-    } else {
-        std::env::current_dir()?.join(path)
-    };
-    while !p.exists() {
-        if !p.pop() {
-            bail!("no existing folder above {}", path.display());
-        }
-    }
-    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes())?;
-    // SAFETY: statvfs is plain old data, zero-initialised is a valid value, and `c` is a valid
-    // NUL-terminated path that outlives the call.
-    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: both pointers are valid for the duration of the call.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
-    if rc != 0 {
-        bail!(
-            "statvfs({}) failed: {}",
-            p.display(),
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(st.f_bavail as u64 * st.f_frsize as u64)
-}
-
-/// `MemAvailable` from /proc/meminfo (Linux); `None` elsewhere.
-pub fn available_memory_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }

@@ -101,24 +101,6 @@ pub fn run(a: &SampleArgs) -> Result<()> {
         eprintln!("shard {}/{}: {} problems", shard.0, shard.1, problems.len());
     }
     let s = job::run_settings(settings, &problems, shard.unwrap_or((0, 1)), &a.output)?;
-    print_summary(&s, &a.output);
+    s.print(&a.output);
     Ok(())
-}
-
-pub fn print_summary(s: &job::JobSummary, output: &std::path::Path) {
-    println!(
-        "{} problems ({} resumed), {} samples, {} correct; prompt tokens {}, generated tokens {} \
-         ({:.0} tok/s), preemptions {}, samples saved by target_correct {}, {:.1}s; wrote {}",
-        s.problems,
-        s.problems_resumed,
-        s.samples,
-        s.correct,
-        s.prompt_tokens,
-        s.generated_tokens,
-        s.generated_tokens as f64 / s.seconds.max(1e-9),
-        s.preemptions,
-        s.samples_saved,
-        s.seconds,
-        output.display()
-    );
 }

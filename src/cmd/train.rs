@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::train::settings::TrainSettings;
-use crate::train::trainer::{self, TrainJob, TrainSummary};
+use crate::train::trainer::{self, TrainJob};
 
 #[derive(Debug, clap::Args)]
 pub struct TrainArgs {
@@ -86,36 +86,6 @@ pub fn run(a: &TrainArgs) -> Result<()> {
         progress_file: None,
     };
     let summary = trainer::run(&job)?;
-    print_summary(&summary, &job.output);
+    summary.print(&job.output);
     Ok(())
-}
-
-pub fn print_summary(s: &TrainSummary, output: &Path) {
-    if s.stopped {
-        println!(
-            "stopped after step {} ({} tokens, {:.0} tok/s, {:.1}s); rerun to continue",
-            s.steps, s.tokens, s.tokens_per_second, s.seconds
-        );
-        return;
-    }
-    println!(
-        "trained {} steps on {} rows{}: loss {} -> {:.4}, {} tokens at {:.0} tok/s in {:.1}s; \
-         {} of {} tensors changed (median relative change {:.2e}); wrote {}",
-        s.steps,
-        s.rows,
-        s.resumed_from
-            .map(|r| format!(" (resumed at step {r})"))
-            .unwrap_or_default(),
-        s.first_loss
-            .map(|l| format!("{l:.4}"))
-            .unwrap_or_else(|| "-".into()),
-        s.last_loss,
-        s.tokens,
-        s.tokens_per_second,
-        s.seconds,
-        s.tensors - s.tensors_unchanged,
-        s.tensors,
-        s.median_relative_change,
-        output.display()
-    );
 }

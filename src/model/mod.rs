@@ -11,6 +11,7 @@ pub mod config;
 pub mod diff_ops;
 pub mod fused_attention;
 pub mod host_linear;
+pub mod init;
 mod packed;
 pub mod tokenizer;
 pub mod transformer;

@@ -13,13 +13,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::Tensor;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::data::source::SourceSpec;
 use crate::model::config::ModelConfig;
-use crate::rng::SplitMix;
+use crate::model::init::init_weights;
 use crate::train::settings::TrainSettings;
 
 /// The end-of-sequence (and padding) token, id 0.
@@ -196,73 +196,6 @@ pub fn build_tokenizer<'a>(texts: impl IntoIterator<Item = &'a str>) -> Result<S
     Ok(serde_json::to_string_pretty(&tokenizer_json(&vocab))?)
 }
 
-/// Every weight of a Qwen3/Llama-shaped model as (checkpoint name, shape, is a norm weight), in
-/// checkpoint order.
-pub fn weight_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, bool)> {
-    let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
-    let mut out = vec![(
-        "model.embed_tokens.weight".to_string(),
-        vec![cfg.vocab_size, h],
-        false,
-    )];
-    for l in 0..cfg.num_layers {
-        let p = format!("model.layers.{l}");
-        out.push((format!("{p}.input_layernorm.weight"), vec![h], true));
-        out.push((
-            format!("{p}.post_attention_layernorm.weight"),
-            vec![h],
-            true,
-        ));
-        if cfg.family == crate::model::config::Family::Qwen3 {
-            out.push((format!("{p}.self_attn.q_norm.weight"), vec![d], true));
-            out.push((format!("{p}.self_attn.k_norm.weight"), vec![d], true));
-        }
-        let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
-        out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h], false));
-        out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h], false));
-        out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h], false));
-        out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q], false));
-        out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h], false));
-        out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h], false));
-        out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i], false));
-    }
-    out.push(("model.norm.weight".into(), vec![h], true));
-    if !cfg.tie_word_embeddings {
-        out.push(("lm_head.weight".into(), vec![cfg.vocab_size, h], false));
-    }
-    out
-}
-
-/// Seeded initial weights: normal(0, `init_std`) for every matrix, ones for the norms. Each
-/// 64K-element block of a tensor draws from its own stream of (seed, tensor, block), so the
-/// blocks fill in parallel and the result does not depend on the thread count.
-pub fn init_weights(cfg: &ModelConfig, init_std: f64, seed: u64) -> Result<Vec<(String, Tensor)>> {
-    use rayon::prelude::*;
-    const BLOCK: usize = 1 << 16;
-    let dev = Device::Cpu;
-    let mut out = Vec::new();
-    for (name, shape, norm) in weight_shapes(cfg) {
-        let t = if norm {
-            Tensor::ones(shape.as_slice(), DType::F32, &dev)?
-        } else {
-            let n: usize = shape.iter().product();
-            let stream = seed ^ (out.len() as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            let v: Vec<f32> = (0..n.div_ceil(BLOCK))
-                .into_par_iter()
-                .flat_map_iter(|b| {
-                    let mut rng =
-                        SplitMix(stream ^ (b as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
-                    (b * BLOCK..n.min((b + 1) * BLOCK))
-                        .map(move |_| (rng.normal() * init_std) as f32)
-                })
-                .collect();
-            Tensor::from_vec(v, shape.as_slice(), &dev)?
-        };
-        out.push((name, t));
-    }
-    Ok(out)
-}
-
 /// Writes a complete checkpoint folder for `shape` with a tokenizer built from `texts` and
 /// weights from `seed`: config.json, tokenizer.json, tokenizer_config.json,
 /// generation_config.json, model.safetensors. The folder is built beside `dir` and renamed into
@@ -319,6 +252,8 @@ pub fn write_initial_checkpoint<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::init::init_weights;
+    use candle_core::{DType, Device};
 
     const SHAPE: ModelShape = ModelShape {
         hidden_size: 32,

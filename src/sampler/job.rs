@@ -417,7 +417,7 @@ fn free_kv_memory(device: &candle_core::Device) -> Result<u64> {
         return Ok(free / 10 * 9);
     }
     let _ = device;
-    Ok(crate::cmd::preflight::available_memory_bytes().unwrap_or(4 << 30) / 4)
+    Ok(crate::machine::available_memory_bytes().unwrap_or(4 << 30) / 4)
 }
 
 /// Loads the model and runs the job described by `s` over `problems` (gold answers, where not
@@ -516,6 +516,28 @@ pub struct JobSummary {
     pub preemptions: u64,
     pub samples_saved: u64,
     pub seconds: f64,
+}
+
+impl JobSummary {
+    /// The summary line of `pipeline sample` and the sample stage.
+    pub fn print(&self, output: &Path) {
+        let s = self;
+        println!(
+            "{} problems ({} resumed), {} samples, {} correct; prompt tokens {}, generated tokens {} \
+             ({:.0} tok/s), preemptions {}, samples saved by target_correct {}, {:.1}s; wrote {}",
+            s.problems,
+            s.problems_resumed,
+            s.samples,
+            s.correct,
+            s.prompt_tokens,
+            s.generated_tokens,
+            s.generated_tokens as f64 / s.seconds.max(1e-9),
+            s.preemptions,
+            s.samples_saved,
+            s.seconds,
+            output.display()
+        );
+    }
 }
 
 /// Renders and tokenizes every problem's prompt.

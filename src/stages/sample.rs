@@ -92,7 +92,7 @@ pub fn run(s: &SampleSettings, plan: &Plan, stage: &PlannedStage) -> Result<Stag
         s.model = m.clone();
     }
     let summary = run_settings(&s, &problems, (0, 1), &out)?;
-    crate::cmd::sample::print_summary(&summary, &out);
+    summary.print(&out);
     let counts = vec![
         ("problems".to_string(), summary.problems as u64),
         ("samples".to_string(), summary.samples),

@@ -72,7 +72,7 @@ pub(super) fn train_into(
         progress_file: Some(stage.dir.join(store::PROGRESS)),
     };
     let summary = trainer::run(&job)?;
-    crate::cmd::train::print_summary(&summary, &job.output);
+    summary.print(&job.output);
     let mut files: Vec<_> = std::fs::read_dir(&job.output)
         .with_context(|| format!("cannot read {}", job.output.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))

@@ -62,6 +62,40 @@ pub struct TrainSummary {
     pub median_relative_change: f64,
 }
 
+impl TrainSummary {
+    /// The summary line of `pipeline train` and the train stage.
+    pub fn print(&self, output: &Path) {
+        let s = self;
+        if s.stopped {
+            println!(
+                "stopped after step {} ({} tokens, {:.0} tok/s, {:.1}s); rerun to continue",
+                s.steps, s.tokens, s.tokens_per_second, s.seconds
+            );
+            return;
+        }
+        println!(
+            "trained {} steps on {} rows{}: loss {} -> {:.4}, {} tokens at {:.0} tok/s in {:.1}s; \
+             {} of {} tensors changed (median relative change {:.2e}); wrote {}",
+            s.steps,
+            s.rows,
+            s.resumed_from
+                .map(|r| format!(" (resumed at step {r})"))
+                .unwrap_or_default(),
+            s.first_loss
+                .map(|l| format!("{l:.4}"))
+                .unwrap_or_else(|| "-".into()),
+            s.last_loss,
+            s.tokens,
+            s.tokens_per_second,
+            s.seconds,
+            s.tensors - s.tensors_unchanged,
+            s.tensors,
+            s.median_relative_change,
+            output.display()
+        );
+    }
+}
+
 /// One line of `metrics.jsonl`.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Metrics {
@@ -213,7 +247,7 @@ pub fn run(job: &TrainJob) -> Result<TrainSummary> {
     }
     let peak = match s.peak_tflops {
         Some(tf) => tf * 1e12,
-        None => crate::cmd::bench_sample::cpu_matmul_ceiling()?,
+        None => crate::machine::cpu_matmul_ceiling()?,
     };
 
     // resume

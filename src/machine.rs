@@ -1,0 +1,143 @@
+//! Facts about this machine that planning and reports need: free disk, available memory, and
+//! measured rates (memory read bandwidth, multiply-add peak, matmul rates) for rooflines and MFU.
+//!
+//! Measures; knows nothing of models, stages or configs.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use candle_core::{Device, Tensor};
+
+/// Free bytes on the filesystem that holds `path` (or its nearest existing ancestor).
+pub fn free_disk_bytes(path: &Path) -> Result<u64> {
+    let mut p = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(path)
+    };
+    while !p.exists() {
+        if !p.pop() {
+            bail!("no existing folder above {}", path.display());
+        }
+    }
+    let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes())?;
+    // SAFETY: statvfs is plain old data, zero-initialised is a valid value, and `c` is a valid
+    // NUL-terminated path that outlives the call.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: both pointers are valid for the duration of the call.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        bail!(
+            "statvfs({}) failed: {}",
+            p.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// `MemAvailable` from /proc/meminfo (Linux); `None` elsewhere.
+pub fn available_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The side of the square products the matmul ceilings time.
+pub const CEILING_N: usize = 1024;
+
+/// The machine's memory read bandwidth in bytes/s: every thread of rayon's pool sums its share
+/// of a 256 MiB buffer (far larger than any cache), the best of 5 passes after a warm-up.
+pub fn read_bandwidth() -> f64 {
+    use rayon::prelude::*;
+    let buf = vec![1f32; 64 << 20];
+    let threads = rayon::current_num_threads().max(1);
+    let per = buf.len().div_ceil(threads);
+    let pass = || -> f64 {
+        let t = Instant::now();
+        let s: f32 = buf
+            .par_chunks(per)
+            .map(|c| crate::simd::sum(std::hint::black_box(c)))
+            .sum();
+        std::hint::black_box(s);
+        t.elapsed().as_secs_f64()
+    };
+    pass();
+    let best = (0..5).map(|_| pass()).fold(f64::INFINITY, f64::min);
+    (buf.len() * std::mem::size_of::<f32>()) as f64 / best
+}
+
+/// The machine's multiply-add peak in FLOP/s: every thread of rayon's pool runs independent
+/// chains of 8-lane fused multiply-adds held in registers (AVX2; the portable build's vectors
+/// otherwise), the best of 3 runs.
+pub fn fma_peak() -> f64 {
+    use rayon::prelude::*;
+    let threads = rayon::current_num_threads().max(1);
+    let iters = 20_000_000usize;
+    let best = (0..3)
+        .map(|_| {
+            let t = Instant::now();
+            let s: f32 = (0..threads)
+                .into_par_iter()
+                .map(|i| crate::simd::fma_chains(iters, i as f32))
+                .sum();
+            std::hint::black_box(s);
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::INFINITY, f64::min);
+    (threads * iters * crate::simd::FMA_CHAINS * 16) as f64 / best
+}
+
+/// The machine's f32 matmul rate through candle (the gemm every Linear runs on): FLOP/s of the
+/// best of several square products.
+pub fn matmul_ceiling() -> Result<f64> {
+    let n = CEILING_N;
+    let a = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
+    let b = Tensor::randn(0f32, 1.0, (n, n), &Device::Cpu)?;
+    let _ = a.matmul(&b)?; // warm-up
+    let mut best = f64::INFINITY;
+    for _ in 0..10 {
+        let t = Instant::now();
+        let c = a.matmul(&b)?;
+        std::hint::black_box(&c);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(2.0 * (n * n * n) as f64 / best)
+}
+
+/// The same square product through the sampler's packed, batch-invariant gemm
+/// ([`crate::gemm`]).
+pub fn packed_matmul_ceiling() -> f64 {
+    packed_matmul_rate(CEILING_N, CEILING_N, CEILING_N)
+}
+
+/// The CPU's f32 matmul rate for MFU: the faster of candle's gemm and the packed one (training's
+/// linear layers and LM head run on the packed gemm, other products on candle's).
+pub fn cpu_matmul_ceiling() -> Result<f64> {
+    Ok(matmul_ceiling()?.max(packed_matmul_ceiling()))
+}
+
+/// FLOP/s of the packed gemm `(m x k) @ (n x k)^T`: the best of repeated products (at least 10,
+/// and at least ~50 ms in all) after a warm-up.
+pub fn packed_matmul_rate(m: usize, n: usize, k: usize) -> f64 {
+    let x: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 53 % 97) as f32 - 48.0) / 48.0)
+        .collect();
+    let w = crate::gemm::PackedMatrix::pack(&w, n, k);
+    let mut y = vec![0f32; m * n];
+    crate::gemm::matmul(&x, m, &w, &mut y); // warm-up
+    let (mut best, start, mut runs) = (f64::INFINITY, Instant::now(), 0);
+    while runs < 10 || (start.elapsed().as_secs_f64() < 0.3 && runs < 10_000) {
+        let t = Instant::now();
+        crate::gemm::matmul(&x, m, &w, &mut y);
+        std::hint::black_box(&y);
+        best = best.min(t.elapsed().as_secs_f64());
+        runs += 1;
+    }
+    2.0 * (m * n * k) as f64 / best
+}

@@ -1,0 +1,131 @@
+//! Weights from nothing: every weight's name and shape for a config, seeded initial weights (the
+//! pretrain stage's starting point), and random models of benchmark shapes (benchmarks and
+//! tests, no checkpoint needed).
+//!
+//! Knows the checkpoint layout of the families [`ModelConfig`] reads; nothing of training.
+
+use std::collections::HashMap;
+
+use anyhow::{bail, Result};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+
+use super::{ModelConfig, Transformer};
+use crate::rng::SplitMix;
+
+/// Every weight of a Qwen3/Llama-shaped model as (checkpoint name, shape, is a norm weight), in
+/// checkpoint order.
+pub fn weight_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, bool)> {
+    let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+    let mut out = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![cfg.vocab_size, h],
+        false,
+    )];
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}");
+        out.push((format!("{p}.input_layernorm.weight"), vec![h], true));
+        out.push((
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![h],
+            true,
+        ));
+        if cfg.family == crate::model::config::Family::Qwen3 {
+            out.push((format!("{p}.self_attn.q_norm.weight"), vec![d], true));
+            out.push((format!("{p}.self_attn.k_norm.weight"), vec![d], true));
+        }
+        let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
+        out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h], false));
+        out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h], false));
+        out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h], false));
+        out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q], false));
+        out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h], false));
+        out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h], false));
+        out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i], false));
+    }
+    out.push(("model.norm.weight".into(), vec![h], true));
+    if !cfg.tie_word_embeddings {
+        out.push(("lm_head.weight".into(), vec![cfg.vocab_size, h], false));
+    }
+    out
+}
+
+/// Seeded initial weights: normal(0, `init_std`) for every matrix, ones for the norms. Each
+/// 64K-element block of a tensor draws from its own stream of (seed, tensor, block), so the
+/// blocks fill in parallel and the result does not depend on the thread count.
+pub fn init_weights(cfg: &ModelConfig, init_std: f64, seed: u64) -> Result<Vec<(String, Tensor)>> {
+    use rayon::prelude::*;
+    const BLOCK: usize = 1 << 16;
+    let dev = Device::Cpu;
+    let mut out = Vec::new();
+    for (name, shape, norm) in weight_shapes(cfg) {
+        let t = if norm {
+            Tensor::ones(shape.as_slice(), DType::F32, &dev)?
+        } else {
+            let n: usize = shape.iter().product();
+            let stream = seed ^ (out.len() as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let v: Vec<f32> = (0..n.div_ceil(BLOCK))
+                .into_par_iter()
+                .flat_map_iter(|b| {
+                    let mut rng =
+                        SplitMix(stream ^ (b as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+                    (b * BLOCK..n.min((b + 1) * BLOCK))
+                        .map(move |_| (rng.normal() * init_std) as f32)
+                })
+                .collect();
+            Tensor::from_vec(v, shape.as_slice(), &dev)?
+        };
+        out.push((name, t));
+    }
+    Ok(out)
+}
+
+/// The benchmark shapes (Qwen3 layout, tied embeddings).
+pub fn shape(name: &str) -> Result<ModelConfig> {
+    let (h, i, l, q, kv, d, v) = match name {
+        "tiny" => (64, 176, 2, 4, 2, 16, 485),
+        "arith" => (128, 384, 4, 4, 4, 32, 72),
+        "20m" => (256, 768, 8, 8, 4, 32, 32000),
+        "50m" => (512, 1536, 10, 8, 4, 64, 32000),
+        "qwen3-0.6b" => (1024, 3072, 28, 16, 8, 128, 151936),
+        "qwen3-4b" => (2560, 9728, 36, 32, 8, 128, 151936),
+        other => bail!("--shape {other}: use tiny, arith, 20m, 50m, qwen3-0.6b or qwen3-4b"),
+    };
+    let json = format!(
+        r#"{{"model_type": "qwen3", "hidden_size": {h}, "intermediate_size": {i},
+        "num_hidden_layers": {l}, "num_attention_heads": {q}, "num_key_value_heads": {kv},
+        "head_dim": {d}, "vocab_size": {v}, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 40960, "tie_word_embeddings": true, "rope_theta": 1000000.0}}"#
+    );
+    ModelConfig::parse(&json)
+}
+
+/// A model with [`random_weights`].
+pub fn random_model(cfg: &ModelConfig) -> Result<Transformer> {
+    let vb = VarBuilder::from_tensors(random_weights(cfg)?, DType::F32, &Device::Cpu);
+    Ok(Transformer::new(cfg, vb)?)
+}
+
+/// A model with N(0, 0.02) weights drawn on `dev` itself (no host copy of a 4B model), in
+/// `dtype`. On the CPU in f32 it is [`random_model`].
+pub fn random_model_on(cfg: &ModelConfig, dev: &Device, dtype: DType) -> Result<Transformer> {
+    if dev.is_cpu() && dtype == DType::F32 {
+        return random_model(cfg);
+    }
+    let mut w = HashMap::new();
+    for (name, shape, norm) in weight_shapes(cfg) {
+        let t = if norm {
+            Tensor::ones(shape.as_slice(), dtype, dev)?
+        } else {
+            Tensor::randn(0f32, 0.02, shape.as_slice(), dev)?.to_dtype(dtype)?
+        };
+        w.insert(name, t);
+    }
+    let vb = VarBuilder::from_tensors(w, dtype, dev);
+    Ok(Transformer::new(cfg, vb)?)
+}
+
+/// Random N(0, 0.02) weights with unit norms, named as in a checkpoint (seed 0).
+pub fn random_weights(cfg: &ModelConfig) -> Result<HashMap<String, Tensor>> {
+    Ok(init_weights(cfg, 0.02, 0)?.into_iter().collect())
+}
