@@ -23,9 +23,10 @@ LAYERS = [
     ["store", "digest", "verify", "data", "arith"],
     ["model"],
     ["sampler", "train", "cuda"],
-    ["jobs", "eval", "pretrain", "report"],
+    ["jobs", "eval", "pretrain"],
     ["config"],
     ["stages"],
+    ["report"],
     ["cmd", "main", "lib"],
 ]
 

@@ -11,10 +11,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::bytes::parse_bytes;
-use crate::data::source::{AnswerExtract, FieldMap, Location, SourceFormat, SourceSpec};
+use crate::data::source::{resolve, source_from_toml, Location, RawSource, SourceSpec};
+use crate::eval::EvalConfig;
 use crate::sampler::job::SampleSettings;
-use crate::stages::eval::EvalConfig;
-use crate::stages::PRETRAINED;
 use crate::train::settings::TrainSettings;
 
 /// A config error, already phrased for a person: it names the file and, where known, line and key.
@@ -70,21 +69,6 @@ struct RawData {
     sources: Vec<RawSource>,
     #[serde(default)]
     skip_bad_rows: bool,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawSource {
-    name: String,
-    format: SourceFormat,
-    path: String,
-    split: Option<String>,
-    limit: Option<usize>,
-    id_field: Option<String>,
-    problem_field: Option<String>,
-    answer_field: Option<String>,
-    answer_extract: Option<AnswerExtract>,
-    solution_field: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -179,6 +163,10 @@ pub struct FilterConfig {
     pub thinking: bool,
     pub chunk_rows: usize,
 }
+
+/// The model name that stands for the pretrain stage's model in `[sample]`, `[train]` and
+/// `[eval]` (set when those sections name no model and the config has a `[pretrain]`).
+pub const PRETRAINED: &str = "@pretrain";
 
 /// A validated pipeline config.
 #[derive(Debug, Clone)]
@@ -473,7 +461,8 @@ fn validate_pretrain(
     eval: Option<&EvalPlan>,
 ) -> Result<crate::pretrain::PretrainConfig, ConfigError> {
     let err = |key: &str, msg: String| ConfigError(format!("{origin}: `pretrain.{key}`: {msg}"));
-    let source = source_from_toml(p.source, "pretrain.source", base, origin)?;
+    let source =
+        source_from_toml(p.source, "pretrain.source", base, origin).map_err(ConfigError)?;
     if source.fields.solution.is_none() {
         return Err(err(
             "source",
@@ -576,7 +565,7 @@ fn validate_data(d: RawData, base: &Path, origin: &str) -> Result<DataConfig, Co
                 s.name
             )));
         }
-        sources.push(validate_source(s, &key, base, origin)?);
+        sources.push(s.validate(&key, base, origin).map_err(ConfigError)?);
     }
     Ok(DataConfig {
         sources,
@@ -586,62 +575,6 @@ fn validate_data(d: RawData, base: &Path, origin: &str) -> Result<DataConfig, Co
 
 /// A source section (`[[data.sources]]`, or an eval set's `[source]`) as a resolved spec; `key`
 /// names it in errors.
-fn validate_source(
-    s: RawSource,
-    key: &str,
-    base: &Path,
-    origin: &str,
-) -> Result<SourceSpec, ConfigError> {
-    if s.name.is_empty() || s.name.contains(['/', ' ']) {
-        return Err(ConfigError(format!(
-            "{origin}: `{key}.name`: must be non-empty, without '/' or spaces"
-        )));
-    }
-    let mut fields = FieldMap::preset(s.format);
-    if let Some(f) = s.id_field {
-        fields.id = Some(f);
-    }
-    if let Some(f) = s.problem_field {
-        fields.problem = vec![f];
-    }
-    if let Some(f) = s.answer_field {
-        fields.answer = Some(f);
-    }
-    if let Some(a) = s.answer_extract {
-        fields.answer_extract = a;
-    }
-    if let Some(f) = s.solution_field {
-        fields.solution = Some(f);
-    }
-    if s.format == SourceFormat::Mapped && (fields.problem.is_empty() || fields.answer.is_none()) {
-        return Err(ConfigError(format!(
-            "{origin}: `{key}`: format = \"mapped\" needs `problem_field` and `answer_field`"
-        )));
-    }
-    let location = Location::parse(&s.path, base, s.split.as_deref())
-        .map_err(|e| ConfigError(format!("{origin}: `{key}.path`: {e}")))?;
-    Ok(SourceSpec {
-        name: s.name,
-        format: s.format,
-        location,
-        fields,
-        limit: s.limit,
-    })
-}
-
-/// A source table parsed from TOML (an eval set's `[source]`): the keys of `[[data.sources]]`.
-pub fn source_from_toml(
-    value: toml::Value,
-    key: &str,
-    base: &Path,
-    origin: &str,
-) -> Result<SourceSpec, ConfigError> {
-    let raw: RawSource = value
-        .try_into()
-        .map_err(|e| ConfigError(format!("{origin}: `{key}`: {e}")))?;
-    validate_source(raw, key, base, origin)
-}
-
 /// Range checks, and local paths (model folder, prompt template file) made relative to the
 /// config's folder when they exist there.
 fn validate_sample(
@@ -788,16 +721,6 @@ fn check_completions_source(
                 .unwrap_or_default(),
             names.join(", ")
         ))),
-    }
-}
-
-/// A path from a config: absolute as is, relative against the config file's folder.
-pub fn resolve(base: &Path, p: &str) -> PathBuf {
-    let p = Path::new(p);
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        base.join(p)
     }
 }
 

@@ -154,7 +154,14 @@ fn main() -> ExitCode {
             } else {
                 Target::Stage(stage)
             };
-            stages::run(&cfg, &target, &force)
+            stages::run(&cfg, &target, &force)?;
+            // the stages are done whatever happens here: a report that cannot be drawn is a
+            // warning
+            match selfdistill::report::write(&cfg.workdir) {
+                Ok(p) => println!("report: {}", p.display()),
+                Err(e) => eprintln!("warning: no report: {e:#}"),
+            }
+            Ok(())
         }),
         Command::Status { workdir, config } => {
             let cfg = match (config, &workdir) {

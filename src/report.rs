@@ -130,7 +130,7 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
 }
 
 fn eval_section(md: &mut String, dir: &Path, out: &Path) -> Result<()> {
-    let p = dir.join(stages::eval::METRICS);
+    let p = dir.join(stages::EVAL_METRICS);
     let results: Vec<crate::eval::EvalResult> = serde_json::from_slice(
         &std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?,
     )
@@ -225,7 +225,7 @@ fn eval_section(md: &mut String, dir: &Path, out: &Path) -> Result<()> {
 /// The loss and learning-rate curves of a pretrain or train stage (`name` keys the chart files).
 fn train_section(md: &mut String, title: &str, name: &str, dir: &Path, out: &Path) -> Result<()> {
     let p = dir
-        .join(stages::train::STATE_DIR)
+        .join(stages::TRAIN_STATE_DIR)
         .join(crate::train::trainer::METRICS);
     let text =
         std::fs::read_to_string(&p).with_context(|| format!("cannot read {}", p.display()))?;
@@ -300,7 +300,7 @@ fn sample_section(md: &mut String, s: &Stage, out: &Path) -> Result<()> {
         count("preemptions"),
         count("samples_saved"),
     );
-    let rows = crate::data::schema::read_completions(&s.dir.join(stages::sample::OUTPUT))?;
+    let rows = crate::data::schema::read_completions(&s.dir.join(stages::COMPLETIONS))?;
     let mut lengths: Vec<u64> = rows
         .iter()
         .filter_map(|c| c.num_completion_tokens)

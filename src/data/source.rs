@@ -131,7 +131,7 @@ impl Location {
             if split.is_some() {
                 return Err("`split` applies only to hf:// sources".into());
             }
-            return Ok(Location::Local(crate::config::resolve(base, text)));
+            return Ok(Location::Local(resolve(base, text)));
         };
         let rest = rest.strip_prefix("datasets/").unwrap_or(rest);
         let mut parts = rest.splitn(3, '/');
@@ -189,6 +189,90 @@ pub struct SourceSpec {
     pub location: Location,
     pub fields: FieldMap,
     pub limit: Option<usize>,
+}
+
+/// A source table as written (`[[data.sources]]`, an eval set's `[source]`, `[pretrain.source]`),
+/// before validation.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSource {
+    pub name: String,
+    pub format: SourceFormat,
+    pub path: String,
+    pub split: Option<String>,
+    pub limit: Option<usize>,
+    pub id_field: Option<String>,
+    pub problem_field: Option<String>,
+    pub answer_field: Option<String>,
+    pub answer_extract: Option<AnswerExtract>,
+    pub solution_field: Option<String>,
+}
+
+impl RawSource {
+    /// The validated source; errors name `origin` (the file) and `key` (the table).
+    pub fn validate(self, key: &str, base: &Path, origin: &str) -> Result<SourceSpec, String> {
+        let s = self;
+        if s.name.is_empty() || s.name.contains(['/', ' ']) {
+            return Err(format!(
+                "{origin}: `{key}.name`: must be non-empty, without '/' or spaces"
+            ));
+        }
+        let mut fields = FieldMap::preset(s.format);
+        if let Some(f) = s.id_field {
+            fields.id = Some(f);
+        }
+        if let Some(f) = s.problem_field {
+            fields.problem = vec![f];
+        }
+        if let Some(f) = s.answer_field {
+            fields.answer = Some(f);
+        }
+        if let Some(a) = s.answer_extract {
+            fields.answer_extract = a;
+        }
+        if let Some(f) = s.solution_field {
+            fields.solution = Some(f);
+        }
+        if s.format == SourceFormat::Mapped
+            && (fields.problem.is_empty() || fields.answer.is_none())
+        {
+            return Err(format!(
+                "{origin}: `{key}`: format = \"mapped\" needs `problem_field` and `answer_field`"
+            ));
+        }
+        let location = Location::parse(&s.path, base, s.split.as_deref())
+            .map_err(|e| format!("{origin}: `{key}.path`: {e}"))?;
+        Ok(SourceSpec {
+            name: s.name,
+            format: s.format,
+            location,
+            fields,
+            limit: s.limit,
+        })
+    }
+}
+
+/// A source table parsed from TOML (an eval set's `[source]`): the keys of `[[data.sources]]`.
+pub fn source_from_toml(
+    value: toml::Value,
+    key: &str,
+    base: &Path,
+    origin: &str,
+) -> Result<SourceSpec, String> {
+    let raw: RawSource = value
+        .try_into()
+        .map_err(|e| format!("{origin}: `{key}`: {e}"))?;
+    raw.validate(key, base, origin)
+}
+
+/// A path from a config: absolute as is, relative against the config file's folder.
+pub fn resolve(base: &Path, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
 }
 
 #[cfg(test)]

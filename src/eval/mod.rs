@@ -68,7 +68,8 @@ impl EvalSet {
         let source = table
             .remove("source")
             .with_context(|| format!("{origin}: no [source] section"))?;
-        let source = crate::config::source_from_toml(source, "source", base, &origin)?;
+        let source = crate::data::source::source_from_toml(source, "source", base, &origin)
+            .map_err(anyhow::Error::msg)?;
         let sample = match table.remove("sample") {
             Some(toml::Value::Table(t)) => t,
             Some(_) => bail!("{origin}: `sample` must be a table"),
@@ -183,7 +184,7 @@ impl EvalConfig {
             .iter()
             .map(|s| {
                 if s.ends_with(".toml") {
-                    EvalSet::load(&crate::config::resolve(base, s))
+                    EvalSet::load(&crate::data::source::resolve(base, s))
                 } else {
                     EvalSet::find(s)
                 }

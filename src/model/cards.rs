@@ -54,7 +54,7 @@ mod tests {
             ("hf://Qwen/Qwen3-8B", 8.19),
         ] {
             let cfg = card(id).unwrap().unwrap();
-            let got = crate::train::memory::param_count(&cfg) as f64 / 1e9;
+            let got = cfg.num_params() as f64 / 1e9;
             assert!((got - billions).abs() / billions < 0.01, "{id}: {got}");
             assert_eq!(cfg.dtype, "bfloat16");
         }

@@ -132,7 +132,12 @@ impl ModelConfig {
     /// Parameters, counting a tied embedding once.
     pub fn num_params(&self) -> usize {
         let (h, i, d) = (self.hidden_size, self.intermediate_size, self.head_dim);
-        let attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2);
+        let attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
+            + if self.attention_bias {
+                (self.num_heads + 2 * self.num_kv_heads) * d
+            } else {
+                0
+            };
         let mlp = 3 * h * i;
         let norms = 2 * h
             + if self.family == Family::Qwen3 {

@@ -398,6 +398,47 @@ impl KvNeed {
     }
 }
 
+/// Prompt length assumed for the KV estimate before the prompts exist.
+pub const ESTIMATE_PROMPT_TOKENS: usize = 512;
+
+/// Host memory: on the CPU, the weights as computed (f32: a bf16 checkpoint doubles) plus the KV
+/// cache (`kv_cache`, or max_num_seqs sequences of a 512-token prompt plus max_new_tokens); on a
+/// GPU, the checkpoint as read (weights and cache live on the device, whose memory is checked
+/// when the run starts: the default cache takes 90% of what the weights leave free).
+pub fn host_memory_estimate(
+    s: &SampleSettings,
+    config: &crate::model::ModelConfig,
+    weight_bytes: u64,
+) -> Result<u64> {
+    let stored = weight_bytes;
+    let widen = match config.dtype.as_str() {
+        "bfloat16" | "float16" => 2,
+        _ => 1,
+    };
+    if s.max_new_tokens >= config.max_position_embeddings {
+        bail!(
+            "sample.max_new_tokens = {} does not fit the model's context of {} tokens",
+            s.max_new_tokens,
+            config.max_position_embeddings
+        );
+    }
+    if s.device != "cpu" {
+        return Ok(stored);
+    }
+    let per_token = crate::sampler::kv_cache::KvCache::bytes_per_token(config) as u64;
+    let kv = match &s.kv_cache {
+        Some(text) => {
+            crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
+        }
+        None => {
+            // the problems are not counted yet: as many as sequences
+            let need = KvNeed::new(ESTIMATE_PROMPT_TOKENS, s, s.max_num_seqs);
+            (need.default_blocks * s.block_size) as u64 * per_token
+        }
+    };
+    Ok(stored * widen + kv)
+}
+
 /// Bytes one token's keys and values take in the cache on the model's device.
 pub fn kv_bytes_per_token(model: &crate::model::Transformer, kv_fp8: bool) -> usize {
     #[cfg(feature = "cuda")]

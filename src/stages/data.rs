@@ -15,7 +15,6 @@ use crate::data::schema::{problems_batch, problems_schema, write_parquet_atomic,
 
 /// Bump when the output for the same inputs changes.
 pub const CODE_VERSION: u32 = 1;
-pub const OUTPUT: &str = "problems.parquet";
 
 pub fn plan(cfg: &DataConfig, workdir: &Path, resolve: &super::Resolve) -> Result<PlannedStage> {
     let mut inputs = Vec::new();
@@ -76,7 +75,7 @@ pub fn run(cfg: &DataConfig, stage: &PlannedStage) -> Result<StageOutput> {
         .chunks(ROW_GROUP_ROWS)
         .map(problems_batch)
         .collect::<Result<Vec<_>>>()?;
-    let out = stage.dir.join(OUTPUT);
+    let out = stage.dir.join(super::PROBLEMS);
     write_parquet_atomic(&out, problems_schema(), &batches)?;
     let rows = all.len() as u64;
     Ok(StageOutput {

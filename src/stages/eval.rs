@@ -20,7 +20,6 @@ use crate::store::{self, InputRef};
 
 /// Bump when the output for the same inputs changes.
 pub const CODE_VERSION: u32 = 1;
-pub const METRICS: &str = "metrics.json";
 pub const TABLE: &str = "eval.md";
 
 /// The content of an eval set as a stage input: its definition and its data files.
@@ -68,7 +67,11 @@ pub fn plan(
     for s in sets {
         let mut st = s.settings(&base.input.location)?;
         e.apply(&mut st);
-        memory_bytes = memory_bytes.max(super::sample::memory_estimate(&st, base)?);
+        memory_bytes = memory_bytes.max(crate::sampler::job::host_memory_estimate(
+            &st,
+            &base.config,
+            base.weight_bytes,
+        )?);
     }
     let config = serde_json::to_value(e)?;
     let mut st = PlannedStage::new("eval", workdir, CODE_VERSION, config, inputs);
@@ -120,7 +123,7 @@ pub fn run(
         let t = plan
             .get(name)
             .with_context(|| format!("the eval stage reads {name}, which is not planned"))?;
-        let dir = t.dir.join(super::train::MODEL_DIR);
+        let dir = t.dir.join(super::MODEL_DIR);
         // `train` -> "trained", `train-r2` -> "trained-r2"
         let label = format!("trained{}", &name["train".len()..]);
         models.push((
@@ -145,7 +148,7 @@ pub fn run(
             &root.join(format!("{}.lock", &key[..16])),
             &format!("the evaluation of the {label} model"),
         )?;
-        let done = dir.join(METRICS);
+        let done = dir.join(super::EVAL_METRICS);
         if done.is_file() {
             println!("eval: {label} model: cached in {}", dir.display());
             reused += 1;
@@ -162,7 +165,7 @@ pub fn run(
         }
         results.extend(rs);
     }
-    store::write_json_atomic(&stage.dir.join(METRICS), &results)?;
+    store::write_json_atomic(&stage.dir.join(super::EVAL_METRICS), &results)?;
     let labels: Vec<String> = results.iter().map(|r| r.model.clone()).collect();
     let table = crate::eval::table(&results, &labels);
     store::commit_file(&stage.dir.join(TABLE), |tmp| {
@@ -171,7 +174,11 @@ pub fn run(
     println!("{table}");
     Ok(StageOutput {
         outputs: vec![
-            output_file(&stage.dir, &stage.dir.join(METRICS), results.len() as u64)?,
+            output_file(
+                &stage.dir,
+                &stage.dir.join(super::EVAL_METRICS),
+                results.len() as u64,
+            )?,
             output_file(&stage.dir, &stage.dir.join(TABLE), 0)?,
         ],
         counts: vec![

@@ -30,7 +30,6 @@ use crate::verify::{grade, GradeOptions};
 /// Bump when the output for the same inputs changes. Verifier changes need no bump: its source
 /// text is an input of the key (see [`super::verifier_input`]).
 pub const CODE_VERSION: u32 = 1;
-pub const OUTPUT: &str = "sft.parquet";
 pub const GRADED_DIR: &str = "graded";
 /// The reason written for a completion whose problem is not among the data stage's problems.
 pub const UNKNOWN_PROBLEM: &str = "unknown_problem";
@@ -65,7 +64,7 @@ pub fn plan(
         }
         (None, Some(s)) => (
             upstream("completions", s),
-            s.dir.join(super::sample::OUTPUT),
+            s.dir.join(super::COMPLETIONS),
             s.estimate.disk_bytes,
         ),
         (None, None) => bail!("the filter needs [filter.completions] or a [sample] section"),
@@ -93,7 +92,7 @@ pub fn run(
     stage: &PlannedStage,
 ) -> Result<StageOutput> {
     let data = plan.dep(stage, "data")?;
-    let problems = read_problems(&data.dir.join(super::data::OUTPUT))?;
+    let problems = read_problems(&data.dir.join(super::PROBLEMS))?;
     let gold: HashMap<&str, &str> = problems
         .iter()
         .map(|p| (p.problem_id.as_str(), p.gold_answer.as_str()))
@@ -167,7 +166,7 @@ pub fn run(
         .chunks(ROW_GROUP_ROWS)
         .map(sft_batch)
         .collect::<Result<Vec<_>>>()?;
-    let out = stage.dir.join(OUTPUT);
+    let out = stage.dir.join(super::SFT);
     write_parquet_atomic(&out, sft_schema(), &batches)?;
     let mut outputs = vec![output_file(&stage.dir, &out, kept.len() as u64)?];
     for (k, chunk) in chunks.iter().enumerate() {

@@ -29,9 +29,22 @@ use crate::store::{self, InputRef, Manifest, OutputFile, WorkDir};
 /// Every stage name, in pipeline order. A config's plan is the subsequence it configures.
 pub const STAGE_ORDER: &[&str] = &["data", "pretrain", "sample", "filter", "train", "eval"];
 
-/// The model name that stands for the pretrain stage's model in `[sample]`, `[train]` and
-/// `[eval]` (set when those sections name no model and the config has a `[pretrain]`).
-pub const PRETRAINED: &str = "@pretrain";
+pub use crate::config::PRETRAINED;
+
+// The files stages write for the stages after them (and the report) to read: the only way
+// stages meet. Each is written by the stage named beside it.
+/// `data`: the problems (`data::schema::problems_schema`).
+pub const PROBLEMS: &str = "problems.parquet";
+/// `sample`: the completions (`data::schema::completions_schema`).
+pub const COMPLETIONS: &str = "completions.parquet";
+/// `filter`: the SFT rows (`data::schema::sft_schema`).
+pub const SFT: &str = "sft.parquet";
+/// `pretrain` and `train`: the model folder (Hugging Face layout).
+pub const MODEL_DIR: &str = "model";
+/// `pretrain` and `train`: checkpoints and `metrics.jsonl`.
+pub const TRAIN_STATE_DIR: &str = "train_state";
+/// `eval`: every model's metrics on every set.
+pub const EVAL_METRICS: &str = "metrics.json";
 
 /// One stage of a plan, with everything that determines its output already resolved.
 #[derive(Debug, Clone)]
@@ -275,10 +288,43 @@ impl PlannedStage {
     pub fn model_input(&self) -> InputRef {
         InputRef {
             name: "model".into(),
-            location: self.dir.join(train::MODEL_DIR).display().to_string(),
+            location: self.dir.join(MODEL_DIR).display().to_string(),
             hash: self.key.clone(),
         }
     }
+}
+
+/// Trains `model` on the SFT rows in `data` into the stage dir's `model/` (state in
+/// `train_state/`, resuming from its newest checkpoint); returns the summary and the model's
+/// files as outputs. The pretrain stage trains through here too.
+pub(crate) fn train_into(
+    stage: &PlannedStage,
+    settings: crate::train::settings::TrainSettings,
+    model: String,
+    data: PathBuf,
+) -> Result<(crate::train::trainer::TrainSummary, Vec<OutputFile>)> {
+    let job = crate::train::trainer::TrainJob {
+        settings,
+        model,
+        data,
+        output: stage.dir.join(MODEL_DIR),
+        state_dir: stage.dir.join(TRAIN_STATE_DIR),
+        stop_after: None,
+        progress_file: Some(stage.dir.join(store::PROGRESS)),
+    };
+    let summary = crate::train::trainer::run(&job)?;
+    summary.print(&job.output);
+    let mut files: Vec<_> = std::fs::read_dir(&job.output)
+        .with_context(|| format!("cannot read {}", job.output.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    let outputs = files
+        .iter()
+        .map(|f| output_file(&stage.dir, f, 0))
+        .collect::<Result<_>>()?;
+    Ok((summary, outputs))
 }
 
 /// The key of a stage: a hash over everything that determines its output. File locations are
@@ -414,7 +460,7 @@ impl Resolve {
                 let config = config?;
                 let bytes = crate::train::checkpoint::config_dtype(&config).size_in_bytes() as u64;
                 Ok(ModelFacts {
-                    weight_bytes: crate::train::memory::param_count(&config) * bytes,
+                    weight_bytes: config.num_params() as u64 * bytes,
                     config,
                     input: InputRef {
                         name: "model".into(),
@@ -570,11 +616,6 @@ pub fn run(cfg: &Config, target: &Target, force: &[String]) -> Result<()> {
         total.elapsed().as_secs_f64(),
         wd.root.display()
     );
-    // the stages are done whatever happens here: a report that cannot be drawn is a warning
-    match crate::report::write(&wd.root) {
-        Ok(p) => println!("report: {}", p.display()),
-        Err(e) => eprintln!("warning: no report: {e:#}"),
-    }
     Ok(())
 }
 

@@ -57,7 +57,7 @@ pub fn plan(
     let config = serde_json::to_value(p)?;
     let model_config =
         crate::model::ModelConfig::parse(&p.model.config_json(PLANNED_VOCAB).to_string())?;
-    let params = crate::train::memory::param_count(&model_config);
+    let params = model_config.num_params() as u64;
     let budget = crate::train::memory::budget(&model_config, params, &p.train);
     let mut st = PlannedStage::new("pretrain", workdir, CODE_VERSION, config, inputs);
     st.files = files;
@@ -173,8 +173,7 @@ pub fn run(p: &PretrainConfig, stage: &PlannedStage) -> Result<StageOutput> {
     let mut settings = p.train.clone();
     let init = init.display().to_string();
     settings.model = Some(init.clone());
-    let (summary, model_files) =
-        super::train::train_into(stage, settings, init, rows_path.clone())?;
+    let (summary, model_files) = super::train_into(stage, settings, init, rows_path.clone())?;
     let mut outputs = vec![output_file(&stage.dir, &rows_path, rows.len() as u64)?];
     outputs.extend(model_files);
     Ok(StageOutput {

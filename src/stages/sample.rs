@@ -18,44 +18,6 @@ use crate::store::InputRef;
 
 /// Bump when the output for the same inputs changes.
 pub const CODE_VERSION: u32 = 1;
-pub const OUTPUT: &str = "completions.parquet";
-
-/// Prompt length assumed for the KV estimate before the prompts exist.
-pub const ESTIMATE_PROMPT_TOKENS: usize = 512;
-
-/// Host memory: on the CPU, the weights as computed (f32: a bf16 checkpoint doubles) plus the KV
-/// cache (`kv_cache`, or max_num_seqs sequences of a 512-token prompt plus max_new_tokens); on a
-/// GPU, the checkpoint as read (weights and cache live on the device, whose memory is checked
-/// when the run starts: the default cache takes 90% of what the weights leave free).
-pub(super) fn memory_estimate(s: &SampleSettings, model: &super::ModelFacts) -> Result<u64> {
-    let stored = model.weight_bytes;
-    let widen = match model.config.dtype.as_str() {
-        "bfloat16" | "float16" => 2,
-        _ => 1,
-    };
-    if s.max_new_tokens >= model.config.max_position_embeddings {
-        anyhow::bail!(
-            "sample.max_new_tokens = {} does not fit the model's context of {} tokens",
-            s.max_new_tokens,
-            model.config.max_position_embeddings
-        );
-    }
-    if s.device != "cpu" {
-        return Ok(stored);
-    }
-    let per_token = crate::sampler::kv_cache::KvCache::bytes_per_token(&model.config) as u64;
-    let kv = match &s.kv_cache {
-        Some(text) => {
-            crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
-        }
-        None => {
-            // the problems are not counted yet: as many as sequences
-            let need = crate::sampler::job::KvNeed::new(ESTIMATE_PROMPT_TOKENS, s, s.max_num_seqs);
-            (need.default_blocks * s.block_size) as u64 * per_token
-        }
-    };
-    Ok(stored * widen + kv)
-}
 
 pub fn plan(
     s: &SampleSettings,
@@ -64,7 +26,8 @@ pub fn plan(
     facts: &super::ModelFacts,
 ) -> Result<PlannedStage> {
     let model = facts.input.clone();
-    let memory_bytes = memory_estimate(s, facts)?;
+    let memory_bytes =
+        crate::sampler::job::host_memory_estimate(s, &facts.config, facts.weight_bytes)?;
     let inputs = vec![
         InputRef {
             name: "problems".into(),
@@ -85,8 +48,8 @@ pub fn plan(
 
 pub fn run(s: &SampleSettings, plan: &Plan, stage: &PlannedStage) -> Result<StageOutput> {
     let data = plan.dep(stage, "data")?;
-    let problems = read_problems(&data.dir.join(super::data::OUTPUT))?;
-    let out = stage.dir.join(OUTPUT);
+    let problems = read_problems(&data.dir.join(super::PROBLEMS))?;
+    let out = stage.dir.join(super::COMPLETIONS);
     let mut s = s.clone();
     if let Some(m) = &stage.model {
         s.model = m.clone();

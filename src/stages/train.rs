@@ -5,20 +5,17 @@
 //! stage resumes from the newest checkpoint (the stage dir is keyed by the settings and inputs,
 //! so a checkpoint found there belongs to this run). Knows nothing of the sampler.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result};
 
-use super::{output_file, Estimate, Plan, PlannedStage, StageOutput};
-use crate::store::{self, InputRef, OutputFile};
+use super::{Estimate, Plan, PlannedStage, StageOutput};
+use crate::store::InputRef;
 use crate::train::settings::TrainSettings;
-use crate::train::trainer::{self, TrainJob, TrainSummary};
 
 /// Bump when the output for the same inputs changes.
 pub const CODE_VERSION: u32 = 1;
 /// The trained model's folder in the stage dir.
-pub const MODEL_DIR: &str = "model";
-pub const STATE_DIR: &str = "train_state";
 
 fn model_name(s: &TrainSettings) -> Result<&str> {
     s.model
@@ -33,7 +30,7 @@ pub fn plan(
     facts: &super::ModelFacts,
 ) -> Result<PlannedStage> {
     let model = facts.input.clone();
-    let params = crate::train::memory::param_count(&facts.config);
+    let params = facts.config.num_params() as u64;
     let budget = crate::train::memory::budget(&facts.config, params, s);
     let dtype_bytes = crate::train::checkpoint::config_dtype(&facts.config).size_in_bytes() as u64;
     let inputs = vec![
@@ -53,47 +50,14 @@ pub fn plan(
     Ok(st)
 }
 
-/// Trains `model` on the SFT rows in `data` into the stage dir's `model/` (state in
-/// `train_state/`, resuming from its newest checkpoint); returns the summary and the model's
-/// files as outputs. The pretrain stage trains through here too.
-pub(super) fn train_into(
-    stage: &PlannedStage,
-    settings: TrainSettings,
-    model: String,
-    data: PathBuf,
-) -> Result<(TrainSummary, Vec<OutputFile>)> {
-    let job = TrainJob {
-        settings,
-        model,
-        data,
-        output: stage.dir.join(MODEL_DIR),
-        state_dir: stage.dir.join(STATE_DIR),
-        stop_after: None,
-        progress_file: Some(stage.dir.join(store::PROGRESS)),
-    };
-    let summary = trainer::run(&job)?;
-    summary.print(&job.output);
-    let mut files: Vec<_> = std::fs::read_dir(&job.output)
-        .with_context(|| format!("cannot read {}", job.output.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file())
-        .collect();
-    files.sort();
-    let outputs = files
-        .iter()
-        .map(|f| output_file(&stage.dir, f, 0))
-        .collect::<Result<_>>()?;
-    Ok((summary, outputs))
-}
-
 pub fn run(s: &TrainSettings, plan: &Plan, stage: &PlannedStage) -> Result<StageOutput> {
     let filter = plan.dep(stage, "sft")?;
     let model = match &stage.model {
         Some(m) => m.clone(),
         None => model_name(s)?.to_string(),
     };
-    let data = filter.dir.join(super::filter::OUTPUT);
-    let (summary, outputs) = train_into(stage, s.clone(), model, data)?;
+    let data = filter.dir.join(super::SFT);
+    let (summary, outputs) = super::train_into(stage, s.clone(), model, data)?;
     Ok(StageOutput {
         outputs,
         counts: vec![

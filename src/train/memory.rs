@@ -117,30 +117,6 @@ pub fn budget(cfg: &ModelConfig, params: u64, s: &TrainSettings) -> Budget {
     }
 }
 
-/// Parameters of a model with config `cfg` (what the trainer will hold), from the shapes alone.
-pub fn param_count(cfg: &ModelConfig) -> u64 {
-    let (h, i, d) = (
-        cfg.hidden_size as u64,
-        cfg.intermediate_size as u64,
-        cfg.head_dim as u64,
-    );
-    let (hq, hkv) = (cfg.num_heads as u64, cfg.num_kv_heads as u64);
-    let qk_norm = if cfg.family == crate::model::Family::Qwen3 {
-        2 * d
-    } else {
-        0
-    };
-    let bias = if cfg.attention_bias {
-        (hq + 2 * hkv) * d
-    } else {
-        0
-    };
-    let layer = h * (hq + 2 * hkv) * d + bias + hq * d * h + 3 * h * i + 2 * h + qk_norm;
-    let embed = cfg.vocab_size as u64 * h;
-    let head = if cfg.tie_word_embeddings { 0 } else { embed };
-    embed + head + cfg.num_layers as u64 * layer + h
-}
-
 /// Disk a run writes: the export in `dtype_bytes`, and `keep` checkpoints of master weights and
 /// moments.
 pub fn disk_bytes(params: u64, dtype_bytes: u64, s: &TrainSettings) -> u64 {
