@@ -4,6 +4,8 @@
 //! The input is split at the first NUL byte (or in the middle when there is none) into
 //! a completion and a gold answer; both halves are decoded lossily as UTF-8. The
 //! target does not judge verdicts, only that grading terminates without a panic.
+//! `fuzz/verify.dict` holds the tokens of the answer grammar (markers, LaTeX commands,
+//! function values, times of day): `cargo +nightly fuzz run verify -- -dict=fuzz/verify.dict`.
 #![no_main]
 
 use std::time::{Duration, Instant};

@@ -15,7 +15,6 @@ use crate::train::settings::TrainSettings;
 
 /// Bump when the output for the same inputs changes.
 pub const CODE_VERSION: u32 = 1;
-/// The trained model's folder in the stage dir.
 
 fn model_name(s: &TrainSettings) -> Result<&str> {
     s.model

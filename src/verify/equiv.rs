@@ -416,9 +416,15 @@ fn is_constant(s: &str, b: &mut Budget) -> bool {
     })
 }
 
-/// A left-hand side that only names the answer: `x`, `a_1`, `\theta`, `f(x)`.
+/// A left-hand side that only names the answer: `x`, `a_1`, `\theta`, `f(x)`, `f'(x)`,
+/// `f^{-1}(x)`.
 fn simple_lhs(l: &str) -> bool {
     let bare = l.split('(').next().unwrap_or(l);
+    let bare = bare.trim_end_matches('\'');
+    let bare = bare
+        .strip_suffix("^{-1}")
+        .or_else(|| bare.strip_suffix("^-1"))
+        .unwrap_or(bare);
     let head = bare.strip_prefix('\\').unwrap_or(bare);
     let name_ok = head.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
         && head
@@ -596,9 +602,10 @@ fn choice(p: &str, g: &str, b: &mut Budget) -> Option<Option<Reason>> {
     }
 }
 
-/// Whether the answer contains a word (a run of 3+ letters that is not a function).
+/// Whether the answer contains a word (a run of 3+ letters that is not a function or
+/// an `\operatorname{name}`).
 fn is_text(s: &str) -> bool {
-    let free = strip_commands(s);
+    let free = strip_commands(&without_operator_names(s));
     free.split(|c: char| !c.is_ascii_alphabetic()).any(|w| {
         w.len() >= 3
             && ![
@@ -607,6 +614,23 @@ fn is_text(s: &str) -> bool {
             .iter()
             .any(|f| w.starts_with(f))
     })
+}
+
+/// `s` with the braced names of `\operatorname{name}` removed.
+fn without_operator_names(s: &str) -> String {
+    const OP: &str = "\\operatorname{";
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    while let Some(p) = rest.find(OP) {
+        out.push_str(rest.get(..p + OP.len() - 1).unwrap_or(""));
+        let after = rest.get(p + OP.len()..).unwrap_or("");
+        rest = after
+            .find('}')
+            .and_then(|q| after.get(q + 1..))
+            .unwrap_or("");
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `204_5` vs `204`: the same digits where the gold names a base the prediction leaves
@@ -780,5 +804,6 @@ mod tests {
         assert!(
             simple_lhs("x") && simple_lhs("f(x)") && simple_lhs("\\theta") && !simple_lhs("5x-7y")
         );
+        assert!(simple_lhs("f'(x)") && simple_lhs("f^{-1}(x)") && !simple_lhs("x^2"));
     }
 }

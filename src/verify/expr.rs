@@ -4,9 +4,19 @@
 //! (`2\frac{1}{2}`), `+ - * / ^`, `\cdot`, `\times`, `\div`, implicit multiplication,
 //! `\frac`, `\sqrt`, `\sqrt[n]`, `\binom`, `!`, `|x|`, trigonometric / hyperbolic /
 //! logarithmic functions (with or without parentheses, `\sin^2 x`, `\log_2 8`),
-//! `\pi`, `e`, `i`, `\infty`, single-letter and Greek variables with subscripts.
+//! `\pi`, `e`, `i`, `\infty`, single-letter and Greek variables with subscripts, and
+//! function values (`f(x)`, `I(0)`, `y'(0)`, `f^{-1}(x)`, `\operatorname{Var}(X)`,
+//! `\gcd(a,b)`).
 //! TeX argument rules apply to `\frac12` and `\sqrt2` (one digit per argument); an
 //! unbraced exponent takes the whole number (`10^23`).
+//!
+//! A name followed by `(` is an application ([`Node::App`]) or a product by the rule in
+//! the [`super`] documentation: always an application after `f`, `g`, `h`, a prime,
+//! `f^{-1}`, `\operatorname{}` or an operator command; after other letters and Greek
+//! letters only around one atomic argument (number, `-`number, variable, application)
+//! or a comma-separated list. An application evaluates to [`application_value`]: a
+//! smooth nonlinear function of its argument values, drawn per name and per round, so
+//! symbolic comparison treats it as a variable that equals only itself.
 //!
 //! Evaluation is either exact ([`exact`], big rationals: refuses irrational results,
 //! exponents above [`MAX_EXACT_EXPONENT`] and results above [`MAX_EXACT_BITS`] bits) or
@@ -43,6 +53,8 @@ enum Tok {
     Num(String),
     Letter(char),
     Cmd(String),
+    /// `\operatorname{name}`: a named operator, applied like a function.
+    Op(String),
     Sym(char),
 }
 
@@ -86,6 +98,9 @@ pub enum Node {
     Abs(Box<Node>),
     Fact(Box<Node>),
     Binom(Box<Node>, Box<Node>),
+    /// A function's value `f(x)`, `I(0)`, `\operatorname{Var}(X)`: an opaque symbol of
+    /// its name and arguments (see [`application_value`]).
+    App(String, Vec<Node>),
 }
 
 const FUNCTIONS: &[(&str, Fun)] = &[
@@ -148,6 +163,13 @@ const GREEK: &[&str] = &[
     "Omega",
 ];
 
+/// Single letters that always name a function when a parenthesis follows (`f(x+1)`).
+const FUNCTION_LETTERS: &[char] = &['f', 'g', 'h'];
+/// Operator commands that are not evaluated but applied opaquely: `\gcd(12,18)`.
+const OPERATORS: &[&str] = &[
+    "gcd", "lcm", "max", "min", "det", "deg", "dim", "arg", "Pr", "Re", "Im", "ker",
+];
+
 /// Whether `name` is a known function name (bare or after a backslash).
 pub fn is_function_name(name: &str) -> bool {
     FUNCTIONS.iter().any(|(n, _)| *n == name) || name == "sqrt"
@@ -206,11 +228,23 @@ fn tokenize(s: &str) -> Option<Vec<Tok>> {
                 };
                 out.push(tok);
                 i += 2;
+            } else if name == "operatorname" && chars.get(i + 1 + name.len()) == Some(&'{') {
+                let start = i + 2 + name.len();
+                let op: String = chars
+                    .get(start..)?
+                    .iter()
+                    .take_while(|c| c.is_ascii_alphabetic())
+                    .collect();
+                if op.is_empty() || chars.get(start + op.len()) != Some(&'}') {
+                    return None;
+                }
+                i = start + op.len() + 1;
+                out.push(Tok::Op(op));
             } else {
                 i += 1 + name.len();
                 out.push(Tok::Cmd(name));
             }
-        } else if "+-*/^_!()[]{}|=<>,".contains(c) {
+        } else if "+-*/^_!()[]{}|=<>,'".contains(c) {
             out.push(Tok::Sym(c));
             i += 1;
         } else {
@@ -364,7 +398,7 @@ impl Parser<'_> {
 
     fn starts_primary(&self, t: &Tok) -> bool {
         match t {
-            Tok::Num(_) | Tok::Letter(_) => true,
+            Tok::Num(_) | Tok::Letter(_) | Tok::Op(_) => true,
             Tok::Sym(c) => matches!(c, '(' | '[' | '{') || (*c == '|' && self.abs_depth == 0),
             Tok::Cmd(c) => is_primary_cmd(c),
         }
@@ -470,6 +504,11 @@ impl Parser<'_> {
                 Node::Abs(bx(e))
             }
             Tok::Cmd(name) => self.command(&name)?,
+            Tok::Op(name) => match FUNCTIONS.iter().find(|(n, _)| *n == name) {
+                Some((_, f)) => self.function(*f)?,
+                None if self.peek_sym('(') => self.application(name)?,
+                None => return None,
+            },
             Tok::Sym(_) => return None,
         };
         self.depth -= 1;
@@ -511,13 +550,149 @@ impl Parser<'_> {
             'e' => return Some(Node::E),
             _ => {}
         }
-        let mut name = c.to_string();
+        self.named(c.to_string(), FUNCTION_LETTERS.contains(&c))
+    }
+
+    /// A variable or Greek name with its subscript, or its application to a
+    /// parenthesised argument. See the module documentation for when a parenthesis
+    /// after a name is an application: always after a function name (`always_applied`),
+    /// a prime (`f'(x)`) or `f^{-1}`; otherwise only around an atomic argument or a
+    /// comma-separated list. Anything else stays a variable (a product follows).
+    fn named(&mut self, mut name: String, always_applied: bool) -> Option<Node> {
         if self.peek_sym('_') {
             self.pos += 1;
             name.push('_');
             name.push_str(&self.subscript_text()?);
         }
+        let primes = self
+            .toks
+            .get(self.pos..)
+            .unwrap_or(&[])
+            .iter()
+            .take_while(|t| **t == Tok::Sym('\''))
+            .count();
+        if primes > 0 {
+            self.pos += primes;
+            name.push_str(&"'".repeat(primes));
+            return self.application(name);
+        }
+        if always_applied {
+            if let Some(len) = self.inverse_ahead() {
+                self.pos += len;
+                name.push_str("^{-1}");
+                return self.application(name);
+            }
+        }
+        if self.peek_sym('(') && (always_applied || self.application_ahead(self.pos, 0)) {
+            return self.application(name);
+        }
         Some(Node::Var(name))
+    }
+
+    /// Length of `^{-1}` / `^-1` when it is followed by `(`.
+    fn inverse_ahead(&self) -> Option<usize> {
+        let t = |k: usize| self.toks.get(self.pos + k);
+        let one = |k: usize| matches!(t(k), Some(Tok::Num(n)) if n == "1");
+        let sym = |k: usize, c: char| t(k) == Some(&Tok::Sym(c));
+        if !sym(0, '^') {
+            return None;
+        }
+        if sym(1, '{') && sym(2, '-') && one(3) && sym(4, '}') && sym(5, '(') {
+            return Some(5);
+        }
+        (sym(1, '-') && one(2) && sym(3, '(')).then_some(3)
+    }
+
+    /// Whether the group opening at `open` is an application's argument list for a name
+    /// that is not a function name: it holds a top-level comma, or one atomic argument
+    /// (a number, `-` a number, a variable or Greek letter with optional subscript, or
+    /// itself an application).
+    fn application_ahead(&self, open: usize, nesting: usize) -> bool {
+        let Some(close) = self.group_end(open) else {
+            return false;
+        };
+        let inner = self.toks.get(open + 1..close).unwrap_or(&[]);
+        let mut depth = 0i64;
+        for t in inner {
+            match t {
+                Tok::Sym('(' | '[' | '{') => depth += 1,
+                Tok::Sym(')' | ']' | '}') => depth -= 1,
+                Tok::Sym(',') if depth == 0 => return true,
+                _ => {}
+            }
+        }
+        self.atomic(open + 1, close, nesting)
+    }
+
+    /// Whether tokens `start..end` form one atomic argument (see [`Self::application_ahead`]).
+    fn atomic(&self, start: usize, end: usize, nesting: usize) -> bool {
+        let t = |k: usize| self.toks.get(k).filter(|_| k < end);
+        match t(start) {
+            Some(Tok::Num(_)) => start + 1 == end,
+            Some(Tok::Sym('-')) => matches!(t(start + 1), Some(Tok::Num(_))) && start + 2 == end,
+            Some(Tok::Letter(c)) => {
+                self.name_tail(start + 1, end, FUNCTION_LETTERS.contains(c), nesting)
+            }
+            Some(Tok::Cmd(c)) if GREEK.contains(&c.as_str()) => {
+                self.name_tail(start + 1, end, false, nesting)
+            }
+            _ => false,
+        }
+    }
+
+    /// After a name: nothing, a subscript, or an application's group, up to `end`.
+    fn name_tail(&self, mut k: usize, end: usize, head_is_function: bool, nesting: usize) -> bool {
+        if self.toks.get(k) == Some(&Tok::Sym('_')) && k < end {
+            k += 1;
+            k = match self.toks.get(k) {
+                Some(Tok::Sym('{')) => match self.group_end(k) {
+                    Some(c) => c + 1,
+                    None => return false,
+                },
+                Some(_) => k + 1,
+                None => return false,
+            };
+        }
+        if k == end {
+            return true;
+        }
+        self.toks.get(k) == Some(&Tok::Sym('('))
+            && self.group_end(k) == Some(end - 1)
+            && nesting < MAX_DEPTH
+            && (head_is_function || self.application_ahead(k, nesting + 1))
+    }
+
+    /// Index of the bracket closing the one at `open`.
+    fn group_end(&self, open: usize) -> Option<usize> {
+        let mut depth = 0i64;
+        for (k, t) in self.toks.iter().enumerate().skip(open) {
+            match t {
+                Tok::Sym('(' | '[' | '{') => depth += 1,
+                Tok::Sym(')' | ']' | '}') => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                return Some(k);
+            }
+        }
+        None
+    }
+
+    /// `name(arg, ...)` with the parser at the `(`.
+    fn application(&mut self, name: String) -> Option<Node> {
+        self.enter()?;
+        self.expect('(')?;
+        let saved_abs = self.abs_depth;
+        self.abs_depth = 0;
+        let mut args = vec![self.expr()?];
+        while self.peek_sym(',') {
+            self.pos += 1;
+            args.push(self.expr()?);
+        }
+        self.abs_depth = saved_abs;
+        self.expect(')')?;
+        self.depth -= 1;
+        Some(Node::App(name, args))
     }
 
     /// The raw text of a subscript (`_1`, `_{n+1}`), used only as part of a name.
@@ -573,7 +748,10 @@ impl Parser<'_> {
             }
             "pi" => Some(Node::Pi),
             "infty" => Some(Node::Infinity),
-            g if GREEK.contains(&g) => Some(Node::Var(g.to_string())),
+            g if GREEK.contains(&g) => self.named(g.to_string(), false),
+            op if OPERATORS.contains(&op) && self.peek_sym('(') => {
+                self.application(format!("\\{op}"))
+            }
             _ => None,
         }
     }
@@ -634,6 +812,7 @@ fn is_primary_cmd(c: &str) -> bool {
     matches!(c, "frac" | "sqrt" | "binom" | "pi" | "infty")
         || is_function_name(c)
         || GREEK.contains(&c)
+        || OPERATORS.contains(&c)
 }
 
 /// Names of the variables in `n`, sorted and deduplicated.
@@ -646,6 +825,15 @@ pub fn variables(n: &Node, out: &mut Vec<String>) {
         }
         Node::Num(_) | Node::Pi | Node::E | Node::I | Node::Infinity => {}
         Node::Neg(a) | Node::Func(_, a) | Node::Abs(a) | Node::Fact(a) => variables(a, out),
+        Node::App(name, args) => {
+            let symbol = format!("{name}()");
+            if !out.contains(&symbol) {
+                out.push(symbol);
+            }
+            for a in args {
+                variables(a, out);
+            }
+        }
         Node::Add(a, b)
         | Node::Mul(a, b)
         | Node::Div(a, b)
@@ -703,7 +891,13 @@ pub fn exact(n: &Node, b: &mut Budget) -> Option<BigRational> {
             }
             Some(BigRational::from_integer(acc))
         }
-        Node::Var(_) | Node::Pi | Node::E | Node::I | Node::Infinity | Node::Func(..) => None,
+        Node::Var(_)
+        | Node::Pi
+        | Node::E
+        | Node::I
+        | Node::Infinity
+        | Node::Func(..)
+        | Node::App(..) => None,
     }
 }
 
@@ -786,7 +980,28 @@ pub fn numeric(n: &Node, env: &dyn Fn(&str) -> f64, b: &mut Budget) -> Option<Co
         Node::Abs(a) => re(numeric(a, env, b)?.norm()),
         Node::Fact(a) => re(factorial_f64(numeric(a, env, b)?)),
         Node::Binom(x, y) => re(binom_f64(numeric(x, env, b)?, numeric(y, env, b)?)),
+        Node::App(name, args) => {
+            let mut values = Vec::with_capacity(args.len());
+            for a in args {
+                values.push(numeric(a, env, b)?);
+            }
+            application_value(name, &values, env)
+        }
     })
+}
+
+/// The value of the application `name(args)`: a smooth, nonlinear function of the
+/// argument values whose shape is drawn from `env` under names no variable can have
+/// (`f#0`, `f#1`, ...). Equal arguments give equal values (`f(1+1)` is `f(2)`); other
+/// arguments, other names and other rounds of `env` give unrelated values, so an
+/// application behaves like a variable that no simplification removes.
+pub fn application_value(name: &str, args: &[Complex64], env: &dyn Fn(&str) -> f64) -> Complex64 {
+    let p = |k: usize| env(&format!("{name}#{k}"));
+    let mut s = Complex64::new(0.0, 0.0);
+    for (j, a) in args.iter().enumerate() {
+        s += a * p(4 + j);
+    }
+    Complex64::new(p(0), 0.0) + (s * p(1) + p(2)).sin() * p(3)
 }
 
 /// Turn a negative zero into a positive one so branch cuts do not depend on it.
@@ -914,6 +1129,45 @@ mod tests {
         }
         let deep = format!("{}1{}", "(".repeat(100_000), ")".repeat(100_000));
         assert!(parse(&deep, &mut b).is_none());
+    }
+
+    #[test]
+    fn applications_and_products() {
+        let mut b = Budget::new(Duration::from_secs(1));
+        let mut app = |s: &str| matches!(parse(s, &mut b), Some(Node::App(..)));
+        for s in [
+            "f(x)",
+            "f(x+1)",
+            "h(2t)",
+            "I(0)",
+            "x(t)",
+            "V(-1)",
+            "\\phi(t_0)",
+            "y'(0)",
+            "f^{-1}(x)",
+            "\\operatorname{Var}(X)",
+            "P(1,6)",
+            "t(g(16))",
+            "\\gcd(12,18)",
+            "x_1(t)",
+        ] {
+            assert!(app(s), "{s} should be an application");
+        }
+        for s in [
+            "x(x+1)",
+            "2(x+1)",
+            "(a)(b)",
+            "c(2b-a)",
+            "i(2)",
+            "e(1)",
+            "\\mu(m+M)",
+            "\\sin(x)",
+            "x^2(x+1)",
+            "\\pi(2)",
+        ] {
+            assert!(!app(s), "{s} should not be an application");
+        }
+        assert!(parse("x'", &mut b).is_none());
     }
 
     #[test]

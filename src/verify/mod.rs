@@ -36,6 +36,23 @@
 //! * **Bare lists** `3, 5` are unordered (`5, 3` matches); parenthesised tuples and
 //!   intervals are ordered and their bracket kinds must agree; `\{…\}` sets are unordered.
 //! * Multiple-choice letters: `\text{(C)}`, `(C)`, `C` and `\textbf{(C)} 36` all carry `C`.
+//! * **Function values**: a name directly followed by a parenthesis is an application, an
+//!   opaque symbol equal only to the same name applied to equal arguments (`f(1+1)`
+//!   equals `f(2)`; `f(x)` is not `f(y)`, `I(0)` is not `0`, `x(t)` is not `xt`). The name
+//!   decides: after `f`, `g`, `h`, a prime (`f'(x)`), `f^{-1}`, a `\mathrm{}` /
+//!   `\operatorname{}` name or an operator (`\gcd`, `\max`, ...) it is always an
+//!   application; after any other letter or a Greek letter only when the parenthesis holds
+//!   one atomic argument (a number, `-` a number, a variable, or an application: `I(0)`,
+//!   `x(t)`, `\phi(t_0)`, `t(g(16))`) or a comma-separated list (`P(1,6)`); otherwise it
+//!   is a product, as MATH writes `x(x+1)`, `c(2b-a)` and `A(1+\sqrt{B})`. `e` and `i`
+//!   are constants and never applied; digits and brackets multiply (`2(x+1)`,
+//!   `(a)(b)`); functions the parser knows (`\sin`, `\ln`, `\sqrt`, ...) are evaluated.
+//!   The price: `g(\sin\theta-\mu\cos\theta)` (physics' `g` times a sum) only equals
+//!   itself or an application with an equal argument, not its expansion.
+//! * **Times of day** keep their a.m./p.m.: `4:30 \text{ p.m.}`, `\text{4:30 p.m.}`,
+//!   `4:30 PM` and `16:30` are one time, `4:30 a.m.` is another, and a bare `4:30` (which
+//!   does not say which half of the day) equals neither; `7 pm` is `7:00 p.m.` and does
+//!   not equal the number `7`.
 //!
 //! A [`Verdict`] carries a [`Reason`]: `exact`, `normalized`, `rational`, `tuple`,
 //! `interval`, `set`, `matrix`, `equation`, `choice`, `symbolic`, `numeric` when correct;

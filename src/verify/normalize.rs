@@ -5,7 +5,10 @@
 //! `\text{}`/`\mbox{}`/`\textbf{}`/`\mathrm{}` wrappers, trailing unit words, `^\circ`,
 //! `\$`, thousands separators, `x \in` prefixes, trailing periods and spacing; writes
 //! `\%` as `%`, `\frac12` as `\frac{1}{2}`, `x^{2}` as `x^2`, `.5` as `0.5`, `(C)` as `C`,
-//! ` or ` / ` and ` between answers as `,`, and unicode math symbols as LaTeX.
+//! ` or ` / ` and ` between answers as `,`, unicode math symbols as LaTeX, a wrapped
+//! name before a parenthesis (`\mathrm{Var}(X)`) as `\operatorname{Var}(X)`, and a whole
+//! answer that is a time of day as `4:30\text{ p.m.}` (a.m./p.m. are never dropped as
+//! units; see `clock_time`).
 //!
 //! It does not evaluate anything and keeps `x =` prefixes (the comparison decides what
 //! an equation means). Inputs longer than [`MAX_NORMALIZE_LEN`] bytes only lose their
@@ -17,6 +20,7 @@ use std::sync::LazyLock;
 use num_bigint::BigInt;
 use regex::Regex;
 
+use super::expr::is_function_name;
 use super::extract::matching_brace;
 
 /// Longest input that is fully normalised (bytes).
@@ -44,6 +48,9 @@ static BARE_SEP_RE: LazyLock<Option<Regex>> =
     LazyLock::new(|| Regex::new(r"\s+(?:or|and)\s+").ok());
 static IN_PREFIX_RE: LazyLock<Option<Regex>> =
     LazyLock::new(|| Regex::new(r"^[A-Za-z](?:_[A-Za-z0-9])?\\in").ok());
+static CLOCK_RE: LazyLock<Option<Regex>> = LazyLock::new(|| {
+    Regex::new(r"^(\d{1,2})(?::([0-5]\d)(?::([0-5]\d))?)?(?:([ap])\.?m\.?)?$").ok()
+});
 static CHOICE_RE: LazyLock<Option<Regex>> =
     LazyLock::new(|| Regex::new(r"^\(?([A-Ea-e])\)$|^\(([A-Ea-e])\)?$").ok());
 
@@ -105,6 +112,9 @@ pub fn normalize_answer(s: &str) -> String {
             t = t.replace(from, to);
         }
     }
+    if let Some(time) = clock_time(&t) {
+        return time;
+    }
     t = rewrite_commands(&t);
     t = strip_decorations(t);
     t = separators(t);
@@ -145,6 +155,51 @@ pub fn strip_outer(s: &str) -> &str {
         }
     }
     t
+}
+
+/// A time of day in canonical form: `4:30\text{ p.m.}` for `\text{4:30 p.m.}`,
+/// `4:30 PM`, `4:30:00\,\mathrm{pm}` and `16:30`; `7:00\text{ p.m.}` for `7 pm`.
+///
+/// The input is the whole answer: `H:MM` or `H:MM:SS` (`:00` seconds are dropped),
+/// optionally followed by a.m./p.m. in any spelling, or a bare hour followed by one.
+/// With a suffix the hour must be 1 to 12. Without one, hours 0 and 13 to 23 are
+/// unambiguous 24-hour times and get their suffix (`0:15` is `12:15\text{ a.m.}`);
+/// hours 1 to 12 stay bare (`04:30` is `4:30`), since a bare `4:30` does not say which
+/// half of the day it is.
+fn clock_time(t: &str) -> Option<String> {
+    if !t.contains([':', 'm', 'M']) {
+        return None;
+    }
+    let flat: String = unwrap_wrappers(&rewrite_commands(t))
+        .chars()
+        .filter(|c| !c.is_whitespace() && !matches!(c, '~' | '$' | '{' | '}'))
+        .flat_map(char::to_lowercase)
+        .collect();
+    let caps = CLOCK_RE.as_ref()?.captures(&flat)?;
+    let num = |k: usize| caps.get(k).and_then(|m| m.as_str().parse::<u32>().ok());
+    let hour = num(1)?;
+    let minutes = num(2);
+    let seconds = num(3).filter(|s| *s != 0);
+    let suffix = caps.get(4).map(|m| m.as_str());
+    let (hour, suffix) = match suffix {
+        Some(half) if (1..=12).contains(&hour) => (hour, Some(half)),
+        Some(_) => return None,
+        None if minutes.is_none() => return None,
+        None => match hour {
+            0 => (12, Some("a")),
+            1..=12 => (hour, None),
+            13..=23 => (hour - 12, Some("p")),
+            _ => return None,
+        },
+    };
+    let mut out = format!("{hour}:{:02}", minutes.unwrap_or(0));
+    if let Some(sec) = seconds {
+        out.push_str(&format!(":{sec:02}"));
+    }
+    if let Some(half) = suffix {
+        out.push_str(&format!("\\text{{ {half}.m.}}"));
+    }
+    Some(out)
 }
 
 /// One pass over backslash commands: drop sizing and spacing commands, map synonyms.
@@ -297,11 +352,21 @@ fn strip_text_unit(s: &str) -> String {
                 .all(|c| c.is_ascii_alphabetic() || c == ' ' || c == '.');
         let prefix_ok =
             prefix.ends_with(|c: char| c.is_ascii_alphanumeric() || c == '}' || c == ')');
-        if unit_like && prefix_ok {
+        if unit_like && prefix_ok && !is_half_day(content) {
             return prefix.to_string();
         }
     }
     s.to_string()
+}
+
+/// Whether `word` is an a.m./p.m. suffix (part of a time, never a unit).
+fn is_half_day(word: &str) -> bool {
+    let letters: String = word
+        .chars()
+        .filter(|c| c.is_ascii_alphabetic())
+        .flat_map(|c| c.to_lowercase())
+        .collect();
+    letters == "am" || letters == "pm"
 }
 
 /// `s` without a trailing `^2`, `^3`, `^{2}` or `^{3}`.
@@ -337,6 +402,11 @@ fn unwrap_wrappers(s: &str) -> String {
                 j += 1;
             }
             if TEXT_WRAPPERS.contains(&name) && bytes.get(j) == Some(&b'{') {
+                if let Some((text, next)) = applied_name(s, name, j) {
+                    out.push_str(&text);
+                    i = next;
+                    continue;
+                }
                 if let Some(close) = matching_brace(bytes, j) {
                     if let Some(slot) = skip_close.get_mut(close) {
                         *slot = true;
@@ -358,6 +428,30 @@ fn unwrap_wrappers(s: &str) -> String {
         i += ch_len;
     }
     out
+}
+
+/// `\mathrm{Var}(` and similar: a wrapped name directly followed by `(` names a
+/// function. Returns its spelling (`\operatorname{Var}`, or the bare name of a function
+/// the parser knows, or `e` / `i`) and the index after the closing brace.
+fn applied_name(s: &str, wrapper: &str, open: usize) -> Option<(String, usize)> {
+    if !matches!(wrapper, "mathrm" | "textrm" | "text" | "mathit" | "mbox") {
+        return None;
+    }
+    let close = matching_brace(s.as_bytes(), open)?;
+    let content = s.get(open + 1..close)?.trim();
+    let after = s.get(close + 1..)?.trim_start();
+    if content.is_empty()
+        || !content.bytes().all(|b| b.is_ascii_alphabetic())
+        || !after.starts_with('(')
+    {
+        return None;
+    }
+    let text = if is_function_name(content) || content == "e" || content == "i" {
+        content.to_string()
+    } else {
+        format!("\\operatorname{{{content}}}")
+    };
+    Some((text, close + 1))
 }
 
 /// Drop trailing unit words (`5 cm`, `18 dollars`, `12 square feet`) after a value
@@ -395,8 +489,6 @@ fn strip_bare_unit(s: &str) -> String {
             | "mi"
             | "ml"
             | "mg"
-            | "am"
-            | "pm"
             | "st"
             | "nd"
             | "rd"
@@ -407,6 +499,7 @@ fn strip_bare_unit(s: &str) -> String {
             first,
             "pi" | "infty" | "inf" | "sin" | "cos" | "tan" | "log" | "or" | "and"
         )
+        || is_half_day(first)
         || prefix.ends_with('\\')
     {
         return t.to_string();
@@ -599,5 +692,24 @@ mod tests {
         assert_eq!(n("2 xy"), "2xy");
         assert_eq!(n("2\\pi r"), "2\\pi r");
         assert_eq!(n("−5"), "-5");
+    }
+
+    #[test]
+    fn times_and_named_functions() {
+        assert_eq!(n("\\text{4:30 p.m.}"), "4:30\\text{ p.m.}");
+        assert_eq!(n("4:30 \\text{ p.m.}"), "4:30\\text{ p.m.}");
+        assert_eq!(n("$4:30$ PM"), "4:30\\text{ p.m.}");
+        assert_eq!(n("4:30:00 pm"), "4:30\\text{ p.m.}");
+        assert_eq!(n("16:30"), "4:30\\text{ p.m.}");
+        assert_eq!(n("0:05"), "12:05\\text{ a.m.}");
+        assert_eq!(n("04:30"), "4:30");
+        assert_eq!(n("7 A.M."), "7:00\\text{ a.m.}");
+        assert_eq!(n("5 \\text{ pm}"), "5:00\\text{ p.m.}");
+        assert_eq!(n("13 pm"), "13pm");
+        assert_eq!(n("3:2"), "3:2");
+        assert_eq!(n("\\mathrm{Var}(X)"), "\\operatorname{Var}(X)");
+        assert_eq!(n("\\mathrm{I}(0)"), "\\operatorname{I}(0)");
+        assert_eq!(n("\\mathrm{sin}(x)"), "sin(x)");
+        assert_eq!(n("\\mathrm{Var}"), "Var");
     }
 }

@@ -3,6 +3,8 @@
 //! GSM8K (skipped with a note when `../shared/data` is missing).
 //!
 //! These tests know nothing of the model side; they only use the public functions.
+//! `grammar_fuzz` (ignored by default) is a randomised run over function values and
+//! times: `cargo test --lib verify::tests::grammar_fuzz -- --ignored`.
 
 use std::time::{Duration, Instant};
 
@@ -181,6 +183,113 @@ fn false_positives() {
     no("x>5", "[5,\\infty)");
     no("2xy", "2");
     no("3.210", "3.21001");
+}
+
+/// Regression: `I(0)` was read as `I·0`, so `I(0) e^{-2t/RC}` matched `I(0) e^{-t/RC}`.
+#[test]
+fn function_values_are_not_products() {
+    no("I(0) e^{-\\frac{2t}{RC}}", "I(0) e^{-\\frac{t}{RC}}");
+    no("I(0)", "0");
+    no("f(0)", "0");
+    no("x(t)", "xt");
+    no("x(t)", "t x");
+    no("f(x)", "f(y)");
+    no("f(1)", "f(2)");
+    no("f(x)", "g(x)");
+    no("f(x)", "f");
+    no("2f(3)", "6f(1)");
+    no("f(2x)", "2f(x)");
+    no("f(x+1)", "f(x)+f(1)");
+    no("g(x-1)", "gx-g");
+    no("\\phi(t)", "t\\phi");
+    no("P(A)", "AP");
+    no("V(t_1)", "V(t_2)");
+    no("\\operatorname{Var}(X)", "\\operatorname{Var}(Y)");
+    no("\\mathrm{Var}(2X)", "2\\mathrm{Var}(X)");
+    no("y'(0)", "y(0)");
+    no("f'(x)", "f(x)");
+    no("f^{-1}(x)", "\\frac{x}{f}");
+    no("p(1,6)", "p(6,1)");
+    no("\\gcd(12,18)", "\\gcd(12,19)");
+    no("t(g(16))", "t(g(15))");
+    no("I(0)e^{-t/RC}", "I_0e^{-t/RC}");
+}
+
+#[test]
+fn function_values_compare_by_argument() {
+    yes("I(0) e^{-\\frac{t}{RC}}", "I(0)e^{-t/(RC)}");
+    yes("I(0) e^{-\\frac{t}{RC}}", "\\frac{I(0)}{e^{t/(RC)}}");
+    yes("f(1+1)", "f(2)");
+    yes("f(2.0)", "f(2)");
+    yes("f(\\frac{1}{2})", "f(0.5)");
+    yes("2I(0)", "I(0)+I(0)");
+    yes("I(0) \\cdot 2", "2I(0)");
+    yes("F(z)+1", "1+F(z)");
+    yes("f(x)^2", "f(x)\\cdot f(x)");
+    yes("t(g(4^2))", "t(g(16))");
+    yes("x(t)", "x(t)");
+    yes("\\mathrm{Var}(X)", "\\operatorname{Var}(X)");
+    yes("2\\operatorname{Var}(X)", "\\operatorname{Var}(X)\\cdot 2");
+    yes("2f'(0)", "f'(0)\\cdot 2");
+    yes("f(1+1, 3)", "f(2,3)");
+    yes("\\gcd(12,18)", "\\gcd(12, 18)");
+    yes("\\theta_1+\\theta_2", "\\theta_2+\\theta_1");
+    yes("\\omega(0)^2", "\\omega(0)\\omega(0)");
+    yes("f(x) = x^2", "x^2");
+    yes("g(x+h)-g(x)", "-g(x)+g(h+x)");
+}
+
+/// A digit, a parenthesis or a variable with a compound argument before `(` is a
+/// product; known functions keep being evaluated.
+#[test]
+fn products_and_known_functions_stay() {
+    yes("x(x+1)", "x^2+x");
+    yes("n(n+1)/2", "\\frac{n^2+n}{2}");
+    yes("2(x+1)", "2x+2");
+    yes("(a)(b)", "ab");
+    yes("c(2b-a)", "2bc-ac");
+    yes("y(y+24)", "y^2+24y");
+    yes("i(7+2i)", "7i-2");
+    yes("e(16-5e)", "-5e^2+16e");
+    yes("\\mu(m_1+m_2)g", "\\mu g m_1+\\mu g m_2");
+    yes("Q(1-e^{-t/RC})", "Q-Qe^{-t/RC}");
+    yes("A(1+\\sqrt{B})", "A+A\\sqrt{B}");
+    yes("r(2+\\sqrt{2})", "2r+r\\sqrt2");
+    yes("\\sin(x)", "\\sin x");
+    yes("\\ln(2)", "\\ln 2");
+    yes("\\mathrm{sin}(x)", "\\sin x");
+    yes("\\operatorname{sin}(x)", "\\sin x");
+    yes("\\log_2(8)", "3");
+    yes("\\sqrt{x}(x+1)", "x\\sqrt{x}+\\sqrt{x}");
+    yes("\\pi(2)", "2\\pi");
+    no("x(x+1)", "x^2+1");
+}
+
+/// Regression: `4:30 \text{ p.m.}` lost its suffix like a unit, so it did not match
+/// `\text{4:30 p.m.}`, while `4:30 \text{ a.m.}` matched `4:30 \text{ p.m.}`.
+#[test]
+fn times_keep_their_half_of_day() {
+    yes("4:30 \\text{ p.m.}", "\\text{4:30 p.m.}");
+    yes("4:30 \\text{ p.m.}", "4:30 p.m.");
+    yes("\\text{4:30 p.m.}", "4:30 p.m.");
+    yes("4:30 PM", "4:30 p.m.");
+    yes("4:30\\,\\mathrm{pm}", "4:30 p.m.");
+    yes("4:30:00 p.m.", "4:30 p.m.");
+    yes("16:30", "4:30 p.m.");
+    yes("0:15", "12:15 a.m.");
+    yes("04:30", "4:30");
+    yes("7 pm", "7:00 p.m.");
+    yes("\\text{7 p.m.}", "7:00\\text{ PM}");
+    no("4:30 a.m.", "4:30 p.m.");
+    no("4:30 \\text{ a.m.}", "4:30 \\text{ p.m.}");
+    no("4:30 am", "4:30 pm");
+    no("4:30 p.m.", "4:30");
+    no("4:30", "4:30 a.m.");
+    no("16:30", "4:30 a.m.");
+    no("10 pm", "10 am");
+    no("10 pm", "10");
+    no("4:30 p.m.", "4:31 p.m.");
+    no("12:00 p.m.", "12:00 a.m.");
 }
 
 /// Answer shapes seen in model completions: `(pred, gold, should match)`.
@@ -565,4 +674,220 @@ fn gsm8k_reference_agreement() {
     }
     println!("gsm8k reference: {} rows", rows.len());
     assert!(wrong.is_empty(), "gsm8k judged wrong: {wrong:?}");
+}
+
+/// A tiny deterministic generator (xorshift64*) for the grammar fuzz below.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+
+    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
+        xs.get(self.below(xs.len())).copied().unwrap_or("")
+    }
+
+    /// A constant argument (for `f(X)` vs `f(Y)`), as text.
+    fn constant(&mut self, depth: usize) -> String {
+        let n = self.below(6);
+        match self.below(if depth > 2 { 1 } else { 5 }) {
+            0 => n.to_string(),
+            1 => format!("{}+{}", self.constant(depth + 1), self.constant(depth + 1)),
+            2 => format!("\\frac{{{}}}{{{}}}", self.constant(depth + 1), n + 1),
+            3 => format!("{}\\cdot{}", self.constant(depth + 1), n),
+            _ => format!("-{n}"),
+        }
+    }
+
+    /// An expression of the application grammar.
+    fn expr(&mut self, depth: usize) -> String {
+        let atoms = [
+            "x", "t", "n", "a", "R", "L", "2", "0", "1", "\\theta", "\\omega", "x_1",
+        ];
+        let heads = [
+            "f",
+            "g",
+            "h",
+            "I",
+            "P",
+            "x",
+            "y",
+            "V",
+            "\\phi",
+            "\\mathrm{Var}",
+            "\\operatorname{Var}",
+            "f'",
+            "y''",
+            "f^{-1}",
+            "\\gcd",
+            "\\sin",
+            "\\ln",
+        ];
+        if depth > 3 {
+            return self.pick(&atoms).to_string();
+        }
+        match self.below(9) {
+            0 | 1 => {
+                let head = self.pick(&heads);
+                let arg = if self.below(3) == 0 {
+                    self.expr(depth + 1)
+                } else {
+                    self.pick(&atoms).to_string()
+                };
+                if self.below(5) == 0 {
+                    format!("{head}({arg},{})", self.pick(&atoms))
+                } else {
+                    format!("{head}({arg})")
+                }
+            }
+            2 => format!("{}{}", self.expr(depth + 1), self.expr(depth + 1)),
+            3 => format!("{}+{}", self.expr(depth + 1), self.expr(depth + 1)),
+            4 => format!("{}({})", self.pick(&atoms), self.expr(depth + 1)),
+            5 => format!("e^{{-\\frac{{{}}}{{RC}}}}", self.expr(depth + 1)),
+            6 => format!(
+                "\\frac{{{}}}{{{}}}",
+                self.expr(depth + 1),
+                self.expr(depth + 1)
+            ),
+            7 => format!("({})({})", self.expr(depth + 1), self.expr(depth + 1)),
+            _ => self.pick(&atoms).to_string(),
+        }
+    }
+
+    /// A time of day in a random spelling, with its meaning `(minute of the day or
+    /// minute of the half-day, half: 0 none, 1 a.m., 2 p.m.)`.
+    fn time(&mut self) -> (String, (u32, u32, u8)) {
+        let hour = 1 + self.below(12) as u32;
+        let minute = [0u32, 5, 30, 45][self.below(4)];
+        let half = self.below(3) as u8;
+        let suffix = match half {
+            0 => "",
+            1 => self.pick(&[" a.m.", "\\text{ a.m.}", " AM", "am", "\\,\\mathrm{am}"]),
+            _ => self.pick(&[" p.m.", "\\text{ p.m.}", " PM", "pm", "\\,\\mathrm{pm}"]),
+        };
+        let clock = if self.below(2) == 0 {
+            format!("{hour}:{minute:02}")
+        } else {
+            format!("{hour:02}:{minute:02}")
+        };
+        let text = match self.below(3) {
+            0 if half != 0 && !suffix.contains('\\') => format!("\\text{{{clock}{suffix}}}"),
+            1 if half == 2 && hour != 12 => format!("{}:{minute:02}", hour + 12),
+            1 if half == 2 => format!("12:{minute:02}"),
+            1 if half == 1 && hour == 12 => format!("0:{minute:02}"),
+            _ => format!("{clock}{suffix}"),
+        };
+        // A 24-hour `16:30` is p.m. and `0:30` is a.m.; `12:30` without a suffix is bare.
+        let meaning = match (
+            half,
+            text.contains(':') && !text.contains('m') && !text.contains('M'),
+        ) {
+            (2, true) if hour != 12 => (hour, minute, 2),
+            (2, true) => (hour, minute, 0),
+            (1, true) if hour == 12 => (hour, minute, 1),
+            _ => (hour, minute, half),
+        };
+        (text, meaning)
+    }
+
+    /// `s` with a few random grammar characters inserted or removed.
+    fn mutate(&mut self, s: &str) -> String {
+        let mut chars: Vec<char> = s.chars().collect();
+        for _ in 0..1 + self.below(3) {
+            let at = self.below(chars.len() + 1);
+            if self.below(2) == 0 && at < chars.len() {
+                chars.remove(at);
+            } else {
+                let c =
+                    ['(', ')', '\'', '^', '{', '}', ',', ':', '.', '-', '_', '\\'][self.below(12)];
+                chars.insert(at, c);
+            }
+        }
+        chars.into_iter().collect()
+    }
+}
+
+/// Randomised run over the grammar of applications and times: no panics, bounded time,
+/// symmetric verdicts on well-formed pairs, `f(X)` equal to `f(Y)` exactly when `X`
+/// equals `Y`, and times equal exactly when they mean the same clock reading.
+/// `VERIFY_FUZZ_SECS` sets the duration (default 10 s), `VERIFY_FUZZ_SEED` the seed.
+#[test]
+#[ignore = "long randomised run; cargo test --lib verify::tests::grammar_fuzz -- --ignored"]
+fn grammar_fuzz() {
+    let secs: f64 = std::env::var("VERIFY_FUZZ_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10.0);
+    let seed: u64 = std::env::var("VERIFY_FUZZ_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed_1234_abcd_0001);
+    let mut g = Gen(seed | 1);
+    let opts = GradeOptions::default();
+    let deadline = Instant::now() + Duration::from_secs_f64(secs);
+    let (mut pairs, mut accepted) = (0u64, 0u64);
+    let mut b = Budget::new(Duration::from_secs(3600));
+    while Instant::now() < deadline {
+        // 1. Expressions: symmetric verdicts, and no panic on mutated forms.
+        let (p, q) = (g.expr(0), g.expr(0));
+        let q = if g.below(3) == 0 {
+            p.replace("(", " (")
+        } else {
+            q
+        };
+        let start = Instant::now();
+        let pq = is_equivalent(&p, &q, &opts);
+        let qp = is_equivalent(&q, &p, &opts);
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{p:?} vs {q:?} slow"
+        );
+        if pq != Reason::Timeout && qp != Reason::Timeout {
+            assert_eq!(
+                pq.is_correct(),
+                qp.is_correct(),
+                "asymmetric: {p:?} vs {q:?}"
+            );
+        }
+        assert!(eq(&p, &p).is_correct(), "not reflexive: {p:?}");
+        let (mp, mq) = (g.mutate(&p), g.mutate(&q));
+        let _ = is_equivalent(&mp, &q, &opts);
+        let _ = grade(&format!("\\boxed{{{mp}}}"), &mq, &opts);
+        // 2. Applications compare by their argument's value.
+        let (x, y) = (g.constant(0), g.constant(0));
+        let same = {
+            let vx =
+                expr::parse(&normalize_answer(&x), &mut b).and_then(|n| expr::exact(&n, &mut b));
+            let vy =
+                expr::parse(&normalize_answer(&y), &mut b).and_then(|n| expr::exact(&n, &mut b));
+            vx.is_some() && vx == vy
+        };
+        let head = g.pick(&["f", "I", "x", "\\phi", "\\operatorname{Var}"]);
+        let (fx, fy) = (format!("{head}({x})"), format!("{head}({y})"));
+        let r = eq(&fx, &fy);
+        // A weak head (`x`, `I`) applied to a compound argument is a product, so only
+        // the function name `f` and the operator name are held to this.
+        if matches!(head, "f" | "\\operatorname{Var}") {
+            assert_eq!(r.is_correct(), same, "{fx:?} vs {fy:?}: {r:?}");
+        }
+        // 3. Times.
+        let ((t1, m1), (t2, m2)) = (g.time(), g.time());
+        let r = eq(&t1, &t2);
+        assert_eq!(
+            r.is_correct(),
+            m1 == m2,
+            "{t1:?} {m1:?} vs {t2:?} {m2:?}: {r:?}"
+        );
+        pairs += 3;
+        accepted += u64::from(pq.is_correct()) + u64::from(r.is_correct());
+    }
+    println!("grammar fuzz: {pairs} pairs in {secs} s, {accepted} accepted");
 }
