@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
-use selfdistill::cuda::{GpuKvCache, GpuPagedAttention, GpuStep};
+use selfdistill::sampler::gpu::{GpuKvCache, GpuPagedAttention, GpuStep};
 use selfdistill::model::attention::AttentionBackend;
 use selfdistill::model::ModelConfig;
 use selfdistill::sampler::block_pool::{BlockPool, BlockTable};
@@ -293,7 +293,7 @@ fn gpu_candidates_equal_the_cpu_reference() {
                 .to_vec1()
                 .unwrap();
             let got =
-                selfdistill::cuda::sampling::top_candidates(&t, k, params.is_greedy(), temperature)
+                selfdistill::sampler::gpu::sampling::top_candidates(&t, k, params.is_greedy(), temperature)
                     .unwrap();
             for r in 0..n {
                 let want = top_candidates(&host[r * vocab..(r + 1) * vocab], &params, k);

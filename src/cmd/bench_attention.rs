@@ -170,8 +170,8 @@ fn run_cpu(a: &AttentionBenchArgs) -> Result<()> {
 /// One layer's decode attention over the GPU paged cache, alone, for each kernel variant: time per
 /// call and the KV bytes it reads per second against the device's copy bandwidth.
 fn run_gpu(a: &AttentionBenchArgs) -> Result<()> {
-    use crate::cuda::paged::write_kv;
-    use crate::cuda::{GpuKvCache, GpuPagedAttention, GpuStep};
+    use crate::sampler::gpu::paged::write_kv;
+    use crate::sampler::gpu::{GpuKvCache, GpuPagedAttention, GpuStep};
     use crate::model::attention::AttentionBackend;
     use crate::sampler::block_pool::{BlockPool, BlockTable};
     use crate::sampler::kv_cache::SeqStep;

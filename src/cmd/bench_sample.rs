@@ -260,7 +260,7 @@ fn run_gpu(
     let mut model = crate::model::init::random_model_on(cfg, dev, dtype)?;
     model.set_fused_inference(true)?;
     let weight_bytes = (cfg.num_params() * dtype.size_in_bytes()) as f64;
-    let kv_tok = crate::cuda::GpuKvCache::bytes_per_token(cfg, dtype, a.kv_fp8) as f64;
+    let kv_tok = crate::sampler::gpu::GpuKvCache::bytes_per_token(cfg, dtype, a.kv_fp8) as f64;
     println!(
         "shape {} ({:.2}B parameters, {dtype:?}, KV {} {} bytes/token), prompt {} tokens, {} new \
          tokens, ignore_eos, temperature {}",

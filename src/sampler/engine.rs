@@ -169,7 +169,7 @@ pub type Decoder<'a> = &'a (dyn Fn(&[u32]) -> String + Sync);
 enum Cache {
     Cpu(KvCache),
     #[cfg(feature = "cuda")]
-    Cuda(crate::cuda::GpuKvCache),
+    Cuda(crate::sampler::gpu::GpuKvCache),
 }
 
 impl Cache {
@@ -177,7 +177,7 @@ impl Cache {
         let (bs, nb) = (cfg.scheduler.block_size, cfg.num_blocks);
         if model.device().is_cuda() {
             #[cfg(feature = "cuda")]
-            return Ok(Cache::Cuda(crate::cuda::GpuKvCache::new(
+            return Ok(Cache::Cuda(crate::sampler::gpu::GpuKvCache::new(
                 model.config(),
                 bs,
                 nb,
@@ -417,8 +417,8 @@ impl<'m> Engine<'m> {
                 #[cfg(feature = "cuda")]
                 Cache::Cuda(cache) => {
                     let meta =
-                        crate::cuda::GpuStep::new(cache, &seq_steps, model.config().num_heads)?;
-                    let mut attn = crate::cuda::GpuPagedAttention {
+                        crate::sampler::gpu::GpuStep::new(cache, &seq_steps, model.config().num_heads)?;
+                    let mut attn = crate::sampler::gpu::GpuPagedAttention {
                         cache,
                         step: &meta,
                         sync_timing: self.sync_timing,
@@ -527,7 +527,7 @@ impl<'m> Engine<'m> {
             if let Some(k) = super::sampling::candidates_needed(&self.cfg.params, fewest) {
                 let p = &self.cfg.params;
                 let rows =
-                    crate::cuda::sampling::top_candidates(logits, k, p.is_greedy(), p.temperature)?;
+                    crate::sampler::gpu::sampling::top_candidates(logits, k, p.is_greedy(), p.temperature)?;
                 return self.draw_from_candidates(samplers, logits, &rows);
             }
         }

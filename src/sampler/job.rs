@@ -443,7 +443,7 @@ pub fn host_memory_estimate(
 pub fn kv_bytes_per_token(model: &crate::model::Transformer, kv_fp8: bool) -> usize {
     #[cfg(feature = "cuda")]
     if model.device().is_cuda() {
-        return crate::cuda::GpuKvCache::bytes_per_token(model.config(), model.dtype(), kv_fp8);
+        return crate::sampler::gpu::GpuKvCache::bytes_per_token(model.config(), model.dtype(), kv_fp8);
     }
     let _ = kv_fp8;
     KvCache::bytes_per_token(model.config())

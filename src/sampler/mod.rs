@@ -6,6 +6,8 @@
 
 pub mod block_pool;
 pub mod engine;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod job;
 pub mod kv_cache;
 pub mod sampling;

@@ -18,7 +18,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Result, Storage, Tensor};
 
-use super::kernels::{checked, paged_fn, slice_ptr, tensor_ptr};
+use crate::cuda::kernels::{checked, paged_fn, slice_ptr, tensor_ptr};
 use crate::model::attention::AttentionBackend;
 use crate::model::ModelConfig;
 use crate::sampler::block_pool::BlockId;

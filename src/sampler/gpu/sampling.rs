@@ -10,7 +10,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 };
 use candle_core::{bail, DType, Result, Tensor};
 
-use super::kernels::{checked, module_fn, slice_ptr, tensor_ptr, SAMPLING_PTX};
+use crate::cuda::kernels::{checked, module_fn, slice_ptr, tensor_ptr, SAMPLING_PTX};
 use crate::sampler::sampling::{CandidateRow, MAX_CANDIDATES};
 
 /// The best `k` candidates of every row of `logits` (N, vocab), f32 or bf16 on a CUDA device:
