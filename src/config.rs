@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::bytes::parse_bytes;
 use crate::data::source::{resolve, source_from_toml, Location, RawSource, SourceSpec};
 use crate::eval::EvalConfig;
-use crate::sampler::job::SampleSettings;
+use crate::jobs::sample::SampleSettings;
 use crate::train::settings::TrainSettings;
 
 /// A config error, already phrased for a person: it names the file and, where known, line and key.

@@ -1,10 +1,20 @@
 //! selfdistill: math self-distillation end to end in one binary.
 //!
-//! Layers (dependencies point one way, see ARCHITECTURE.md):
-//! `verify` (pure answer checking) and `data` (loaders, Parquet schemas) sit at the bottom;
-//! `store` owns the work dir (stage directories, manifests, the lock); `config` turns TOML into a
-//! validated plan; `stages` run one stage each; `cmd` holds the non-stage CLI commands. The binary
-//! (`main.rs`) only parses arguments and prints errors.
+//! Layers: each imports only the ones below it (`scripts/import-graph.py` checks there is no
+//! circle and no edge upward).
+//!
+//! ```text
+//! main (argument parsing)  cmd (the commands)  report (reads the stage store)
+//!   stages      the plan, the stage cache and one runner per stage kind
+//!   config      TOML -> a validated Config
+//!   jobs        sample (jobs::sample), eval, pretrain, train (train::trainer)
+//!   sampler     paged-KV engine: block pool, KV cache, scheduler, sampling, engine, gpu
+//!   train       differentiable model, losses, AdamW, checkpoints
+//!   model       Hugging Face checkpoints, the forward pass, weight init
+//!   data verify store digest arith        loaders and schemas, the verifier, the work dir
+//!   gemm simd cuda machine bytes rng fault the CPU kernels, our CUDA kernels, machine facts
+//! ```
+//! The binary (`main.rs`) only parses arguments and prints errors.
 
 pub mod arith;
 pub mod bytes;
@@ -17,6 +27,7 @@ pub mod digest;
 pub mod eval;
 pub mod fault;
 pub mod gemm;
+pub mod jobs;
 pub mod machine;
 pub mod model;
 pub mod pretrain;

@@ -191,7 +191,7 @@ fn main() -> ExitCode {
         Command::Sample(args) => cmd::sample::run(&args),
         Command::Eval(args) => cmd::eval::run(&args),
         Command::Train(args) => cmd::train::run(&args),
-        Command::Merge { output, inputs } => selfdistill::sampler::job::merge(&inputs, &output)
+        Command::Merge { output, inputs } => selfdistill::jobs::sample::merge(&inputs, &output)
             .map(|n| {
                 println!(
                     "merged {} shards, {n} rows -> {}",

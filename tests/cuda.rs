@@ -9,11 +9,11 @@
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
-use selfdistill::sampler::gpu::{GpuKvCache, GpuPagedAttention, GpuStep};
 use selfdistill::model::attention::AttentionBackend;
 use selfdistill::model::ModelConfig;
 use selfdistill::sampler::block_pool::{BlockPool, BlockTable};
 use selfdistill::sampler::engine::{Engine, EngineConfig, Request, Sample};
+use selfdistill::sampler::gpu::{GpuKvCache, GpuPagedAttention, GpuStep};
 use selfdistill::sampler::kv_cache::{KvCache, PagedAttention, SeqStep};
 use selfdistill::sampler::sampling::SamplingParams;
 use selfdistill::sampler::scheduler::SchedulerConfig;
@@ -292,9 +292,13 @@ fn gpu_candidates_equal_the_cpu_reference() {
                 .unwrap()
                 .to_vec1()
                 .unwrap();
-            let got =
-                selfdistill::sampler::gpu::sampling::top_candidates(&t, k, params.is_greedy(), temperature)
-                    .unwrap();
+            let got = selfdistill::sampler::gpu::sampling::top_candidates(
+                &t,
+                k,
+                params.is_greedy(),
+                temperature,
+            )
+            .unwrap();
             for r in 0..n {
                 let want = top_candidates(&host[r * vocab..(r + 1) * vocab], &params, k);
                 let g = &got[r];

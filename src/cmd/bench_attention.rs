@@ -170,10 +170,10 @@ fn run_cpu(a: &AttentionBenchArgs) -> Result<()> {
 /// One layer's decode attention over the GPU paged cache, alone, for each kernel variant: time per
 /// call and the KV bytes it reads per second against the device's copy bandwidth.
 fn run_gpu(a: &AttentionBenchArgs) -> Result<()> {
-    use crate::sampler::gpu::paged::write_kv;
-    use crate::sampler::gpu::{GpuKvCache, GpuPagedAttention, GpuStep};
     use crate::model::attention::AttentionBackend;
     use crate::sampler::block_pool::{BlockPool, BlockTable};
+    use crate::sampler::gpu::paged::write_kv;
+    use crate::sampler::gpu::{GpuKvCache, GpuPagedAttention, GpuStep};
     use crate::sampler::kv_cache::SeqStep;
     let mut cfg = shape(&a.shape)?;
     cfg.num_layers = 1;

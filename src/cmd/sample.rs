@@ -2,7 +2,7 @@
 //! write the completions Parquet (graded when the file has gold answers).
 //!
 //! Parses the flags into a sampling job and prints the end summary; the work is in
-//! `sampler::job`. Knows nothing of stages.
+//! `jobs::sample`. Knows nothing of stages.
 
 use std::path::PathBuf;
 
@@ -10,7 +10,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::data::source::{AnswerExtract, FieldMap, Location, SourceFormat, SourceSpec};
 use crate::data::{hub, load_source};
-use crate::sampler::job::{self, SampleSettings};
+use crate::jobs::sample::{self as job, SampleSettings};
 
 #[derive(Debug, clap::Args)]
 pub struct SampleArgs {

@@ -8,7 +8,7 @@
 //! resumable like any sampling job) and `metrics.json` beside it, written once the samples are
 //! complete; `<out>/metrics.json` and `<out>/eval.md` for the whole run.
 //!
-//! Knows nothing of pipeline stages; the sampling itself is `sampler::job`.
+//! Knows nothing of pipeline stages; the sampling itself is `jobs::sample`.
 
 pub mod metrics;
 
@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::source::SourceSpec;
 use crate::data::{hub, load_source};
-use crate::sampler::job::{self, SampleSettings};
+use crate::jobs::sample::{self as job, SampleSettings};
 use metrics::{Outcome, SetMetrics};
 
 /// One eval set: where its problems come from and how to sample them.

@@ -416,8 +416,11 @@ impl<'m> Engine<'m> {
                 }
                 #[cfg(feature = "cuda")]
                 Cache::Cuda(cache) => {
-                    let meta =
-                        crate::sampler::gpu::GpuStep::new(cache, &seq_steps, model.config().num_heads)?;
+                    let meta = crate::sampler::gpu::GpuStep::new(
+                        cache,
+                        &seq_steps,
+                        model.config().num_heads,
+                    )?;
                     let mut attn = crate::sampler::gpu::GpuPagedAttention {
                         cache,
                         step: &meta,
@@ -526,8 +529,12 @@ impl<'m> Engine<'m> {
                 .unwrap_or(0);
             if let Some(k) = super::sampling::candidates_needed(&self.cfg.params, fewest) {
                 let p = &self.cfg.params;
-                let rows =
-                    crate::sampler::gpu::sampling::top_candidates(logits, k, p.is_greedy(), p.temperature)?;
+                let rows = crate::sampler::gpu::sampling::top_candidates(
+                    logits,
+                    k,
+                    p.is_greedy(),
+                    p.temperature,
+                )?;
                 return self.draw_from_candidates(samplers, logits, &rows);
             }
         }

@@ -1,14 +1,15 @@
 //! The sampler: a paged-KV engine that generates many completions per problem.
 //!
 //! `block_pool` (blocks, ref counts, block tables, copy on write) and `kv_cache` (the paged cache
-//! and the CPU attention backend over it) are the memory layer; the scheduler, sampling and the
-//! sample stage build on them. Knows nothing of Parquet or stages.
+//! and the CPU attention backend over it) are the memory layer; `scheduler`, `sampling` and
+//! `engine` build on them, and `gpu` (the `cuda` feature) is the device side of the cache and the
+//! draw. The sampling job that feeds it problems and writes Parquet is [`crate::jobs::sample`].
+//! Knows nothing of Parquet, grading or stages.
 
 pub mod block_pool;
 pub mod engine;
 #[cfg(feature = "cuda")]
 pub mod gpu;
-pub mod job;
 pub mod kv_cache;
 pub mod sampling;
 pub mod scheduler;

@@ -67,7 +67,7 @@ pub fn plan(
     for s in sets {
         let mut st = s.settings(&base.input.location)?;
         e.apply(&mut st);
-        memory_bytes = memory_bytes.max(crate::sampler::job::host_memory_estimate(
+        memory_bytes = memory_bytes.max(crate::jobs::sample::host_memory_estimate(
             &st,
             &base.config,
             base.weight_bytes,

@@ -16,8 +16,8 @@ use super::{output_file, Estimate, ModelFacts, PlannedStage, StageOutput};
 use crate::data::load_source;
 use crate::data::schema::{completions_batch, completions_schema, write_parquet_atomic};
 use crate::data::schema::{Completion, ROW_GROUP_ROWS};
+use crate::jobs::sample::{build_prompts, PromptTemplate};
 use crate::pretrain::{write_initial_checkpoint, PretrainConfig};
-use crate::sampler::job::{build_prompts, PromptTemplate};
 
 /// Bump when the output for the same inputs changes.
 pub const CODE_VERSION: u32 = 1;

@@ -13,7 +13,7 @@ use anyhow::Result;
 
 use super::{output_file, Estimate, Plan, PlannedStage, StageOutput};
 use crate::data::schema::read_problems;
-use crate::sampler::job::{run_settings, SampleSettings};
+use crate::jobs::sample::{run_settings, SampleSettings};
 use crate::store::InputRef;
 
 /// Bump when the output for the same inputs changes.
@@ -27,7 +27,7 @@ pub fn plan(
 ) -> Result<PlannedStage> {
     let model = facts.input.clone();
     let memory_bytes =
-        crate::sampler::job::host_memory_estimate(s, &facts.config, facts.weight_bytes)?;
+        crate::jobs::sample::host_memory_estimate(s, &facts.config, facts.weight_bytes)?;
     let inputs = vec![
         InputRef {
             name: "problems".into(),

@@ -20,15 +20,15 @@ use sha2::{Digest, Sha256};
 
 use serde::{Deserialize, Serialize};
 
-use super::engine::{Engine, EngineConfig, Request, Sample, ThinkingBudget};
-use super::kv_cache::KvCache;
-use super::sampling::SamplingParams;
-use super::scheduler::SchedulerConfig;
 use crate::data::schema::{
     completions_batch, completions_schema, has_logprobs, read_completions, write_parquet_atomic,
     write_parquet_atomic_kv, Completion, Grade, Logprobs, Problem,
 };
 use crate::model::{ChatTemplate, Message, TextTokenizer, Transformer};
+use crate::sampler::engine::{Engine, EngineConfig, Request, Sample, ThinkingBudget};
+use crate::sampler::kv_cache::KvCache;
+use crate::sampler::sampling::SamplingParams;
+use crate::sampler::scheduler::SchedulerConfig;
 use crate::verify::{grade, GradeOptions};
 
 /// How a problem becomes a prompt.
@@ -84,7 +84,7 @@ pub struct JobConfig {
     /// Problems per committed part.
     pub part_problems: usize,
     pub grade: GradeOptions,
-    pub thinking: Option<super::engine::ThinkingBudget>,
+    pub thinking: Option<ThinkingBudget>,
     /// This run's shard `(i, n)`; `(0, 1)` for an unsharded run.
     pub shard: (usize, usize),
     /// Per-token logprobs and this many alternatives in the output (see
@@ -443,7 +443,11 @@ pub fn host_memory_estimate(
 pub fn kv_bytes_per_token(model: &crate::model::Transformer, kv_fp8: bool) -> usize {
     #[cfg(feature = "cuda")]
     if model.device().is_cuda() {
-        return crate::sampler::gpu::GpuKvCache::bytes_per_token(model.config(), model.dtype(), kv_fp8);
+        return crate::sampler::gpu::GpuKvCache::bytes_per_token(
+            model.config(),
+            model.dtype(),
+            kv_fp8,
+        );
     }
     let _ = kv_fp8;
     KvCache::bytes_per_token(model.config())
@@ -792,7 +796,7 @@ fn to_row(
 ) -> Result<Completion> {
     let text = tok.decode(&s.tokens)?;
     // A stop string ends the completion where it starts.
-    let text = match super::sampling::stop_string_hit(&text, &cfg.params.stop_strings) {
+    let text = match crate::sampler::sampling::stop_string_hit(&text, &cfg.params.stop_strings) {
         Some(i) => text.get(..i).unwrap_or(&text).to_string(),
         None => text,
     };
