@@ -33,7 +33,13 @@ pub fn plan(cfg: &DataConfig, workdir: &Path, resolve: &super::Resolve) -> Resul
     // Gold answers of `boxed` sources are extracted by the verifier.
     inputs.push(super::verifier_input());
     let config = serde_json::to_value(cfg)?;
-    let mut st = PlannedStage::new("data", workdir, CODE_VERSION, config, inputs);
+    let mut st = PlannedStage::new(
+        super::StageKind::Data,
+        workdir,
+        CODE_VERSION,
+        config,
+        inputs,
+    );
     st.files = files;
     // JSONL shrinks under zstd; a mapped Parquet stays about the same size.
     st.estimate = Estimate {

@@ -74,7 +74,13 @@ pub fn plan(
         )?);
     }
     let config = serde_json::to_value(e)?;
-    let mut st = PlannedStage::new("eval", workdir, CODE_VERSION, config, inputs);
+    let mut st = PlannedStage::new(
+        super::StageKind::Eval,
+        workdir,
+        CODE_VERSION,
+        config,
+        inputs,
+    );
     st.deps = trained
         .iter()
         .map(|t| ("trained", t.name.clone()))

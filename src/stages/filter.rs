@@ -75,7 +75,13 @@ pub fn plan(
         super::verifier_input(),
     ];
     let config = serde_json::to_value(cfg)?;
-    let mut st = PlannedStage::new("filter", workdir, CODE_VERSION, config, inputs);
+    let mut st = PlannedStage::new(
+        super::StageKind::Filter,
+        workdir,
+        CODE_VERSION,
+        config,
+        inputs,
+    );
     st.files = vec![("completions".into(), path)];
     // Graded parts plus the SFT file, each about the size of the input; all rows in memory.
     st.estimate = Estimate {

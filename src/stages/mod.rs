@@ -26,8 +26,51 @@ use serde::{Deserialize, Serialize};
 use crate::config::Config;
 use crate::store::{self, InputRef, Manifest, OutputFile, WorkDir};
 
-/// Every stage name, in pipeline order. A config's plan is the subsequence it configures.
-pub const STAGE_ORDER: &[&str] = &["data", "pretrain", "sample", "filter", "train", "eval"];
+/// The kinds of stage, in pipeline order. A config's plan is the subsequence it configures
+/// (sample, filter and train repeated per round).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StageKind {
+    Data,
+    Pretrain,
+    Sample,
+    Filter,
+    Train,
+    Eval,
+}
+
+impl StageKind {
+    pub const ALL: [StageKind; 6] = [
+        StageKind::Data,
+        StageKind::Pretrain,
+        StageKind::Sample,
+        StageKind::Filter,
+        StageKind::Train,
+        StageKind::Eval,
+    ];
+
+    /// The kind's name: the stage's name in a one-round plan, the first part of its folder's
+    /// name and of its key (so it must never change).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StageKind::Data => "data",
+            StageKind::Pretrain => "pretrain",
+            StageKind::Sample => "sample",
+            StageKind::Filter => "filter",
+            StageKind::Train => "train",
+            StageKind::Eval => "eval",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<StageKind> {
+        StageKind::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+}
+
+impl std::fmt::Display for StageKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 pub use crate::config::PRETRAINED;
 
@@ -51,8 +94,8 @@ pub const EVAL_METRICS: &str = "metrics.json";
 pub struct PlannedStage {
     /// Unique in the plan: the kind, with `-r<N>` in a multi-round plan.
     pub name: String,
-    /// Which runner: one of [`STAGE_ORDER`].
-    pub kind: &'static str,
+    /// Which runner.
+    pub kind: StageKind,
     /// The stages this one reads, by role (`data`, `completions`, `sft`, `model`, `trained`).
     pub deps: Vec<(&'static str, String)>,
     /// The model this stage loads (a folder or hub id), resolved: another stage's output folder
@@ -169,7 +212,8 @@ impl Plan {
                 };
             let mut sampled = None;
             if let Some(s) = &cfg.sample {
-                let data = find(&stages, "data").context("the sample stage needs [data]")?;
+                let data =
+                    find(&stages, StageKind::Data).context("the sample stage needs [data]")?;
                 let (model, mf) = start(&s.model, &stages)?;
                 let mut st = sample::plan(s, data, workdir, &mf)?;
                 st.name = named("sample", r);
@@ -179,7 +223,8 @@ impl Plan {
                 stages.push(st);
             }
             if let Some(f) = &cfg.filter {
-                let data = find(&stages, "data").context("the filter needs the data stage")?;
+                let data =
+                    find(&stages, StageKind::Data).context("the filter needs the data stage")?;
                 let from = sampled.map(|i| &stages[i]);
                 let mut st = filter::plan(f, data, from, workdir, &resolve)?;
                 st.name = named("filter", r);
@@ -190,7 +235,7 @@ impl Plan {
                 stages.push(st);
             }
             if let Some(t) = &cfg.train {
-                let filter = stages.last().filter(|s| s.kind == "filter");
+                let filter = stages.last().filter(|s| s.kind == StageKind::Filter);
                 let filter = filter.context("the train stage needs the filter stage")?;
                 let configured = t.model.as_deref().context("train.model is unresolved")?;
                 let (model, mf) = start(configured, &stages)?;
@@ -210,7 +255,10 @@ impl Plan {
         }
         if let Some(e) = &cfg.eval {
             let base = facts(&e.base_model)?;
-            let trained: Vec<&PlannedStage> = stages.iter().filter(|s| s.kind == "train").collect();
+            let trained: Vec<&PlannedStage> = stages
+                .iter()
+                .filter(|s| s.kind == StageKind::Train)
+                .collect();
             let mut st = eval::plan(&e.settings, &base, &e.sets, &trained, workdir, &resolve)?;
             st.model = Some(model_path(&stages, &e.base_model));
             stages.push(st);
@@ -245,14 +293,14 @@ impl Plan {
 }
 
 /// The first planned stage of `kind`.
-fn find<'a>(stages: &'a [PlannedStage], kind: &str) -> Option<&'a PlannedStage> {
+fn find(stages: &[PlannedStage], kind: StageKind) -> Option<&PlannedStage> {
     stages.iter().find(|s| s.kind == kind)
 }
 
 /// Where a model named in the config lives: the pretrain stage's output folder for
 /// `@pretrain`, else the name itself (a folder or hub id).
 fn model_path(stages: &[PlannedStage], model: &str) -> String {
-    match find(stages, "pretrain").filter(|_| model == PRETRAINED) {
+    match find(stages, StageKind::Pretrain).filter(|_| model == PRETRAINED) {
         Some(s) => s.model_input().location,
         None => model.to_string(),
     }
@@ -261,19 +309,19 @@ fn model_path(stages: &[PlannedStage], model: &str) -> String {
 impl PlannedStage {
     /// A stage with no dependencies and no model yet: the fields every `plan` fills.
     pub fn new(
-        kind: &'static str,
+        kind: StageKind,
         workdir: &Path,
         code_version: u32,
         config: serde_json::Value,
         inputs: Vec<InputRef>,
     ) -> PlannedStage {
-        let key = stage_key(kind, code_version, &config, &inputs);
+        let key = stage_key(kind.as_str(), code_version, &config, &inputs);
         PlannedStage {
             name: kind.to_string(),
             kind,
             deps: Vec::new(),
             model: None,
-            dir: store::stage_dir(workdir, kind, &key),
+            dir: store::stage_dir(workdir, kind.as_str(), &key),
             key,
             code_version,
             config,
@@ -512,7 +560,7 @@ pub struct PlanRecord {
 #[derive(Debug, Serialize, Deserialize)]
 pub struct PlanRecordStage {
     pub name: String,
-    /// One of [`STAGE_ORDER`] (older plans: the name).
+    /// A [`StageKind`]'s name (older plans: the stage's name).
     #[serde(default)]
     pub kind: String,
     pub key: String,
@@ -541,12 +589,12 @@ pub fn run(cfg: &Config, target: &Target, force: &[String]) -> Result<()> {
             .join(", ")
     };
     for f in force {
-        if !STAGE_ORDER.contains(&f.as_str()) && plan.get(f).is_none() {
+        if StageKind::parse(f).is_none() && plan.get(f).is_none() {
             bail!("--force {f}: no such stage (stages: {})", names());
         }
     }
     // a kind names all its rounds: run up to the last, force from the first
-    let is = |s: &PlannedStage, x: &str| s.name == x || s.kind == x;
+    let is = |s: &PlannedStage, x: &str| s.name == x || s.kind.as_str() == x;
     let last = match target {
         Target::All => plan.stages.len(),
         Target::Stage(s) => match plan.stages.iter().rposition(|p| is(p, s)) {
@@ -665,32 +713,31 @@ fn run_stage(cfg: &Config, plan: &Plan, stage: &PlannedStage) -> Result<()> {
         .with_context(|| format!("cannot create {}", stage.dir.display()))?;
     let t0 = Instant::now();
     let out = match stage.kind {
-        "data" => data::run(cfg.data.as_ref().context("no [data] section")?, stage)?,
-        "pretrain" => pretrain::run(
+        StageKind::Data => data::run(cfg.data.as_ref().context("no [data] section")?, stage)?,
+        StageKind::Pretrain => pretrain::run(
             cfg.pretrain.as_ref().context("no [pretrain] section")?,
             stage,
         )?,
-        "sample" => sample::run(
+        StageKind::Sample => sample::run(
             cfg.sample.as_ref().context("no [sample] section")?,
             plan,
             stage,
         )?,
-        "filter" => filter::run(
+        StageKind::Filter => filter::run(
             cfg.filter.as_ref().context("no [filter] section")?,
             cfg,
             plan,
             stage,
         )?,
-        "train" => train::run(
+        StageKind::Train => train::run(
             cfg.train.as_ref().context("no [train] section")?,
             plan,
             stage,
         )?,
-        "eval" => {
+        StageKind::Eval => {
             let e = cfg.eval.as_ref().context("no [eval] section")?;
             eval::run(&e.settings, &e.base_model, &e.sets, plan, stage)?
         }
-        other => bail!("stage `{other}` has no runner"),
     };
     let wall_seconds = t0.elapsed().as_secs_f64();
     let manifest = Manifest {

@@ -59,7 +59,13 @@ pub fn plan(
         crate::model::ModelConfig::parse(&p.model.config_json(PLANNED_VOCAB).to_string())?;
     let params = model_config.num_params() as u64;
     let budget = crate::train::memory::budget(&model_config, params, &p.train);
-    let mut st = PlannedStage::new("pretrain", workdir, CODE_VERSION, config, inputs);
+    let mut st = PlannedStage::new(
+        super::StageKind::Pretrain,
+        workdir,
+        CODE_VERSION,
+        config,
+        inputs,
+    );
     st.files = files;
     st.estimate = Estimate {
         // the initial and trained weights, the trainer's checkpoints, the rows

@@ -38,7 +38,13 @@ pub fn plan(
         super::verifier_input(),
     ];
     let config = serde_json::to_value(s)?;
-    let mut st = PlannedStage::new("sample", workdir, CODE_VERSION, config, inputs);
+    let mut st = PlannedStage::new(
+        super::StageKind::Sample,
+        workdir,
+        CODE_VERSION,
+        config,
+        inputs,
+    );
     st.estimate = Estimate {
         disk_bytes: 64 << 20,
         memory_bytes,

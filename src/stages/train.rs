@@ -41,7 +41,13 @@ pub fn plan(
         model,
     ];
     let config = serde_json::to_value(s)?;
-    let mut st = PlannedStage::new("train", workdir, CODE_VERSION, config, inputs);
+    let mut st = PlannedStage::new(
+        super::StageKind::Train,
+        workdir,
+        CODE_VERSION,
+        config,
+        inputs,
+    );
     st.estimate = Estimate {
         disk_bytes: crate::train::memory::disk_bytes(params, dtype_bytes, s),
         memory_bytes: budget.total(s),
