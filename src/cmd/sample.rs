@@ -104,3 +104,25 @@ pub fn run(a: &SampleArgs) -> Result<()> {
     s.print(&a.output);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SampleArgs,
+    }
+
+    /// The flags' defaults are the config's: `pipeline sample` with only the required flags
+    /// samples like a `[sample]` section with only `model`.
+    #[test]
+    fn flag_defaults_are_the_config_defaults() {
+        let cli = Cli::try_parse_from(["x", "--input", "p.jsonl", "--model", "m", "--output", "o"])
+            .unwrap();
+        let config: SampleSettings = toml::from_str("model = \"m\"").unwrap();
+        assert_eq!(cli.args.settings, config);
+    }
+}

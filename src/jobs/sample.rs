@@ -153,7 +153,7 @@ pub struct SampleSettings {
     /// `chat` (the checkpoint's template), `raw` (the problem text as is) or a Jinja file using
     /// `{{ problem }}`.
     #[serde(default = "d_chat")]
-    #[arg(long, default_value = "chat")]
+    #[arg(long, default_value_t = d_chat())]
     pub prompt_template: String,
     /// A system message for the chat template.
     #[arg(long)]
@@ -163,14 +163,14 @@ pub struct SampleSettings {
     pub enable_thinking: Option<bool>,
     /// Samples per problem (at most, with target_correct).
     #[serde(default = "d_one")]
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = d_one())]
     pub n: u32,
     /// 0 = greedy.
     #[serde(default)]
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
     #[serde(default = "d_top_p")]
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = d_top_p())]
     pub top_p: f32,
     /// 0 = off.
     #[serde(default)]
@@ -182,7 +182,7 @@ pub struct SampleSettings {
     /// vLLM's (and HF's) repetition penalty over the prompt's and the generated tokens: a
     /// positive logit is divided by it, a negative one multiplied; 1 = off.
     #[serde(default = "d_one_f", skip_serializing_if = "is_one")]
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = d_one_f())]
     pub repetition_penalty: f32,
     /// Subtracted once from the logit of every token generated so far (vLLM's); 0 = off.
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -206,7 +206,7 @@ pub struct SampleSettings {
     #[arg(long)]
     pub logprobs: Option<usize>,
     #[serde(default = "d_max_new")]
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = d_max_new())]
     pub max_new_tokens: usize,
     #[serde(default)]
     #[arg(long, default_value_t = 0)]
@@ -224,30 +224,30 @@ pub struct SampleSettings {
     pub seed: u64,
     /// Most sequences decoding at once.
     #[serde(default = "d_seqs")]
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = d_seqs())]
     pub max_num_seqs: usize,
     /// Token budget of one step (prefill chunks and decode tokens together).
     #[serde(default = "d_budget")]
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = d_budget())]
     pub max_num_batched_tokens: usize,
     /// KV cache size ("4 GiB"); default: what the run needs, at most a quarter of free memory.
     #[arg(long)]
     pub kv_cache: Option<String>,
     #[serde(default = "d_block")]
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = d_block())]
     pub block_size: usize,
     /// `cpu`, or `cuda` / `cuda:N` (a binary built with `--features cuda`).
     #[serde(default = "d_cpu")]
-    #[arg(long, default_value = "cpu")]
+    #[arg(long, default_value_t = d_cpu())]
     pub device: String,
     /// Weights' dtype: `auto` (f32 on the CPU, bf16 on a GPU), `f32` or `bf16`.
     #[serde(default = "d_auto")]
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value_t = d_auto())]
     pub dtype: String,
     /// `auto` (the weights' dtype) or `fp8` (e4m3 keys and values: half the bytes of bf16;
     /// CUDA with bf16 weights).
     #[serde(default = "d_auto")]
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value_t = d_auto())]
     pub kv_cache_dtype: String,
     /// Stop sampling a problem once this many of its samples are correct (needs gold answers).
     #[arg(long)]
@@ -257,7 +257,7 @@ pub struct SampleSettings {
     #[arg(long)]
     pub max_thinking_tokens: Option<usize>,
     #[serde(default = "d_close")]
-    #[arg(long, default_value = "\n</think>\n\n")]
+    #[arg(long, default_value_t = d_close())]
     pub thinking_close_text: String,
 }
 
