@@ -657,31 +657,7 @@ pub fn run(
         .with_context(|| format!("cannot create {}", parts.display()))?;
     let done = committed_problems(&parts)?;
     let shash = sampling_hash(cfg, template);
-    let per_block = (kv_bytes_per_token(model, cfg.kv_fp8) * cfg.block_size).max(1) as u64;
-    let num_blocks = (cfg.kv_cache_bytes / per_block) as usize;
-    let tokens = num_blocks * cfg.block_size;
-    let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
-    let per_seq = longest + cfg.params.max_new_tokens;
-    eprintln!(
-        "KV cache: {num_blocks} blocks of {} tokens = {tokens} tokens ({:.1} MiB): room for {} \
-         sequences of the longest prompt plus max_new_tokens ({per_seq} tokens)",
-        cfg.block_size,
-        cfg.kv_cache_bytes as f64 / (1 << 20) as f64,
-        tokens / per_seq.max(1),
-    );
-    let ecfg = EngineConfig {
-        scheduler: SchedulerConfig {
-            block_size: cfg.block_size,
-            max_num_seqs: cfg.max_num_seqs,
-            max_num_batched_tokens: cfg.max_num_batched_tokens,
-        },
-        num_blocks,
-        params: cfg.params.clone(),
-        eos_token_ids: eos.to_vec(),
-        kv_fp8: cfg.kv_fp8,
-        logprobs: cfg.logprobs,
-        thinking: cfg.thinking.clone(),
-    };
+    let ecfg = engine_config(model, eos, prompts, cfg);
     let mut engine = Engine::new(model, ecfg)?;
     let mut summary = JobSummary {
         problems: problems.len(),
@@ -751,14 +727,67 @@ pub fn run(
         }
     }
     commit_part(&parts, &mut next_part, &mut finished_problems, &mut pending)?;
-    // Join the parts in input order (then sample index) into the output.
+    join_parts(&parts, problems, cfg, &shash, output)?;
+    std::fs::remove_dir_all(&parts)
+        .with_context(|| format!("cannot remove {}", parts.display()))?;
+    summary.prompt_tokens = engine.stats.prompt_tokens_computed;
+    summary.generated_tokens = engine.stats.generated_tokens;
+    summary.preemptions = engine.preemptions();
+    summary.seconds = t0.elapsed().as_secs_f64();
+    Ok(summary)
+}
+
+/// The engine's settings for this job, with a KV cache of `cfg.kv_cache_bytes` (said on
+/// stderr, with how many sequences of the longest prompt it holds).
+fn engine_config(
+    model: &Transformer,
+    eos: &[u32],
+    prompts: &[(String, Vec<u32>)],
+    cfg: &JobConfig,
+) -> EngineConfig {
+    let per_block = (kv_bytes_per_token(model, cfg.kv_fp8) * cfg.block_size).max(1) as u64;
+    let num_blocks = (cfg.kv_cache_bytes / per_block) as usize;
+    let tokens = num_blocks * cfg.block_size;
+    let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
+    let per_seq = longest + cfg.params.max_new_tokens;
+    eprintln!(
+        "KV cache: {num_blocks} blocks of {} tokens = {tokens} tokens ({:.1} MiB): room for {} \
+         sequences of the longest prompt plus max_new_tokens ({per_seq} tokens)",
+        cfg.block_size,
+        cfg.kv_cache_bytes as f64 / (1 << 20) as f64,
+        tokens / per_seq.max(1),
+    );
+    EngineConfig {
+        scheduler: SchedulerConfig {
+            block_size: cfg.block_size,
+            max_num_seqs: cfg.max_num_seqs,
+            max_num_batched_tokens: cfg.max_num_batched_tokens,
+        },
+        num_blocks,
+        params: cfg.params.clone(),
+        eos_token_ids: eos.to_vec(),
+        kv_fp8: cfg.kv_fp8,
+        logprobs: cfg.logprobs,
+        thinking: cfg.thinking.clone(),
+    }
+}
+
+/// Joins the committed parts, in input order (then sample index), into `output` (atomically),
+/// with the shard, sampling hash and problem count as file metadata.
+fn join_parts(
+    parts: &Path,
+    problems: &[Problem],
+    cfg: &JobConfig,
+    shash: &str,
+    output: &Path,
+) -> Result<()> {
     let order: HashMap<&str, usize> = problems
         .iter()
         .enumerate()
         .map(|(i, p)| (p.problem_id.as_str(), i))
         .collect();
     let mut rows = Vec::new();
-    for part in part_files(&parts)? {
+    for part in part_files(parts)? {
         rows.extend(read_completions(&part)?);
     }
     rows.sort_by_key(|r| (order.get(r.problem_id.as_str()).copied(), r.sample_index));
@@ -773,17 +802,11 @@ pub fn run(
             META_SHARD.to_string(),
             format!("{}/{}", cfg.shard.0, cfg.shard.1),
         ),
-        (META_SAMPLING_HASH.to_string(), shash.clone()),
+        (META_SAMPLING_HASH.to_string(), shash.to_string()),
         (META_PROBLEMS.to_string(), problems.len().to_string()),
     ];
     write_parquet_atomic_kv(output, completions_schema(graded, logprobs), &batches, &kv)?;
-    std::fs::remove_dir_all(&parts)
-        .with_context(|| format!("cannot remove {}", parts.display()))?;
-    summary.prompt_tokens = engine.stats.prompt_tokens_computed;
-    summary.generated_tokens = engine.stats.generated_tokens;
-    summary.preemptions = engine.preemptions();
-    summary.seconds = t0.elapsed().as_secs_f64();
-    Ok(summary)
+    Ok(())
 }
 
 fn to_row(
