@@ -247,25 +247,7 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(text, origin, &e))?;
         let err = |key: &str, msg: String| ConfigError(format!("{origin}: `{key}`: {msg}"));
-        let name = raw.run.name.unwrap_or_else(|| default_name.to_string());
-        if name.is_empty() || name.contains(['/', '\\']) {
-            return Err(err(
-                "run.name",
-                "must be a non-empty name without slashes".into(),
-            ));
-        }
-        let workdir = match raw.run.workdir {
-            Some(w) => resolve(base, &w),
-            None => PathBuf::from("runs").join(&name),
-        };
-        let disk_budget_bytes = match raw.run.disk_budget {
-            Some(s) => Some(parse_bytes(&s).map_err(|e| err("run.disk_budget", e.to_string()))?),
-            None => None,
-        };
-        let rounds = raw.run.rounds.unwrap_or(1);
-        if rounds == 0 {
-            return Err(err("run.rounds", "must be at least 1".into()));
-        }
+        let run = validate_run(raw.run, base, origin, default_name)?;
         let data = raw
             .data
             .map(|d| validate_data(d, base, origin))
@@ -307,11 +289,12 @@ impl Config {
                 )
             })
             .transpose()?;
-        if rounds > 1 && (sample.is_none() || train.is_none()) {
+        if run.rounds > 1 && (sample.is_none() || train.is_none()) {
             return Err(err(
                 "run.rounds",
                 format!(
-                    "{rounds} rounds repeat sample -> filter -> train: add [sample] and [train]"
+                    "{} rounds repeat sample -> filter -> train: add [sample] and [train]",
+                    run.rounds
                 ),
             ));
         }
@@ -341,10 +324,10 @@ impl Config {
         };
         Ok(Config {
             origin: origin.to_string(),
-            name,
-            workdir,
-            disk_budget_bytes,
-            rounds,
+            name: run.name,
+            workdir: run.workdir,
+            disk_budget_bytes: run.disk_budget_bytes,
+            rounds: run.rounds,
             data,
             pretrain,
             sample,
@@ -353,6 +336,50 @@ impl Config {
             eval,
         })
     }
+}
+
+/// The `[run]` section, validated.
+struct Run {
+    name: String,
+    workdir: PathBuf,
+    disk_budget_bytes: Option<u64>,
+    rounds: u32,
+}
+
+/// `[run]`: the name (default `default_name`), the work dir (default `runs/<name>`), the disk
+/// budget and the number of rounds.
+fn validate_run(
+    raw: RawRun,
+    base: &Path,
+    origin: &str,
+    default_name: &str,
+) -> Result<Run, ConfigError> {
+    let err = |key: &str, msg: String| ConfigError(format!("{origin}: `{key}`: {msg}"));
+    let name = raw.name.unwrap_or_else(|| default_name.to_string());
+    if name.is_empty() || name.contains(['/', '\\']) {
+        return Err(err(
+            "run.name",
+            "must be a non-empty name without slashes".into(),
+        ));
+    }
+    let workdir = match raw.workdir {
+        Some(w) => resolve(base, &w),
+        None => PathBuf::from("runs").join(&name),
+    };
+    let disk_budget_bytes = match raw.disk_budget {
+        Some(s) => Some(parse_bytes(&s).map_err(|e| err("run.disk_budget", e.to_string()))?),
+        None => None,
+    };
+    let rounds = raw.rounds.unwrap_or(1);
+    if rounds == 0 {
+        return Err(err("run.rounds", "must be at least 1".into()));
+    }
+    Ok(Run {
+        name,
+        workdir,
+        disk_budget_bytes,
+        rounds,
+    })
 }
 
 /// The sets must load and their settings validate with the overrides; the base model defaults
