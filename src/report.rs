@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, Context, Result};
 use plotters::prelude::*;
 
-use crate::stages::{self, PlanRecord, StageState};
+use crate::stages::{self, PlanRecord, StageKind, StageState};
 use crate::store;
 
 /// The report's folder in a work dir.
@@ -40,7 +40,8 @@ fn register_font() -> Result<()> {
 /// One stage of the plan and its state.
 struct Stage {
     name: String,
-    kind: String,
+    /// `None` for a stage this build does not know (a plan from another version).
+    kind: Option<StageKind>,
     dir: PathBuf,
     manifest: Option<store::Manifest>,
 }
@@ -65,11 +66,8 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
         };
         list.push(Stage {
             name: s.name.clone(),
-            kind: if s.kind.is_empty() {
-                s.name.clone()
-            } else {
-                s.kind.clone()
-            },
+            // older plans have no kind: their names were the kinds
+            kind: StageKind::parse(if s.kind.is_empty() { &s.name } else { &s.kind }),
             dir,
             manifest,
         });
@@ -77,21 +75,21 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
     let out = workdir.join(DIR);
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut md = format!("# Report: {}\n\n", plan.config);
-    let done = |kind: &'static str| {
+    let done = |kind: StageKind| {
         list.iter()
-            .filter(move |s| s.kind == kind && s.manifest.is_some())
+            .filter(move |s| s.kind == Some(kind) && s.manifest.is_some())
     };
-    for s in done("eval") {
+    for s in done(StageKind::Eval) {
         eval_section(&mut md, &s.dir, &out)?;
     }
-    for s in done("pretrain") {
+    for s in done(StageKind::Pretrain) {
         train_section(&mut md, "Pretraining", &s.name, &s.dir, &out)?;
     }
     // each round: its sampling, filter and training
     for s in list.iter().filter(|s| s.manifest.is_some()) {
-        match s.kind.as_str() {
-            "sample" => sample_section(&mut md, s, &out)?,
-            "filter" => {
+        match s.kind {
+            Some(StageKind::Sample) => sample_section(&mut md, s, &out)?,
+            Some(StageKind::Filter) => {
                 let m = s.manifest.as_ref().expect("done");
                 let _ = writeln!(
                     md,
@@ -103,7 +101,7 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
                 }
                 let _ = writeln!(md, "\nKept: {} SFT rows.\n", m.rows);
             }
-            "train" => train_section(&mut md, "Training", &s.name, &s.dir, &out)?,
+            Some(StageKind::Train) => train_section(&mut md, "Training", &s.name, &s.dir, &out)?,
             _ => {}
         }
     }
