@@ -25,8 +25,10 @@ use crate::data::schema::{
     write_parquet_atomic_kv, Completion, Grade, Logprobs, Problem,
 };
 use crate::model::{ChatTemplate, Message, TextTokenizer, Transformer};
-use crate::sampler::engine::{Engine, EngineConfig, Request, Sample, ThinkingBudget};
-use crate::sampler::kv_cache::KvCache;
+use crate::sampler::engine::{
+    kv_cache_bytes_per_token, kv_cache_memory, Engine, EngineConfig, Request, Sample,
+    ThinkingBudget,
+};
 use crate::sampler::sampling::SamplingParams;
 use crate::sampler::scheduler::SchedulerConfig;
 use crate::verify::{grade, GradeOptions};
@@ -439,32 +441,6 @@ pub fn host_memory_estimate(
     Ok(stored * widen + kv)
 }
 
-/// Bytes one token's keys and values take in the cache on the model's device.
-pub fn kv_bytes_per_token(model: &crate::model::Transformer, kv_fp8: bool) -> usize {
-    #[cfg(feature = "cuda")]
-    if model.device().is_cuda() {
-        return crate::sampler::gpu::GpuKvCache::bytes_per_token(
-            model.config(),
-            model.dtype(),
-            kv_fp8,
-        );
-    }
-    let _ = kv_fp8;
-    KvCache::bytes_per_token(model.config())
-}
-
-/// Memory the default KV cache may take: a quarter of the host's available memory, or 90% of
-/// the GPU's free memory (the weights are loaded by then).
-fn free_kv_memory(device: &candle_core::Device) -> Result<u64> {
-    #[cfg(feature = "cuda")]
-    if device.is_cuda() {
-        let (free, _) = crate::cuda::kernels::memory_info(device)?;
-        return Ok(free / 10 * 9);
-    }
-    let _ = device;
-    Ok(crate::machine::available_memory_bytes().unwrap_or(4 << 30) / 4)
-}
-
 /// Loads the model and runs the job described by `s` over `problems` (gold answers, where not
 /// empty, are graded).
 pub fn run_settings(
@@ -491,14 +467,14 @@ pub fn run_settings(
     // Default KV cache: what max_num_seqs sequences of the longest prompt plus max_new_tokens
     // need, capped at a quarter of the available memory (on a GPU: 90% of its free memory).
     let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
-    let per_token = kv_bytes_per_token(&model, kv_fp8) as u64;
+    let per_token = kv_cache_bytes_per_token(&model, kv_fp8) as u64;
     let need = KvNeed::new(longest, s, problems.len());
     let block_bytes = per_token * s.block_size as u64;
     let kv_cache_bytes = match &s.kv_cache {
         Some(text) => {
             crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
         }
-        None => (need.default_blocks as u64 * block_bytes).min(free_kv_memory(&device)?),
+        None => (need.default_blocks as u64 * block_bytes).min(kv_cache_memory(&device)?),
     };
     need.check(kv_cache_bytes / block_bytes.max(1), block_bytes, s)?;
     let thinking = match s.max_thinking_tokens {
@@ -745,7 +721,7 @@ fn engine_config(
     prompts: &[(String, Vec<u32>)],
     cfg: &JobConfig,
 ) -> EngineConfig {
-    let per_block = (kv_bytes_per_token(model, cfg.kv_fp8) * cfg.block_size).max(1) as u64;
+    let per_block = (kv_cache_bytes_per_token(model, cfg.kv_fp8) * cfg.block_size).max(1) as u64;
     let num_blocks = (cfg.kv_cache_bytes / per_block) as usize;
     let tokens = num_blocks * cfg.block_size;
     let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);

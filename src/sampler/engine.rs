@@ -10,6 +10,10 @@
 //!    not depend on what else is in the batch. 4) A sample ends on EOS or a stop id, a stop string,
 //!    or `max_new_tokens`.
 //!
+//! The KV cache's device decisions live here too: which cache a model's device gets, the bytes
+//! a token takes in it ([`kv_cache_bytes_per_token`]) and the memory a default cache may take
+//! ([`kv_cache_memory`]).
+//!
 //! Knows nothing of Parquet, verification or problems beyond their ids: the caller grades
 //! finished samples and may [`Engine::cancel`] a request (the verifier in the loop).
 
@@ -170,6 +174,32 @@ enum Cache {
     Cpu(KvCache),
     #[cfg(feature = "cuda")]
     Cuda(crate::sampler::gpu::GpuKvCache),
+}
+
+/// Bytes one token's keys and values take in the cache on the model's device.
+pub fn kv_cache_bytes_per_token(model: &Transformer, kv_fp8: bool) -> usize {
+    #[cfg(feature = "cuda")]
+    if model.device().is_cuda() {
+        return crate::sampler::gpu::GpuKvCache::bytes_per_token(
+            model.config(),
+            model.dtype(),
+            kv_fp8,
+        );
+    }
+    let _ = kv_fp8;
+    KvCache::bytes_per_token(model.config())
+}
+
+/// Memory a default KV cache may take on `device`: a quarter of the host's available memory, or 90% of
+/// the GPU's free memory (the weights are loaded by then).
+pub fn kv_cache_memory(device: &Device) -> Result<u64> {
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        let (free, _) = crate::cuda::kernels::memory_info(device)?;
+        return Ok(free / 10 * 9);
+    }
+    let _ = device;
+    Ok(crate::machine::available_memory_bytes().unwrap_or(4 << 30) / 4)
 }
 
 impl Cache {
