@@ -27,6 +27,27 @@ fn sample(dir: &Path, extra: &[&str], out: &str) -> std::process::Output {
     sample_with_env(dir, extra, out, None)
 }
 
+/// The arguments of `pipeline sample` on the 20 toy problems with the fixture model, raw
+/// prompts and gold answers, writing `out`; the sampling settings are the caller's.
+fn toy_args(dir: &Path, out: &str) -> Vec<String> {
+    let model = shared("fixtures/tiny-qwen3").unwrap();
+    let input = problems(dir);
+    let mut args = vec!["sample".to_string(), "--model".into()];
+    args.push(model.to_str().unwrap().into());
+    args.extend(["--input".into(), input.to_str().unwrap().to_string()]);
+    for a in [
+        "--answer-field",
+        "answer",
+        "--prompt-template",
+        "raw",
+        "--output",
+        out,
+    ] {
+        args.push(a.into());
+    }
+    args
+}
+
 /// `pipeline sample` on the 20 toy problems, with an optional environment variable.
 fn sample_with_env(
     dir: &Path,
@@ -34,36 +55,24 @@ fn sample_with_env(
     out: &str,
     env: Option<(&str, &str)>,
 ) -> std::process::Output {
-    let model = shared("fixtures/tiny-qwen3").unwrap();
-    let input = problems(dir);
-    let mut args = vec![
-        "sample",
-        "--model",
-        model.to_str().unwrap(),
-        "--input",
-        input.to_str().unwrap(),
-        "--answer-field",
-        "answer",
-        "--prompt-template",
-        "raw",
-        "--n",
-        "2",
-        "--temperature",
-        "0.8",
-        "--top-p",
-        "0.95",
-        "--max-new-tokens",
-        "8",
-        "--seed",
-        "7",
-        "--kv-cache",
-        "4 MiB",
-        "--output",
-        out,
-    ];
-    args.extend_from_slice(extra);
     let mut cmd = bin();
-    cmd.args(&args).current_dir(dir);
+    cmd.args(toy_args(dir, out))
+        .args([
+            "--n",
+            "2",
+            "--temperature",
+            "0.8",
+            "--top-p",
+            "0.95",
+            "--max-new-tokens",
+            "8",
+            "--seed",
+            "7",
+            "--kv-cache",
+            "4 MiB",
+        ])
+        .args(extra)
+        .current_dir(dir);
     if let Some((k, v)) = env {
         cmd.env(k, v);
     }
@@ -319,27 +328,13 @@ fn rewritten_weights_in_the_same_folder_rerun_the_sample_stage() {
 
 /// `pipeline sample` on the toy problems with the default KV cache (sized by the job).
 fn sample_default_kv(dir: &Path, extra: &[&str], out: &str) -> std::process::Output {
-    let model = shared("fixtures/tiny-qwen3").unwrap();
-    let input = problems(dir);
-    let mut args = vec![
-        "sample",
-        "--model",
-        model.to_str().unwrap(),
-        "--input",
-        input.to_str().unwrap(),
-        "--answer-field",
-        "answer",
-        "--prompt-template",
-        "raw",
-        "--max-new-tokens",
-        "24",
-        "--seed",
-        "11",
-        "--output",
-        out,
-    ];
-    args.extend_from_slice(extra);
-    run(&args, dir)
+    bin()
+        .args(toy_args(dir, out))
+        .args(["--max-new-tokens", "24", "--seed", "11"])
+        .args(extra)
+        .current_dir(dir)
+        .output()
+        .unwrap()
 }
 
 /// Any max_num_seqs with any n: the default KV cache holds the prompts whose samples wait plus

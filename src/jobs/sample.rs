@@ -105,9 +105,6 @@ fn d_chat() -> String {
 fn d_one() -> u32 {
     1
 }
-fn d_top_p() -> f32 {
-    1.0
-}
 fn d_max_new() -> usize {
     1024
 }
@@ -171,8 +168,8 @@ pub struct SampleSettings {
     #[serde(default)]
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
-    #[serde(default = "d_top_p")]
-    #[arg(long, default_value_t = d_top_p())]
+    #[serde(default = "d_one_f")]
+    #[arg(long, default_value_t = d_one_f())]
     pub top_p: f32,
     /// 0 = off.
     #[serde(default)]

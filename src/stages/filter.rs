@@ -57,14 +57,11 @@ pub fn plan(
                 ..input.clone()
             };
             // a provisional hub file (preflight) has no path yet
-            let path = path
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(&input.location));
-            (input, path, *bytes)
+            (input, path.clone(), *bytes)
         }
         (None, Some(s)) => (
             upstream("completions", s),
-            s.dir.join(super::COMPLETIONS),
+            Some(s.dir.join(super::COMPLETIONS)),
             s.estimate.disk_bytes,
         ),
         (None, None) => bail!("the filter needs [filter.completions] or a [sample] section"),
@@ -82,7 +79,10 @@ pub fn plan(
         config,
         inputs,
     );
-    st.files = vec![("completions".into(), path)];
+    st.files = path
+        .map(|p| ("completions".into(), p))
+        .into_iter()
+        .collect();
     // Graded parts plus the SFT file, each about the size of the input; all rows in memory.
     st.estimate = Estimate {
         disk_bytes: bytes * 2,
