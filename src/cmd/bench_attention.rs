@@ -15,6 +15,7 @@ use anyhow::{bail, Result};
 #[cfg(feature = "cuda")]
 use candle_core::{DType, Tensor};
 
+use crate::model::config::LayerKind;
 use crate::model::init::shape;
 
 #[derive(Debug, clap::Args)]
@@ -87,7 +88,7 @@ fn run_cpu(a: &AttentionBenchArgs) -> Result<()> {
         bail!("--kv-fp8: the CPU cache is f32");
     }
     let mut cfg = shape(&a.shape)?;
-    cfg.num_layers = a.layers.unwrap_or(cfg.num_layers).max(1);
+    cfg.layer_kinds = vec![LayerKind::Attention; a.layers.unwrap_or(cfg.num_layers()).max(1)];
     let (b, ctx, bs) = (a.batch.max(1), a.context.max(1), a.block_size.max(1));
     let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);
     let per_seq = ctx.div_ceil(bs);
@@ -123,7 +124,7 @@ fn run_cpu(a: &AttentionBenchArgs) -> Result<()> {
     };
     let (q, k, v) = (gen(b * hq * d, 1), gen(b * hkv * d, 2), gen(b * hkv * d, 3));
     let mut out = vec![0f32; b * hq * d];
-    let layers = cfg.num_layers;
+    let layers = cfg.num_layers();
     let kv_bytes = (b * ctx * hkv * d * 2 * std::mem::size_of::<f32>()) as f64;
     let flops = (4 * b * ctx * hq * d) as f64;
     let bw = crate::machine::read_bandwidth();
@@ -176,7 +177,7 @@ fn run_gpu(a: &AttentionBenchArgs) -> Result<()> {
     use crate::sampler::gpu::{GpuKvCache, GpuPagedAttention, GpuStep};
     use crate::sampler::kv_cache::SeqStep;
     let mut cfg = shape(&a.shape)?;
-    cfg.num_layers = 1;
+    cfg.layer_kinds = vec![LayerKind::Attention];
     let dev = crate::model::parse_device("cuda")?;
     let (bw, _) = super::bench_sample::gpu_ceilings(&dev)?;
     let (b, ctx, bs) = (a.batch, a.context.max(1), a.block_size.max(1));

@@ -17,7 +17,7 @@ use crate::machine::{
     fma_peak, matmul_ceiling, packed_matmul_ceiling, packed_matmul_rate, read_bandwidth, CEILING_N,
 };
 use crate::model::init::{random_model, shape};
-use crate::model::{ModelConfig, Transformer};
+use crate::model::{LayerKind, ModelConfig, Transformer};
 use crate::sampler::engine::{Engine, EngineConfig, Request};
 use crate::sampler::kv_cache::KvCache;
 use crate::sampler::sampling::SamplingParams;
@@ -368,10 +368,19 @@ fn decode_roofline(cfg: &ModelConfig, batch: usize, ctx: usize, peak: f64, bw: f
 }
 
 /// FLOPs of one decode token at context length `ctx`: every weight matrix once (lm_head
-/// included), plus attention's q·k and p·v over the context.
+/// included), plus attention's q·k and p·v over the context in the layers that keep keys.
 fn decode_flops_per_token(cfg: &ModelConfig, ctx: usize) -> f64 {
     let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
-    let proj = h * d * (cfg.num_heads * 2 + cfg.num_kv_heads * 2) + 3 * h * i;
-    let attn = 4 * ctx * cfg.num_heads * d;
-    2.0 * (cfg.num_layers * proj + cfg.vocab_size * h) as f64 + (cfg.num_layers * attn) as f64
+    let per_layer = |kind: LayerKind| match kind {
+        LayerKind::Attention => {
+            let proj = h * d * (cfg.num_heads * 2 + cfg.num_kv_heads * 2);
+            2 * proj + 4 * ctx * cfg.num_heads * d
+        }
+    };
+    let layers: usize = cfg
+        .layer_kinds
+        .iter()
+        .map(|k| per_layer(*k) + 2 * 3 * h * i)
+        .sum();
+    (layers + 2 * cfg.vocab_size * h) as f64
 }

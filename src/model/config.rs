@@ -5,6 +5,14 @@
 //! and Llama (3.x, with `llama3` rope scaling). Anything we do not implement (sliding windows,
 //! other rope scalings, other activations, unknown `model_type`) is rejected here, once, with the
 //! reason. Knows nothing of weights or devices.
+//!
+//! A model is a list of layer kinds ([`LayerKind`]); what the sampler keeps for each layer
+//! ([`LayerCache`]: keys and values per token, or a fixed state per sequence) and the parameter
+//! count follow from the kinds, so that the KV cache, preflight's memory estimate, the trainer's
+//! budget and the benchmarks' rooflines ask the config instead of assuming attention everywhere.
+//!
+//! A new family is a reader in [`FAMILIES`] (its `model_type`, layer kinds and shapes) and the
+//! layer file of any new kind in `model/layers/`.
 
 use std::path::Path;
 
@@ -18,6 +26,29 @@ pub enum Family {
     Qwen3,
     Llama,
 }
+
+/// What one decoder layer is. Every kind is followed by the SwiGLU MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerKind {
+    /// Softmax attention over every earlier token, in the shape of the config's attention
+    /// fields (`num_heads`, `num_kv_heads`, `head_dim`, `qk_norm`, `attention_bias`).
+    Attention,
+}
+
+/// What the sampler keeps for one layer between steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerCache {
+    /// Each token's keys and values: `2 * kv_heads * head_dim` values per token (paged blocks).
+    Kv { kv_heads: usize, head_dim: usize },
+    /// A fixed number of values per sequence, whatever its length (a recurrent layer's state).
+    State { values: usize },
+}
+
+/// A family's reader: `config.json`'s fields (already parsed) into a config.
+type Reader = fn(RawHfConfig) -> Result<ModelConfig>;
+
+/// The families we read, by `model_type`. A new family is a line here.
+const FAMILIES: &[(&str, Reader)] = &[("qwen3", read_qwen3), ("llama", read_llama)];
 
 /// Llama 3.1-style frequency scaling of RoPE.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -33,10 +64,14 @@ pub struct ModelConfig {
     pub family: Family,
     pub hidden_size: usize,
     pub intermediate_size: usize,
-    pub num_layers: usize,
+    /// One kind per layer.
+    pub layer_kinds: Vec<LayerKind>,
+    /// The attention layers' shape: query heads, KV heads, head size, Qwen3's per-head q/k
+    /// RMS norms.
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    pub qk_norm: bool,
     pub vocab_size: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
@@ -81,73 +116,155 @@ impl ModelConfig {
 
     pub fn parse(text: &str) -> Result<ModelConfig> {
         let raw: RawHfConfig = serde_json::from_str(text).context("not a model config")?;
-        let family = match raw.model_type.as_deref() {
-            Some("qwen3") => Family::Qwen3,
-            Some("llama") => Family::Llama,
-            Some(other) => bail!("model_type `{other}` is not supported (supported: qwen3, llama)"),
-            None => bail!("no `model_type`"),
+        let Some(model_type) = raw.model_type.clone() else {
+            bail!("no `model_type`")
         };
-        if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "silu") {
-            bail!("hidden_act `{act}` is not supported (only silu)");
+        match FAMILIES.iter().find(|(name, _)| *name == model_type) {
+            Some((_, read)) => read(raw),
+            None => {
+                let names: Vec<&str> = FAMILIES.iter().map(|(n, _)| *n).collect();
+                bail!(
+                    "model_type `{model_type}` is not supported (supported: {})",
+                    names.join(", ")
+                )
+            }
         }
-        if raw.use_sliding_window == Some(true) {
-            bail!("sliding-window attention (use_sliding_window = true) is not supported");
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layer_kinds.len()
+    }
+
+    /// What the sampler keeps for layer `i`.
+    pub fn layer_cache(&self, i: usize) -> LayerCache {
+        match self.layer_kinds[i] {
+            LayerKind::Attention => LayerCache::Kv {
+                kv_heads: self.num_kv_heads,
+                head_dim: self.head_dim,
+            },
         }
-        let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
-        if num_kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
-            bail!(
-                "num_attention_heads {} is not a multiple of num_key_value_heads {num_kv_heads}",
-                raw.num_attention_heads
-            );
-        }
-        let head_dim = raw
-            .head_dim
-            .unwrap_or(raw.hidden_size / raw.num_attention_heads.max(1));
-        if !head_dim.is_multiple_of(2) {
-            bail!("head_dim {head_dim} is odd; RoPE needs an even head_dim");
-        }
-        let (rope_theta, rope_scaling) = rope(&raw)?;
-        Ok(ModelConfig {
-            family,
-            hidden_size: raw.hidden_size,
-            intermediate_size: raw.intermediate_size,
-            num_layers: raw.num_hidden_layers,
-            num_heads: raw.num_attention_heads,
-            num_kv_heads,
-            head_dim,
-            vocab_size: raw.vocab_size,
-            rms_norm_eps: raw.rms_norm_eps,
-            rope_theta,
-            rope_scaling,
-            max_position_embeddings: raw.max_position_embeddings,
-            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
-            attention_bias: raw.attention_bias.unwrap_or(false),
-            dtype: raw
-                .dtype
-                .or(raw.torch_dtype)
-                .unwrap_or_else(|| "float32".into()),
-        })
+    }
+
+    /// The layers that keep keys and values, in order.
+    pub fn kv_layers(&self) -> Vec<usize> {
+        (0..self.num_layers())
+            .filter(|&i| matches!(self.layer_cache(i), LayerCache::Kv { .. }))
+            .collect()
+    }
+
+    /// For each layer, its place among the layers that keep keys and values (a cache holds
+    /// those only).
+    pub fn kv_slots(&self) -> Vec<Option<usize>> {
+        let mut next = 0;
+        (0..self.num_layers())
+            .map(|i| match self.layer_cache(i) {
+                LayerCache::Kv { .. } => {
+                    next += 1;
+                    Some(next - 1)
+                }
+                LayerCache::State { .. } => None,
+            })
+            .collect()
+    }
+
+    /// Keys and values one token adds over all layers (values, not bytes).
+    pub fn kv_values_per_token(&self) -> usize {
+        (0..self.num_layers())
+            .map(|i| match self.layer_cache(i) {
+                LayerCache::Kv { kv_heads, head_dim } => 2 * kv_heads * head_dim,
+                LayerCache::State { .. } => 0,
+            })
+            .sum()
+    }
+
+    /// The fixed state one sequence keeps over all layers (values, not bytes).
+    pub fn state_values_per_seq(&self) -> usize {
+        (0..self.num_layers())
+            .map(|i| match self.layer_cache(i) {
+                LayerCache::State { values } => values,
+                LayerCache::Kv { .. } => 0,
+            })
+            .sum()
     }
 
     /// Parameters, counting a tied embedding once.
     pub fn num_params(&self) -> usize {
-        let (h, i, d) = (self.hidden_size, self.intermediate_size, self.head_dim);
-        let attn = h * d * (self.num_heads * 2 + self.num_kv_heads * 2)
-            + if self.attention_bias {
-                (self.num_heads + 2 * self.num_kv_heads) * d
-            } else {
-                0
-            };
-        let mlp = 3 * h * i;
-        let norms = 2 * h
-            + if self.family == Family::Qwen3 {
-                2 * d
-            } else {
-                0
-            };
+        let h = self.hidden_size;
+        let mlp = 3 * h * self.intermediate_size + 2 * h; // and the layer's two norms
+        let layers: usize = self
+            .layer_kinds
+            .iter()
+            .map(|k| mlp + self.mixer_params(*k))
+            .sum();
         let embed = self.vocab_size * h * if self.tie_word_embeddings { 1 } else { 2 };
-        self.num_layers * (attn + mlp + norms) + embed + h
+        layers + embed + h
     }
+
+    /// Parameters of a layer's token mixer (its attention), without the MLP and norms.
+    fn mixer_params(&self, kind: LayerKind) -> usize {
+        match kind {
+            LayerKind::Attention => {
+                let (h, d) = (self.hidden_size, self.head_dim);
+                let (q, kv) = (self.num_heads * d, self.num_kv_heads * d);
+                let bias = if self.attention_bias { q + 2 * kv } else { 0 };
+                let norms = if self.qk_norm { 2 * d } else { 0 };
+                h * (2 * q + 2 * kv) + bias + norms
+            }
+        }
+    }
+}
+
+fn read_qwen3(raw: RawHfConfig) -> Result<ModelConfig> {
+    read_decoder(raw, Family::Qwen3)
+}
+
+fn read_llama(raw: RawHfConfig) -> Result<ModelConfig> {
+    read_decoder(raw, Family::Llama)
+}
+
+/// Qwen3 and Llama: every layer attention, Qwen3's with q/k norms.
+fn read_decoder(raw: RawHfConfig, family: Family) -> Result<ModelConfig> {
+    if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "silu") {
+        bail!("hidden_act `{act}` is not supported (only silu)");
+    }
+    if raw.use_sliding_window == Some(true) {
+        bail!("sliding-window attention (use_sliding_window = true) is not supported");
+    }
+    let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
+    if num_kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
+        bail!(
+            "num_attention_heads {} is not a multiple of num_key_value_heads {num_kv_heads}",
+            raw.num_attention_heads
+        );
+    }
+    let head_dim = raw
+        .head_dim
+        .unwrap_or(raw.hidden_size / raw.num_attention_heads.max(1));
+    if !head_dim.is_multiple_of(2) {
+        bail!("head_dim {head_dim} is odd; RoPE needs an even head_dim");
+    }
+    let (rope_theta, rope_scaling) = rope(&raw)?;
+    Ok(ModelConfig {
+        family,
+        hidden_size: raw.hidden_size,
+        intermediate_size: raw.intermediate_size,
+        layer_kinds: vec![LayerKind::Attention; raw.num_hidden_layers],
+        num_heads: raw.num_attention_heads,
+        num_kv_heads,
+        head_dim,
+        qk_norm: family == Family::Qwen3,
+        vocab_size: raw.vocab_size,
+        rms_norm_eps: raw.rms_norm_eps,
+        rope_theta,
+        rope_scaling,
+        max_position_embeddings: raw.max_position_embeddings,
+        tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+        attention_bias: raw.attention_bias.unwrap_or(false),
+        dtype: raw
+            .dtype
+            .or(raw.torch_dtype)
+            .unwrap_or_else(|| "float32".into()),
+    })
 }
 
 /// `rope_theta` and the scaling from either layout.
@@ -247,5 +364,34 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("sliding-window"));
+    }
+
+    #[test]
+    fn parameters_and_cache_needs_follow_the_layer_kinds() {
+        for (text, tied) in [
+            (QWEN3.to_string(), true),
+            (
+                QWEN3.replace(
+                    "\"tie_word_embeddings\": true",
+                    "\"tie_word_embeddings\": false",
+                ),
+                false,
+            ),
+            (QWEN3.replace("qwen3", "llama"), true),
+        ] {
+            let c = ModelConfig::parse(&text).unwrap();
+            assert_eq!(c.tie_word_embeddings, tied);
+            // the count agrees with the list of weights a checkpoint of this config holds
+            let weights: usize = crate::model::init::weight_shapes(&c)
+                .iter()
+                .map(|(_, shape, _)| shape.iter().product::<usize>())
+                .sum();
+            assert_eq!(c.num_params(), weights, "{text}");
+            // every layer is attention here: keys and values in each, no per-sequence state
+            assert_eq!(c.kv_layers(), vec![0, 1]);
+            assert_eq!(c.kv_slots(), vec![Some(0), Some(1)]);
+            assert_eq!(c.kv_values_per_token(), 2 * 2 * 2 * 16);
+            assert_eq!(c.state_values_per_seq(), 0);
+        }
     }
 }

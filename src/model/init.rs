@@ -13,35 +13,21 @@ use candle_nn::VarBuilder;
 use super::{ModelConfig, Transformer};
 use crate::rng::SplitMix;
 
-/// Every weight of a Qwen3/Llama-shaped model as (checkpoint name, shape, is a norm weight), in
+/// Every weight of a model of `cfg`'s shape as (checkpoint name, shape, is a norm weight), in
 /// checkpoint order.
 pub fn weight_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, bool)> {
-    let (h, d, i) = (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size);
+    let h = cfg.hidden_size;
     let mut out = vec![(
         "model.embed_tokens.weight".to_string(),
         vec![cfg.vocab_size, h],
         false,
     )];
-    for l in 0..cfg.num_layers {
-        let p = format!("model.layers.{l}");
-        out.push((format!("{p}.input_layernorm.weight"), vec![h], true));
-        out.push((
-            format!("{p}.post_attention_layernorm.weight"),
-            vec![h],
-            true,
+    for l in 0..cfg.num_layers() {
+        out.extend(super::layers::weight_shapes(
+            cfg,
+            l,
+            &format!("model.layers.{l}"),
         ));
-        if cfg.family == crate::model::config::Family::Qwen3 {
-            out.push((format!("{p}.self_attn.q_norm.weight"), vec![d], true));
-            out.push((format!("{p}.self_attn.k_norm.weight"), vec![d], true));
-        }
-        let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
-        out.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h], false));
-        out.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h], false));
-        out.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h], false));
-        out.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q], false));
-        out.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h], false));
-        out.push((format!("{p}.mlp.up_proj.weight"), vec![i, h], false));
-        out.push((format!("{p}.mlp.down_proj.weight"), vec![h, i], false));
     }
     out.push(("model.norm.weight".into(), vec![h], true));
     if !cfg.tie_word_embeddings {

@@ -12,6 +12,8 @@ pub mod diff_ops;
 pub mod fused_attention;
 pub mod host_linear;
 pub mod init;
+pub mod layers;
+pub mod ops;
 mod packed;
 pub mod tokenizer;
 pub mod transformer;
@@ -26,7 +28,7 @@ use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use serde_json::Value;
 
-pub use config::{Family, ModelConfig};
+pub use config::{Family, LayerCache, LayerKind, ModelConfig};
 pub use tokenizer::{ChatTemplate, Message, TextTokenizer};
 pub use transformer::Transformer;
 

@@ -1,350 +1,37 @@
-//! The decoder-only transformer shared by Qwen3 and Llama: one forward for prefill, decode and
-//! training, parameterised by an attention backend. The model owns no cache.
+//! The decoder shared by every family: token embeddings, a list of decoder layers of the
+//! config's kinds ([`super::layers`]), the final RMS norm and the LM head; one forward for
+//! prefill, decode and training, parameterised by an attention backend. The model owns no cache.
 //!
-//! Built from differentiable ops: RMS norm, RoPE and the SwiGLU product are the single ops of
-//! [`super::diff_ops`] (f32 on the CPU) or written out in candle ops (elsewhere), never candle's
-//! fused kernels, which record no backward pass (those run only for sampling). For sampling on
-//! the CPU the weights are packed and each layer runs on host slices (`model::packed`); the
-//! model is then inference-only. Tensor names mirror the Hugging Face checkpoint
-//! (`model.layers.N.self_attn.q_proj.weight`, ...). Knows nothing of scheduling or config files.
+//! Trains through differentiable ops ([`super::ops`]); candle's fused kernels, which record no
+//! backward pass, run only once [`Transformer::set_fused_inference`] is on. For sampling on the
+//! CPU the weights are then packed and each layer runs on host slices (the host path); the model
+//! is inference-only from then on. Knows nothing of scheduling or config files.
 
-use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear, VarBuilder};
 
 use super::attention::AttentionBackend;
-use super::config::{Family, ModelConfig};
-use super::packed::{dropped, PackedLayer, PackedLinear};
+use super::config::ModelConfig;
+use super::layers::{HostLayer, Layer};
+use super::ops::{Exec, RmsNorm, Rope};
+use super::packed::{dropped, PackedLinear};
 
-/// RMS norm: `x / sqrt(mean(x^2) + eps) * w`, over the last dim.
-#[derive(Debug, Clone)]
-pub struct RmsNorm {
-    weight: Tensor,
-    eps: f64,
-}
+pub use super::ops::RopeRows;
 
-impl RmsNorm {
-    fn new(size: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
-        Ok(RmsNorm {
-            weight: vb.get(size, "weight")?,
-            eps,
-        })
-    }
-
-    /// `fused`: candle's fused kernel, which records no backward pass (sampling only).
-    pub fn forward_with(&self, x: &Tensor, fused: bool) -> Result<Tensor> {
-        if fused {
-            return candle_nn::ops::rms_norm(x, &self.weight, self.eps as f32);
-        }
-        self.forward(x)
-    }
-
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        if super::diff_ops::supported(x) {
-            return super::diff_ops::rms_norm(x, &self.weight, self.eps);
-        }
-        let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
-        let x = x.broadcast_div(&(ms + self.eps)?.sqrt()?)?;
-        x.broadcast_mul(&self.weight)
-    }
-}
-
-/// RoPE tables, (max_positions, D/2) each, gathered by position per token.
-#[derive(Debug, Clone)]
-struct Rope {
-    cos: Tensor,
-    sin: Tensor,
-}
-
-impl Rope {
-    /// The tables in `dtype` (the model's), computed in f32 as Hugging Face does.
-    fn new(cfg: &ModelConfig, device: &Device, dtype: DType) -> Result<Self> {
-        let d = cfg.head_dim;
-        let inv_freq: Vec<f32> = (0..d / 2)
-            .map(|i| {
-                let f = 1.0 / cfg.rope_theta.powf(2.0 * i as f64 / d as f64);
-                scale_frequency(f, cfg) as f32
-            })
-            .collect();
-        let n = cfg.max_position_embeddings;
-        let inv = Tensor::from_vec(inv_freq, (1, d / 2), device)?;
-        let t = Tensor::arange(0u32, n as u32, device)?
-            .to_dtype(DType::F32)?
-            .reshape((n, 1))?;
-        let freqs = t.matmul(&inv)?; // (n, D/2)
-        Ok(Rope {
-            cos: freqs.cos()?.to_dtype(dtype)?,
-            sin: freqs.sin()?.to_dtype(dtype)?,
-        })
-    }
-
-    /// The cos and sin rows of each token's position: (T, D/2) each.
-    fn rows(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
-        Ok((
-            self.cos.index_select(positions, 0)?,
-            self.sin.index_select(positions, 0)?,
-        ))
-    }
-}
-
-/// Per-step RoPE tables, gathered once and shared by every layer.
-pub struct RopeRows {
-    /// (T, D/2), for the fused kernel.
-    cos: Tensor,
-    sin: Tensor,
-    /// (T, 1, D) = [cos, cos], for the differentiable path.
-    cos_full: Tensor,
-    sin_full: Tensor,
-    /// `cos`, `sin` as host values, for the packed CPU layers (f32 on the CPU only).
-    host: Option<(Vec<f32>, Vec<f32>)>,
-}
-
-impl RopeRows {
-    fn new(rope: &Rope, positions: &Tensor) -> Result<Self> {
-        let (cos, sin) = rope.rows(positions)?;
-        let cos_full = Tensor::cat(&[&cos, &cos], D::Minus1)?.unsqueeze(1)?;
-        let sin_full = Tensor::cat(&[&sin, &sin], D::Minus1)?.unsqueeze(1)?;
-        let host = if cos.device().is_cpu() && cos.dtype() == DType::F32 {
-            Some((cos.flatten_all()?.to_vec1()?, sin.flatten_all()?.to_vec1()?))
-        } else {
-            None
-        };
-        Ok(RopeRows {
-            host,
-            cos,
-            sin,
-            cos_full,
-            sin_full,
-        })
-    }
-
-    /// x: (T, H, D) -> rotated x (the Hugging Face `rotate_half` layout).
-    fn apply(&self, x: &Tensor, fused: bool) -> Result<Tensor> {
-        if fused {
-            // (T, H, D) -> (1, T, H, D) for the fused kernel.
-            let x = x.contiguous()?.unsqueeze(0)?;
-            return candle_nn::rotary_emb::rope_thd(&x, &self.cos, &self.sin)?.squeeze(0);
-        }
-        if super::diff_ops::supported(x) {
-            return super::diff_ops::rope(x, &self.cos, &self.sin);
-        }
-        let half = x.dim(D::Minus1)? / 2;
-        let x1 = x.narrow(D::Minus1, 0, half)?;
-        let x2 = x.narrow(D::Minus1, half, half)?;
-        let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-        x.broadcast_mul(&self.cos_full)? + rotated.broadcast_mul(&self.sin_full)?
-    }
-}
-
-/// Llama 3.1 frequency scaling (identity without it).
-fn scale_frequency(freq: f64, cfg: &ModelConfig) -> f64 {
-    let Some(s) = cfg.rope_scaling else {
-        return freq;
-    };
-    let wavelen = 2.0 * std::f64::consts::PI / freq;
-    let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
-    let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
-    if wavelen < high_wavelen {
-        freq
-    } else if wavelen > low_wavelen {
-        freq / s.factor
-    } else {
-        let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
-            / (s.high_freq_factor - s.low_freq_factor);
-        (1.0 - smooth) * freq / s.factor + smooth * freq
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Layer {
-    input_norm: RmsNorm,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    /// Qwen3's per-head RMS norms on queries and keys.
-    q_norm: Option<RmsNorm>,
-    k_norm: Option<RmsNorm>,
-    post_norm: RmsNorm,
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
-    /// For sampling: q, k and v (then gate and up) as one matrix each, so that a step runs one
-    /// matmul where it ran three (two); the separate projections above become views of them.
-    qkv: Option<Linear>,
-    gate_up: Option<Linear>,
-    /// For sampling on the CPU: the projections packed (the candle weights are then dropped).
-    packed: Option<PackedLayer>,
-}
-
-/// One matrix from projections that read the same input: the weights (and biases, if all have
-/// them) stacked by output rows. Returns it and the parts as views into it.
-fn stack_linears(parts: &[&Linear]) -> Result<(Linear, Vec<Linear>)> {
-    let weights: Vec<&Tensor> = parts.iter().map(|l| l.weight()).collect();
-    let w = Tensor::cat(&weights, 0)?;
-    let b = match parts.iter().map(|l| l.bias()).collect::<Option<Vec<_>>>() {
-        Some(bs) if !bs.is_empty() => Some(Tensor::cat(&bs, 0)?),
-        _ => None,
-    };
-    let mut views = Vec::with_capacity(parts.len());
-    let mut start = 0;
-    for l in parts {
-        let n = l.weight().dim(0)?;
-        let bias = b.as_ref().map(|b| b.narrow(0, start, n)).transpose()?;
-        views.push(Linear::new(w.narrow(0, start, n)?, bias));
-        start += n;
-    }
-    Ok((Linear::new(w, b), views))
-}
-
-/// `l(x)`, on the packed CPU gemm (with its backward) for f32 on the CPU, else candle's.
-fn project(l: &Linear, x: &Tensor) -> Result<Tensor> {
-    if !super::host_linear::supported(x) {
-        return l.forward(x);
-    }
-    let y = super::host_linear::linear(x, l.weight())?;
-    match l.bias() {
-        Some(b) => y.broadcast_add(b),
-        None => Ok(y),
-    }
-}
-
-fn linear(i: usize, o: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
-    if bias {
-        candle_nn::linear(i, o, vb)
-    } else {
-        candle_nn::linear_no_bias(i, o, vb)
-    }
-}
-
-impl Layer {
-    fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
-        let (h, d) = (cfg.hidden_size, cfg.head_dim);
-        let attn = vb.pp("self_attn");
-        let mlp = vb.pp("mlp");
-        let qk_norm = cfg.family == Family::Qwen3;
-        let b = cfg.attention_bias;
-        Ok(Layer {
-            input_norm: RmsNorm::new(h, cfg.rms_norm_eps, vb.pp("input_layernorm"))?,
-            q_proj: linear(h, cfg.num_heads * d, b, attn.pp("q_proj"))?,
-            k_proj: linear(h, cfg.num_kv_heads * d, b, attn.pp("k_proj"))?,
-            v_proj: linear(h, cfg.num_kv_heads * d, b, attn.pp("v_proj"))?,
-            o_proj: linear(cfg.num_heads * d, h, false, attn.pp("o_proj"))?,
-            q_norm: qk_norm
-                .then(|| RmsNorm::new(d, cfg.rms_norm_eps, attn.pp("q_norm")))
-                .transpose()?,
-            k_norm: qk_norm
-                .then(|| RmsNorm::new(d, cfg.rms_norm_eps, attn.pp("k_norm")))
-                .transpose()?,
-            post_norm: RmsNorm::new(h, cfg.rms_norm_eps, vb.pp("post_attention_layernorm"))?,
-            gate_proj: candle_nn::linear_no_bias(h, cfg.intermediate_size, mlp.pp("gate_proj"))?,
-            up_proj: candle_nn::linear_no_bias(h, cfg.intermediate_size, mlp.pp("up_proj"))?,
-            down_proj: candle_nn::linear_no_bias(cfg.intermediate_size, h, mlp.pp("down_proj"))?,
-            qkv: None,
-            gate_up: None,
-            packed: None,
-        })
-    }
-
-    /// Stacks q/k/v and gate/up into one matrix each (the separate ones become views of them).
-    fn stack_projections(&mut self) -> Result<()> {
-        if self.qkv.is_some() {
-            return Ok(());
-        }
-        let (qkv, v) = stack_linears(&[&self.q_proj, &self.k_proj, &self.v_proj])?;
-        (self.q_proj, self.k_proj, self.v_proj) = (v[0].clone(), v[1].clone(), v[2].clone());
-        let (gate_up, v) = stack_linears(&[&self.gate_proj, &self.up_proj])?;
-        (self.gate_proj, self.up_proj) = (v[0].clone(), v[1].clone());
-        (self.qkv, self.gate_up) = (Some(qkv), Some(gate_up));
-        Ok(())
-    }
-
-    /// Packs the stacked projections for the CPU matmul and drops the candle weights.
-    fn pack(&mut self) -> Result<()> {
-        self.stack_projections()?;
-        let (Some(qkv), Some(gate_up)) = (&self.qkv, &self.gate_up) else {
-            candle_core::bail!("pack: projections not stacked")
-        };
-        self.packed = Some(PackedLayer {
-            qkv: PackedLinear::new(qkv)?,
-            o: PackedLinear::new(&self.o_proj)?,
-            gate_up: PackedLinear::new(gate_up)?,
-            down: PackedLinear::new(&self.down_proj)?,
-            input_norm: self.input_norm.weight.to_vec1()?,
-            post_norm: self.post_norm.weight.to_vec1()?,
-            qk_norms: match (&self.q_norm, &self.k_norm) {
-                (Some(q), Some(k)) => Some((q.weight.to_vec1()?, k.weight.to_vec1()?)),
-                _ => None,
-            },
-            eps: self.input_norm.eps as f32,
-        });
-        for l in [
-            &mut self.q_proj,
-            &mut self.k_proj,
-            &mut self.v_proj,
-            &mut self.o_proj,
-            &mut self.gate_proj,
-            &mut self.up_proj,
-            &mut self.down_proj,
-        ] {
-            *l = dropped(l)?;
-        }
-        (self.qkv, self.gate_up) = (None, None);
-        Ok(())
-    }
-
-    /// (q, k, v) as (T, H, D) each.
-    fn project_qkv(
-        &self,
-        h: &Tensor,
-        (t, hq, hkv, d): (usize, usize, usize, usize),
-        fused: bool,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
-        if let (Some(qkv), true) = (&self.qkv, fused) {
-            let y = qkv.forward(h)?;
-            let (nq, nkv) = (hq * d, hkv * d);
-            return Ok((
-                y.narrow(1, 0, nq)?.reshape((t, hq, d))?,
-                y.narrow(1, nq, nkv)?.reshape((t, hkv, d))?,
-                y.narrow(1, nq + nkv, nkv)?.reshape((t, hkv, d))?,
-            ));
-        }
-        Ok((
-            project(&self.q_proj, h)?.reshape((t, hq, d))?,
-            project(&self.k_proj, h)?.reshape((t, hkv, d))?,
-            project(&self.v_proj, h)?.reshape((t, hkv, d))?,
-        ))
-    }
-
-    /// SwiGLU: down(silu(gate(h)) * up(h)).
-    fn mlp(&self, h: &Tensor, fused: bool) -> Result<Tensor> {
-        let (g, u) = match (&self.gate_up, fused) {
-            (Some(gu), true) => {
-                let y = gu.forward(h)?;
-                let i = y.dim(1)? / 2;
-                (y.narrow(1, 0, i)?, y.narrow(1, i, i)?)
-            }
-            _ => (project(&self.gate_proj, h)?, project(&self.up_proj, h)?),
-        };
-        let act = if !fused && super::diff_ops::supported(&g) {
-            super::diff_ops::swiglu(&g, &u)?
-        } else {
-            (candle_nn::ops::silu(&g)? * u)?
-        };
-        project(&self.down_proj, &act)
-    }
-}
-
-/// Qwen3 / Llama decoder.
+/// A decoder of any family we read.
 #[derive(Debug, Clone)]
 pub struct Transformer {
     cfg: ModelConfig,
     embed: Embedding,
     layers: Vec<Layer>,
+    /// For sampling on the CPU: every layer packed for the host path (then `layers` hold no
+    /// weights).
+    host_layers: Option<Vec<HostLayer>>,
     norm: RmsNorm,
     lm_head: Linear,
     rope: Rope,
-    /// Fused RMS norm and RoPE kernels (no backward pass): set for sampling, never for training.
-    fused: bool,
+    /// Fused RMS norm and RoPE kernels (no backward pass) for sampling; never for training.
+    exec: Exec,
     /// For sampling on the CPU: the LM head packed; when tied, embeddings are looked up in it.
     packed_head: Option<PackedLinear>,
 }
@@ -354,8 +41,8 @@ impl Transformer {
     pub fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
         let m = vb.pp("model");
         let embed = candle_nn::embedding(cfg.vocab_size, cfg.hidden_size, m.pp("embed_tokens"))?;
-        let layers = (0..cfg.num_layers)
-            .map(|i| Layer::new(cfg, m.pp("layers").pp(i)))
+        let layers = (0..cfg.num_layers())
+            .map(|i| Layer::new(cfg, i, m.pp("layers").pp(i)))
             .collect::<Result<Vec<_>>>()?;
         let lm_head = if cfg.tie_word_embeddings {
             Linear::new(embed.embeddings().clone(), None)
@@ -366,10 +53,11 @@ impl Transformer {
             cfg: cfg.clone(),
             embed,
             layers,
+            host_layers: None,
             norm: RmsNorm::new(cfg.hidden_size, cfg.rms_norm_eps, m.pp("norm"))?,
             lm_head,
             rope: Rope::new(cfg, vb.device(), vb.dtype())?,
-            fused: false,
+            exec: Exec::Differentiable,
             packed_head: None,
         })
     }
@@ -402,15 +90,17 @@ impl Transformer {
                 "the model's weights are packed for inference; load it again to train"
             )
         }
-        self.fused = on;
         if !on {
+            self.exec = Exec::Differentiable;
             return Ok(());
         }
+        self.exec = Exec::Sampling;
         let pack = self.device().is_cpu() && self.dtype() == DType::F32;
-        for l in &mut self.layers {
-            if pack && l.packed.is_none() {
-                l.pack()?;
-            } else {
+        if pack && self.host_layers.is_none() {
+            let host = self.layers.iter_mut().map(Layer::pack);
+            self.host_layers = Some(host.collect::<Result<_>>()?);
+        } else if !pack {
+            for l in &mut self.layers {
                 l.stack_projections()?;
             }
         }
@@ -436,16 +126,13 @@ impl Transformer {
     ) -> Result<Tensor> {
         let rope = self.rope_rows(positions)?;
         let mut x = self.embed(tokens)?; // (T, hidden)
-        let packed: Option<Vec<&PackedLayer>> =
-            self.layers.iter().map(|l| l.packed.as_ref()).collect();
-        match (packed, &rope.host) {
+        match (&self.host_layers, &rope.host) {
             // packed for the CPU: the residual stream stays one host vector through the layers
             (Some(layers), Some((cos, sin))) => {
                 let (t, hidden) = x.dims2()?;
                 let mut xs = x.flatten_all()?.to_vec1::<f32>()?;
-                let heads = (self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim);
                 for (i, l) in layers.iter().enumerate() {
-                    l.forward_host(i, &mut xs, t, (cos, sin), heads, attn)?;
+                    l.forward_host(i, &mut xs, t, (cos, sin), attn)?;
                 }
                 x = Tensor::from_vec(xs, (t, hidden), x.device())?;
             }
@@ -490,36 +177,18 @@ impl Transformer {
         rope: &RopeRows,
         attn: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
-        let (hq, hkv, d) = (self.cfg.num_heads, self.cfg.num_kv_heads, self.cfg.head_dim);
-        let t = x.dim(0)?;
-        let fused = self.fused;
-        let l = &self.layers[i];
-        if let Some(p) = &l.packed {
+        if let Some(layers) = &self.host_layers {
             let Some((cos, sin)) = &rope.host else {
                 candle_core::bail!("packed layer {i}: RoPE rows not on the host")
             };
-            return p.forward(i, x, (cos, sin), (hq, hkv, d), attn);
+            return layers[i].forward(i, x, (cos, sin), attn);
         }
-        // 1. attention block
-        let h = l.input_norm.forward_with(x, fused)?;
-        // (T, Hq, D), (T, Hkv, D), (T, Hkv, D)
-        let (mut q, mut k, v) = l.project_qkv(&h, (t, hq, hkv, d), fused)?;
-        if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-            q = qn.forward_with(&q, fused)?;
-            k = kn.forward_with(&k, fused)?;
-        }
-        let q = rope.apply(&q, fused)?;
-        let k = rope.apply(&k, fused)?;
-        let a = attn.attend(i, &q, &k, &v)?.reshape((t, hq * d))?;
-        let x = (x + project(&l.o_proj, &a)?)?;
-        // 2. MLP block (SwiGLU)
-        let h = l.post_norm.forward_with(&x, fused)?;
-        x + l.mlp(&h, fused)?
+        self.layers[i].forward(i, x, rope, self.exec, attn)
     }
 
     /// The final RMS norm.
     pub fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
-        self.norm.forward_with(x, self.fused)
+        self.norm.forward(x, self.exec)
     }
 
     /// The LM head's weight (vocab, hidden): the embedding matrix when tied. Empty once packed

@@ -41,6 +41,8 @@ pub struct KvCache {
     pub num_blocks: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// Each model layer's place in `k` and `v` (none for a layer that keeps no keys).
+    slots: Vec<Option<usize>>,
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
 }
@@ -58,8 +60,9 @@ impl KvCache {
             num_blocks,
             num_kv_heads: cfg.num_kv_heads,
             head_dim: cfg.head_dim,
-            k: (0..cfg.num_layers).map(|_| layer()).collect(),
-            v: (0..cfg.num_layers).map(|_| layer()).collect(),
+            k: cfg.kv_layers().iter().map(|_| layer()).collect(),
+            v: cfg.kv_layers().iter().map(|_| layer()).collect(),
+            slots: cfg.kv_slots(),
         }
     }
 
@@ -77,7 +80,13 @@ impl KvCache {
 
     /// Bytes one token's keys and values take over all layers (f32).
     pub fn bytes_per_token(cfg: &ModelConfig) -> usize {
-        2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * std::mem::size_of::<f32>()
+        cfg.kv_values_per_token() * std::mem::size_of::<f32>()
+    }
+
+    /// The keys and values of model layer `layer`.
+    fn layer_mut(&mut self, layer: usize) -> Option<(&mut Vec<f32>, &mut Vec<f32>)> {
+        let slot = (*self.slots.get(layer)?)?;
+        Some((self.k.get_mut(slot)?, self.v.get_mut(slot)?))
     }
 
     fn row(&self) -> usize {
@@ -234,13 +243,11 @@ impl<'a> PagedAttention<'a> {
                 out.len()
             )));
         }
-        let (kc, vc) = match (self.cache.k.get_mut(layer), self.cache.v.get_mut(layer)) {
-            (Some(k), Some(v)) => (k, v),
-            _ => {
-                return Err(candle_core::Error::Msg(format!(
-                    "no layer {layer} in the cache"
-                )))
-            }
+        let num_blocks = self.cache.num_blocks;
+        let Some((kc, vc)) = self.cache.layer_mut(layer) else {
+            return Err(candle_core::Error::Msg(format!(
+                "layer {layer} keeps no keys in the cache"
+            )));
         };
         // 1. write the step's keys (transposed within their block) and values into their slots
         if self.tokens.len() != t {
@@ -250,7 +257,7 @@ impl<'a> PagedAttention<'a> {
             )));
         }
         let slots = match &self.slots {
-            Ok(slots) if (self.cache.num_blocks * bs * row) == kc.len() => slots,
+            Ok(slots) if (num_blocks * bs * row) == kc.len() => slots,
             Ok(_) => {
                 return Err(candle_core::Error::Msg(
                     "cache layer of another size".into(),

@@ -270,7 +270,7 @@ fn random_weights(cfg: &ModelConfig, seed: u64) -> HashMap<String, Tensor> {
         1.0,
         0.0,
     );
-    for l in 0..cfg.num_layers {
+    for l in 0..cfg.num_layers() {
         let p = format!("model.layers.{l}");
         put(format!("{p}.input_layernorm.weight"), &[h], 0.1, 1.0);
         put(

@@ -7,7 +7,7 @@
 //! intermediates), in the compute dtype. Knows nothing of devices.
 
 use super::settings::{OptimizerState, TrainSettings};
-use crate::model::ModelConfig;
+use crate::model::{LayerKind, ModelConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
@@ -81,18 +81,31 @@ pub fn budget(cfg: &ModelConfig, params: u64, s: &TrainSettings) -> Budget {
         cfg.num_kv_heads as u64,
         cfg.head_dim as u64,
     );
-    let layers = cfg.num_layers as u64;
     let v = cfg.vocab_size as u64;
-    let qkv = (hq + 2 * hkv) * d;
-    // Values the differentiable forward keeps per token and layer: two RMS norms (3h each),
-    // q/k/v, their norms (3 each) and RoPE (4 each), the attention's head-major copies, GQA
-    // expansion, output and its transpose (6 hq d), scores / scaled / masked / shifted / exp /
-    // probabilities and the backward's temporaries over the row (8 hq seq), o_proj and
-    // residuals (4h), SwiGLU (4i); plus 25%
-    // for what the allocator holds beyond that (measured by `pipeline bench train`).
-    let per_token_layer =
-        (10 * h + qkv + 7 * (hq + hkv) * d + 6 * hq * d + 8 * hq * seq + 4 * i) * 125 / 100;
-    let one_layer = per_token_layer * tokens * f;
+    // Values the differentiable forward keeps per token in a layer of `kind`: two RMS norms
+    // (3h each), o_proj and residuals (4h), SwiGLU (4i), and the mixer's own; plus 25% for what
+    // the allocator holds beyond that (measured by `pipeline bench train`).
+    let per_token_layer = |kind: LayerKind| {
+        let mixer = match kind {
+            // q/k/v, their norms (3 each) and RoPE (4 each), the attention's head-major copies,
+            // GQA expansion, output and its transpose (6 hq d), scores / scaled / masked /
+            // shifted / exp / probabilities and the backward's temporaries over the row
+            // (8 hq seq)
+            LayerKind::Attention => {
+                (hq + 2 * hkv) * d + 7 * (hq + hkv) * d + 6 * hq * d + 8 * hq * seq
+            }
+        };
+        (10 * h + 4 * i + mixer) * 125 / 100
+    };
+    let layer_bytes = |kind| per_token_layer(kind) * tokens * f;
+    let all_layers: u64 = cfg.layer_kinds.iter().map(|k| layer_bytes(*k)).sum();
+    let largest_layer = cfg
+        .layer_kinds
+        .iter()
+        .map(|k| layer_bytes(*k))
+        .max()
+        .unwrap_or(0);
+    let layers = cfg.num_layers() as u64;
     let state = match s.optimizer_state {
         OptimizerState::F32 => 8,
         OptimizerState::Bf16 => 4,
@@ -110,8 +123,8 @@ pub fn budget(cfg: &ModelConfig, params: u64, s: &TrainSettings) -> Budget {
         weights: params * 4,
         grads: params * 4,
         optimizer: params * state,
-        activations: layers * one_layer + 2 * h * tokens * f,
-        activations_recompute: (layers + 1) * h * tokens * f + one_layer,
+        activations: all_layers + 2 * h * tokens * f,
+        activations_recompute: (layers + 1) * h * tokens * f + largest_layer,
         logits: head(tokens),
         logits_chunked: head(chunk),
     }

@@ -39,6 +39,8 @@ pub struct GpuKvCache {
     pub head_dim: usize,
     model_dtype: DType,
     fp8: bool,
+    /// Each model layer's place in `k` and `v` (none for a layer that keeps no keys).
+    slots: Vec<Option<usize>>,
     k: Vec<CudaSlice<u8>>,
     v: Vec<CudaSlice<u8>>,
     dev: CudaDevice,
@@ -61,7 +63,7 @@ impl GpuKvCache {
 
     /// Bytes one token's keys and values take over all layers.
     pub fn bytes_per_token(cfg: &ModelConfig, model_dtype: DType, fp8: bool) -> usize {
-        2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * Self::elem_bytes(model_dtype, fp8)
+        cfg.kv_values_per_token() * Self::elem_bytes(model_dtype, fp8)
     }
 
     pub fn new(
@@ -97,9 +99,10 @@ impl GpuKvCache {
             * cfg.num_kv_heads
             * cfg.head_dim
             * Self::elem_bytes(model_dtype, fp8);
-        let mut k = Vec::with_capacity(cfg.num_layers);
-        let mut v = Vec::with_capacity(cfg.num_layers);
-        for _ in 0..cfg.num_layers {
+        let kv_layers = cfg.kv_layers().len();
+        let mut k = Vec::with_capacity(kv_layers);
+        let mut v = Vec::with_capacity(kv_layers);
+        for _ in 0..kv_layers {
             k.push(dev.alloc_zeros::<u8>(bytes.max(1))?);
             v.push(dev.alloc_zeros::<u8>(bytes.max(1))?);
         }
@@ -125,6 +128,7 @@ impl GpuKvCache {
             head_dim: cfg.head_dim,
             model_dtype,
             fp8,
+            slots: cfg.kv_slots(),
             k,
             v,
             dev,
@@ -133,6 +137,12 @@ impl GpuKvCache {
             attn_fn,
             reduce_fn,
         })
+    }
+
+    /// The keys and values of model layer `layer`.
+    fn layer(&self, layer: usize) -> Option<(&CudaSlice<u8>, &CudaSlice<u8>)> {
+        let slot = (*self.slots.get(layer)?)?;
+        Some((self.k.get(slot)?, self.v.get(slot)?))
     }
 
     fn block_bytes(&self) -> usize {
@@ -328,8 +338,8 @@ impl GpuPagedAttention<'_> {
                 cache.model_dtype
             );
         }
-        let (Some(kc), Some(vc)) = (cache.k.get(layer), cache.v.get(layer)) else {
-            bail!("no layer {layer} in the cache");
+        let Some((kc, vc)) = cache.layer(layer) else {
+            bail!("layer {layer} keeps no keys in the cache");
         };
         let dev = &cache.dev;
         let stream = dev.cuda_stream();
@@ -449,8 +459,8 @@ pub fn write_kv(
             v.dims()
         );
     }
-    let (Some(kc), Some(vc)) = (cache.k.get(layer), cache.v.get(layer)) else {
-        bail!("no layer {layer} in the cache");
+    let Some((kc, vc)) = cache.layer(layer) else {
+        bail!("layer {layer} keeps no keys in the cache");
     };
     let dev = &cache.dev;
     let (kp, vp) = (tensor_ptr(k)?, tensor_ptr(v)?);

@@ -1,0 +1,253 @@
+//! The attention layer kind (Qwen3, Llama): q/k/v projections, Qwen3's per-head q/k RMS norms,
+//! RoPE, the caller's attention backend over this step's keys and values, and the output
+//! projection. Both execution paths: the candle path ([`Attention`], differentiable or fused
+//! for sampling) and the CPU host path over packed weights ([`HostAttention`]).
+//!
+//! Tensor names mirror the Hugging Face checkpoint (`model.layers.N.self_attn.q_proj.weight`,
+//! ...). Knows nothing of caches (the backend owns them) or of the MLP around it.
+
+use candle_core::{Result, Tensor};
+use candle_nn::{Linear, VarBuilder};
+use rayon::prelude::*;
+
+use super::super::attention::AttentionBackend;
+use super::super::config::ModelConfig;
+use super::super::ops::{linear, project, stack_linears, Exec, RmsNorm, RopeRows};
+use super::super::packed::{dropped, inv_rms, min_rows, sized, Buffers, PackedLinear};
+
+/// Every weight of the layer's attention under `prefix` (`model.layers.N`): (name, shape, is a
+/// norm weight).
+pub fn weight_shapes(cfg: &ModelConfig, prefix: &str) -> Vec<(String, Vec<usize>, bool)> {
+    let (h, d) = (cfg.hidden_size, cfg.head_dim);
+    let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
+    let mut out = Vec::new();
+    if cfg.qk_norm {
+        out.push((format!("{prefix}.self_attn.q_norm.weight"), vec![d], true));
+        out.push((format!("{prefix}.self_attn.k_norm.weight"), vec![d], true));
+    }
+    out.push((
+        format!("{prefix}.self_attn.q_proj.weight"),
+        vec![q, h],
+        false,
+    ));
+    out.push((
+        format!("{prefix}.self_attn.k_proj.weight"),
+        vec![kv, h],
+        false,
+    ));
+    out.push((
+        format!("{prefix}.self_attn.v_proj.weight"),
+        vec![kv, h],
+        false,
+    ));
+    out.push((
+        format!("{prefix}.self_attn.o_proj.weight"),
+        vec![h, q],
+        false,
+    ));
+    out
+}
+
+/// A layer's attention on the candle path.
+#[derive(Debug, Clone)]
+pub struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    /// Qwen3's per-head RMS norms on queries and keys.
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    /// For sampling: q, k and v as one matrix, so that a step runs one matmul where it ran
+    /// three; the separate projections above become views of it.
+    qkv: Option<Linear>,
+    /// (query heads, KV heads, head_dim).
+    heads: (usize, usize, usize),
+}
+
+impl Attention {
+    /// From the layer's var builder (`model.layers.N`).
+    pub fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        let attn = vb.pp("self_attn");
+        let b = cfg.attention_bias;
+        let norm = |name| RmsNorm::new(d, cfg.rms_norm_eps, attn.pp(name));
+        Ok(Attention {
+            q_proj: linear(h, cfg.num_heads * d, b, attn.pp("q_proj"))?,
+            k_proj: linear(h, cfg.num_kv_heads * d, b, attn.pp("k_proj"))?,
+            v_proj: linear(h, cfg.num_kv_heads * d, b, attn.pp("v_proj"))?,
+            o_proj: linear(cfg.num_heads * d, h, false, attn.pp("o_proj"))?,
+            q_norm: cfg.qk_norm.then(|| norm("q_norm")).transpose()?,
+            k_norm: cfg.qk_norm.then(|| norm("k_norm")).transpose()?,
+            qkv: None,
+            heads: (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+        })
+    }
+
+    /// Stacks q/k/v into one matrix (the separate ones become views of it).
+    pub fn stack_projections(&mut self) -> Result<()> {
+        if self.qkv.is_some() {
+            return Ok(());
+        }
+        let (qkv, v) = stack_linears(&[&self.q_proj, &self.k_proj, &self.v_proj])?;
+        (self.q_proj, self.k_proj, self.v_proj) = (v[0].clone(), v[1].clone(), v[2].clone());
+        self.qkv = Some(qkv);
+        Ok(())
+    }
+
+    /// The host path's packed weights; the candle weights are dropped.
+    pub fn pack(&mut self) -> Result<HostAttention> {
+        self.stack_projections()?;
+        let Some(qkv) = self.qkv.take() else {
+            candle_core::bail!("pack: projections not stacked")
+        };
+        let packed = HostAttention {
+            qkv: PackedLinear::new(&qkv)?,
+            o: PackedLinear::new(&self.o_proj)?,
+            qk_norms: match (&self.q_norm, &self.k_norm) {
+                (Some(q), Some(k)) => Some((q.weight.to_vec1()?, k.weight.to_vec1()?)),
+                _ => None,
+            },
+            eps: self.q_norm.as_ref().map_or(0.0, |n| n.eps as f32),
+            heads: self.heads,
+        };
+        for l in [
+            &mut self.q_proj,
+            &mut self.k_proj,
+            &mut self.v_proj,
+            &mut self.o_proj,
+        ] {
+            *l = dropped(l)?;
+        }
+        Ok(packed)
+    }
+
+    /// (q, k, v) as (T, H, D) each.
+    fn project_qkv(&self, h: &Tensor, exec: Exec) -> Result<(Tensor, Tensor, Tensor)> {
+        let (hq, hkv, d) = self.heads;
+        let t = h.dim(0)?;
+        if let (Some(qkv), Exec::Sampling) = (&self.qkv, exec) {
+            let y = candle_core::Module::forward(qkv, h)?;
+            let (nq, nkv) = (hq * d, hkv * d);
+            return Ok((
+                y.narrow(1, 0, nq)?.reshape((t, hq, d))?,
+                y.narrow(1, nq, nkv)?.reshape((t, hkv, d))?,
+                y.narrow(1, nq + nkv, nkv)?.reshape((t, hkv, d))?,
+            ));
+        }
+        Ok((
+            project(&self.q_proj, h)?.reshape((t, hq, d))?,
+            project(&self.k_proj, h)?.reshape((t, hkv, d))?,
+            project(&self.v_proj, h)?.reshape((t, hkv, d))?,
+        ))
+    }
+
+    /// The attention block's output (T, hidden) for the normed input `h` (T, hidden): layer
+    /// `index` of the backend.
+    pub fn forward(
+        &self,
+        index: usize,
+        h: &Tensor,
+        rope: &RopeRows,
+        exec: Exec,
+        attn: &mut dyn AttentionBackend,
+    ) -> Result<Tensor> {
+        let (hq, _, d) = self.heads;
+        let t = h.dim(0)?;
+        // (T, Hq, D), (T, Hkv, D), (T, Hkv, D)
+        let (mut q, mut k, v) = self.project_qkv(h, exec)?;
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            q = qn.forward(&q, exec)?;
+            k = kn.forward(&k, exec)?;
+        }
+        let q = rope.apply(&q, exec)?;
+        let k = rope.apply(&k, exec)?;
+        let a = attn.attend(index, &q, &k, &v)?.reshape((t, hq * d))?;
+        project(&self.o_proj, &a)
+    }
+}
+
+/// A layer's attention on the CPU host path: q/k/v stacked and packed, the output projection
+/// packed, the q/k norms as host values.
+#[derive(Debug, Clone)]
+pub struct HostAttention {
+    qkv: PackedLinear,
+    o: PackedLinear,
+    /// Qwen3's per-head norms of queries and keys.
+    qk_norms: Option<(Vec<f32>, Vec<f32>)>,
+    eps: f32,
+    heads: (usize, usize, usize),
+}
+
+/// A row of q|k|v and the rows of `q`, `k` and `v` it is split into.
+type RowParts<'a> = (
+    ((&'a mut [f32], &'a mut [f32]), &'a mut [f32]),
+    &'a mut [f32],
+);
+
+impl HostAttention {
+    /// The attention block's output for the normed rows `b.h` (T, hidden) into `b.out`; `cos`,
+    /// `sin` are the step's RoPE rows (T, D/2 each, row-major). Attention is the caller's
+    /// backend, layer `index`.
+    pub fn forward(
+        &self,
+        b: &mut Buffers,
+        index: usize,
+        t: usize,
+        (cos, sin): (&[f32], &[f32]),
+        attn: &mut dyn AttentionBackend,
+    ) -> Result<()> {
+        let Buffers {
+            h,
+            qkv,
+            q,
+            k,
+            v,
+            a,
+            out,
+        } = b;
+        let (hq, hkv, d) = self.heads;
+        let min = min_rows(h.len());
+        let (nq, nkv) = (hq * d, hkv * d);
+        let width = nq + 2 * nkv;
+        let rows = sized(qkv, t * width);
+        self.qkv.apply_into(h, t, rows);
+        let half = d / 2;
+        // Qwen3's q/k norms and RoPE on a row, then its queries, keys and values apart
+        let rotate_row = |(ti, (((row, q), k), v)): (usize, RowParts)| {
+            let (c, s) = (&cos[ti * half..][..half], &sin[ti * half..][..half]);
+            for (head, v) in row[..nq + nkv].chunks_mut(d).enumerate() {
+                if let Some((qn, kn)) = &self.qk_norms {
+                    let w = if head < hq { qn } else { kn };
+                    let r = inv_rms(v, self.eps);
+                    for (v, w) in v.iter_mut().zip(w) {
+                        *v = *v * r * w;
+                    }
+                }
+                let (x1, x2) = v.split_at_mut(half);
+                for i in 0..half {
+                    let (a, b) = (x1[i], x2[i]);
+                    x1[i] = a * c[i] - b * s[i];
+                    x2[i] = b * c[i] + a * s[i];
+                }
+            }
+            q.copy_from_slice(&row[..nq]);
+            k.copy_from_slice(&row[nq..nq + nkv]);
+            v.copy_from_slice(&row[nq + nkv..]);
+        };
+        let (q, k, v) = (sized(q, t * nq), sized(k, t * nkv), sized(v, t * nkv));
+        rows.par_chunks_mut(width)
+            .zip(q.par_chunks_mut(nq))
+            .zip(k.par_chunks_mut(nkv))
+            .zip(v.par_chunks_mut(nkv))
+            .enumerate()
+            .with_min_len(min)
+            .for_each(rotate_row);
+        let att = sized(a, t * nq);
+        att.fill(0.0);
+        attn.attend_host(index, q, k, v, (t, hq, hkv, d), att)?;
+        let o = sized(out, h.len());
+        self.o.apply_into(att, t, o);
+        Ok(())
+    }
+}

@@ -1,0 +1,232 @@
+//! The ops a layer is built from on the candle path (RMS norm, RoPE, the SwiGLU product, the
+//! projections), with the one decision of which implementation runs where ([`OpPath`]).
+//!
+//! The model runs on three paths, and each op has one definition per path:
+//! - **differentiable** ([`Exec::Differentiable`]): training and the references tests compare
+//!   against. f32 on the CPU runs the single ops with hand-written backward passes of
+//!   [`super::diff_ops`] and [`super::host_linear`]; other devices and dtypes compose candle ops,
+//!   each of which records its backward.
+//! - **sampling on a device** ([`Exec::Sampling`]): candle's fused kernels, which record no
+//!   backward pass (a model trained through them would get zero gradients upstream, silently).
+//! - **sampling on the CPU host path**: the packed layers of `model::layers::*_host` over plain
+//!   slices, with the row ops of [`super::packed`]; nothing here runs there.
+//!
+//! Knows nothing of layer kinds or weights' names.
+
+use candle_core::{DType, Device, Module, Result, Tensor, D};
+use candle_nn::{Linear, VarBuilder};
+
+use super::config::ModelConfig;
+
+/// How the candle path computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exec {
+    /// Every op records a backward pass.
+    Differentiable,
+    /// candle's fused kernels (no backward pass): sampling.
+    Sampling,
+}
+
+/// The implementation an op runs.
+enum OpPath {
+    /// candle's fused kernel.
+    Fused,
+    /// Our single CPU op with its own backward (f32 on the CPU).
+    HostDifferentiable,
+    /// Elementary candle ops, on any device.
+    Composed,
+}
+
+/// The one place that picks an op's implementation for `x` under `exec`.
+fn path(x: &Tensor, exec: Exec) -> OpPath {
+    match exec {
+        Exec::Sampling => OpPath::Fused,
+        Exec::Differentiable if super::diff_ops::supported(x) => OpPath::HostDifferentiable,
+        Exec::Differentiable => OpPath::Composed,
+    }
+}
+
+/// RMS norm: `x / sqrt(mean(x^2) + eps) * w`, over the last dim.
+#[derive(Debug, Clone)]
+pub struct RmsNorm {
+    pub(super) weight: Tensor,
+    pub(super) eps: f64,
+}
+
+impl RmsNorm {
+    pub(super) fn new(size: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+        Ok(RmsNorm {
+            weight: vb.get(size, "weight")?,
+            eps,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor, exec: Exec) -> Result<Tensor> {
+        match path(x, exec) {
+            OpPath::Fused => candle_nn::ops::rms_norm(x, &self.weight, self.eps as f32),
+            OpPath::HostDifferentiable => super::diff_ops::rms_norm(x, &self.weight, self.eps),
+            OpPath::Composed => {
+                let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+                let x = x.broadcast_div(&(ms + self.eps)?.sqrt()?)?;
+                x.broadcast_mul(&self.weight)
+            }
+        }
+    }
+}
+
+/// RoPE tables, (max_positions, D/2) each, gathered by position per token.
+#[derive(Debug, Clone)]
+pub(super) struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    /// The tables in `dtype` (the model's), computed in f32 as Hugging Face does.
+    pub(super) fn new(cfg: &ModelConfig, device: &Device, dtype: DType) -> Result<Self> {
+        let d = cfg.head_dim;
+        let inv_freq: Vec<f32> = (0..d / 2)
+            .map(|i| {
+                let f = 1.0 / cfg.rope_theta.powf(2.0 * i as f64 / d as f64);
+                scale_frequency(f, cfg) as f32
+            })
+            .collect();
+        let n = cfg.max_position_embeddings;
+        let inv = Tensor::from_vec(inv_freq, (1, d / 2), device)?;
+        let t = Tensor::arange(0u32, n as u32, device)?
+            .to_dtype(DType::F32)?
+            .reshape((n, 1))?;
+        let freqs = t.matmul(&inv)?; // (n, D/2)
+        Ok(Rope {
+            cos: freqs.cos()?.to_dtype(dtype)?,
+            sin: freqs.sin()?.to_dtype(dtype)?,
+        })
+    }
+
+    /// The cos and sin rows of each token's position: (T, D/2) each.
+    fn rows(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
+        Ok((
+            self.cos.index_select(positions, 0)?,
+            self.sin.index_select(positions, 0)?,
+        ))
+    }
+}
+
+/// Per-step RoPE tables, gathered once and shared by every layer.
+pub struct RopeRows {
+    /// (T, D/2), for the fused kernel.
+    cos: Tensor,
+    sin: Tensor,
+    /// (T, 1, D) = [cos, cos], for the composed path.
+    cos_full: Tensor,
+    sin_full: Tensor,
+    /// `cos`, `sin` as host values, for the packed CPU layers (f32 on the CPU only).
+    pub(super) host: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl RopeRows {
+    pub(super) fn new(rope: &Rope, positions: &Tensor) -> Result<Self> {
+        let (cos, sin) = rope.rows(positions)?;
+        let cos_full = Tensor::cat(&[&cos, &cos], D::Minus1)?.unsqueeze(1)?;
+        let sin_full = Tensor::cat(&[&sin, &sin], D::Minus1)?.unsqueeze(1)?;
+        let host = if cos.device().is_cpu() && cos.dtype() == DType::F32 {
+            Some((cos.flatten_all()?.to_vec1()?, sin.flatten_all()?.to_vec1()?))
+        } else {
+            None
+        };
+        Ok(RopeRows {
+            host,
+            cos,
+            sin,
+            cos_full,
+            sin_full,
+        })
+    }
+
+    /// x: (T, H, D) -> rotated x (the Hugging Face `rotate_half` layout).
+    pub(super) fn apply(&self, x: &Tensor, exec: Exec) -> Result<Tensor> {
+        match path(x, exec) {
+            OpPath::Fused => {
+                // (T, H, D) -> (1, T, H, D) for the fused kernel.
+                let x = x.contiguous()?.unsqueeze(0)?;
+                candle_nn::rotary_emb::rope_thd(&x, &self.cos, &self.sin)?.squeeze(0)
+            }
+            OpPath::HostDifferentiable => super::diff_ops::rope(x, &self.cos, &self.sin),
+            OpPath::Composed => {
+                let half = x.dim(D::Minus1)? / 2;
+                let x1 = x.narrow(D::Minus1, 0, half)?;
+                let x2 = x.narrow(D::Minus1, half, half)?;
+                let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+                x.broadcast_mul(&self.cos_full)? + rotated.broadcast_mul(&self.sin_full)?
+            }
+        }
+    }
+}
+
+/// Llama 3.1 frequency scaling (identity without it).
+fn scale_frequency(freq: f64, cfg: &ModelConfig) -> f64 {
+    let Some(s) = cfg.rope_scaling else {
+        return freq;
+    };
+    let wavelen = 2.0 * std::f64::consts::PI / freq;
+    let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
+    let high_wavelen = s.original_max_position_embeddings / s.high_freq_factor;
+    if wavelen < high_wavelen {
+        freq
+    } else if wavelen > low_wavelen {
+        freq / s.factor
+    } else {
+        let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
+            / (s.high_freq_factor - s.low_freq_factor);
+        (1.0 - smooth) * freq / s.factor + smooth * freq
+    }
+}
+
+/// `silu(g) * u`.
+pub(super) fn swiglu(g: &Tensor, u: &Tensor, exec: Exec) -> Result<Tensor> {
+    match path(g, exec) {
+        OpPath::HostDifferentiable => super::diff_ops::swiglu(g, u),
+        OpPath::Fused | OpPath::Composed => candle_nn::ops::silu(g)? * u,
+    }
+}
+
+/// `l(x)`: on the packed CPU gemm (with its backward) for f32 on the CPU at enough rows, else
+/// candle's.
+pub(super) fn project(l: &Linear, x: &Tensor) -> Result<Tensor> {
+    if !super::host_linear::supported(x) {
+        return l.forward(x);
+    }
+    let y = super::host_linear::linear(x, l.weight())?;
+    match l.bias() {
+        Some(b) => y.broadcast_add(b),
+        None => Ok(y),
+    }
+}
+
+pub(super) fn linear(i: usize, o: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {
+    if bias {
+        candle_nn::linear(i, o, vb)
+    } else {
+        candle_nn::linear_no_bias(i, o, vb)
+    }
+}
+
+/// One matrix from projections that read the same input: the weights (and biases, if all have
+/// them) stacked by output rows. Returns it and the parts as views into it.
+pub(super) fn stack_linears(parts: &[&Linear]) -> Result<(Linear, Vec<Linear>)> {
+    let weights: Vec<&Tensor> = parts.iter().map(|l| l.weight()).collect();
+    let w = Tensor::cat(&weights, 0)?;
+    let b = match parts.iter().map(|l| l.bias()).collect::<Option<Vec<_>>>() {
+        Some(bs) if !bs.is_empty() => Some(Tensor::cat(&bs, 0)?),
+        _ => None,
+    };
+    let mut views = Vec::with_capacity(parts.len());
+    let mut start = 0;
+    for l in parts {
+        let n = l.weight().dim(0)?;
+        let bias = b.as_ref().map(|b| b.narrow(0, start, n)).transpose()?;
+        views.push(Linear::new(w.narrow(0, start, n)?, bias));
+        start += n;
+    }
+    Ok((Linear::new(w, b), views))
+}
