@@ -176,27 +176,440 @@ fn fmt_secs(s: f64) -> String {
 }
 
 pub fn run(job: &TrainJob) -> Result<TrainSummary> {
-    let s = &job.settings;
-    s.validate().map_err(|e| anyhow::anyhow!("train.{e}"))?;
+    job.settings
+        .validate()
+        .map_err(|e| anyhow::anyhow!("train.{e}"))?;
     let t_start = Instant::now();
     super::tune_allocator();
-    let ck = Checkpoint::open(&job.model)?;
-    let tok = ck.tokenizer()?;
-    let eos = ck.eos_token_ids()?.first().copied();
-    let (rows, rep) = read_sft(&job.data, &tok, eos, s.max_seq_len)?;
-    print_load(&job.data, &rep);
-    let plan = plan_steps(&rows, s);
-    let total = plan.len() as u64;
-    let dtype = model_dtype(s, &ck);
-    let dev = Device::Cpu;
-    let t = Trainable::load(&ck, &dev)?;
-    // copies: the variables are updated in place
-    let base: HashMap<String, candle_core::Tensor> = t
-        .tensors()
-        .into_iter()
-        .map(|(k, v)| Ok((k, v.copy()?)))
-        .collect::<Result<_>>()?;
-    let params = t.num_params() as u64;
+    let mut p = Prepared::load(job)?;
+    p.print_plan();
+    let mut r = Resumed::open(job, &mut p)?;
+    let (num_rows, resumed_from) = (p.rows.len(), r.from);
+    let loop_start = Instant::now();
+    let mut totals = Totals::default();
+    let mut stalled = 0u64;
+    let summary = |totals: &Totals, steps, stopped| TrainSummary {
+        steps,
+        stopped,
+        resumed_from,
+        rows: num_rows,
+        tokens: totals.tokens,
+        first_loss: totals.first_loss,
+        last_loss: totals.last_loss,
+        seconds: t_start.elapsed().as_secs_f64(),
+        tokens_per_second: totals.tokens as f64 / loop_start.elapsed().as_secs_f64().max(1e-9),
+        tensors: 0,
+        tensors_unchanged: 0,
+        median_relative_change: 0.0,
+    };
+    for step in r.start..p.total {
+        let m = p.step(&mut r, step, loop_start)?;
+        writeln!(r.metrics, "{}", serde_json::to_string(&m)?)?;
+        r.metrics.flush()?;
+        totals.add(&m);
+        p.print_step(&m, &mut stalled);
+        let done = step + 1;
+        let stop = job.stop_after == Some(done) && done < p.total;
+        let every = p.s.checkpoint_every;
+        if stop || done == p.total || (every > 0 && done % every == 0) {
+            p.checkpoint(&mut r, done, m.loss)?;
+        }
+        if stop {
+            println!(
+                "stopped after step {done} of {} (--stop-after); rerun to continue",
+                p.total
+            );
+            return Ok(summary(&totals, done, true));
+        }
+    }
+    let change = p.export()?;
+    Ok(TrainSummary {
+        tensors: change.tensors,
+        tensors_unchanged: change.unchanged,
+        median_relative_change: change.median,
+        ..summary(&totals, p.total, false)
+    })
+}
+
+/// What a run knows before its first step: data, plan, model, optimizer, schedule.
+struct Prepared<'a> {
+    job: &'a TrainJob,
+    s: &'a TrainSettings,
+    ck: Checkpoint,
+    rows: Vec<super::data::SftRow>,
+    /// The rows of each optimizer step.
+    plan: Vec<Vec<usize>>,
+    total: u64,
+    /// The dtype the model is stored and exported in.
+    dtype: DType,
+    t: Trainable,
+    /// The base weights, to report how far each tensor moved.
+    base: HashMap<String, candle_core::Tensor>,
+    params: u64,
+    opt: AdamW,
+    sched: Schedule,
+    /// The device's matmul peak, for MFU (FLOP/s).
+    peak: f64,
+    /// The settings, data and base model a checkpoint must match.
+    fingerprint: String,
+}
+
+/// Where a run starts: the restored checkpoint, and the metrics file it appends to.
+struct Resumed {
+    start: u64,
+    from: Option<u64>,
+    metrics: std::fs::File,
+    checkpoints: PathBuf,
+    /// The newest checkpoint, named when a step fails.
+    last: Option<PathBuf>,
+}
+
+/// Sums over the steps this process ran.
+#[derive(Default)]
+struct Totals {
+    tokens: u64,
+    first_loss: Option<f64>,
+    last_loss: f64,
+}
+
+impl Totals {
+    fn add(&mut self, m: &Metrics) {
+        self.tokens += m.tokens as u64;
+        self.first_loss.get_or_insert(m.loss);
+        self.last_loss = m.loss;
+    }
+}
+
+/// How far the trained tensors moved from the base.
+struct Change {
+    tensors: usize,
+    unchanged: usize,
+    median: f64,
+}
+
+impl<'a> Prepared<'a> {
+    fn load(job: &'a TrainJob) -> Result<Self> {
+        let s = &job.settings;
+        let ck = Checkpoint::open(&job.model)?;
+        let tok = ck.tokenizer()?;
+        let eos = ck.eos_token_ids()?.first().copied();
+        let (rows, rep) = read_sft(&job.data, &tok, eos, s.max_seq_len)?;
+        print_load(&job.data, &rep);
+        let plan = plan_steps(&rows, s);
+        let total = plan.len() as u64;
+        let dtype = model_dtype(s, &ck);
+        let t = Trainable::load(&ck, &Device::Cpu)?;
+        // copies: the variables are updated in place
+        let base: HashMap<String, candle_core::Tensor> = t
+            .tensors()
+            .into_iter()
+            .map(|(k, v)| Ok((k, v.copy()?)))
+            .collect::<Result<_>>()?;
+        let params = t.num_params() as u64;
+        let opt = optimizer(s, &t, dtype)?;
+        let sched = Schedule {
+            kind: s.lr_schedule,
+            lr: s.lr,
+            warmup_steps: s.warmup_steps,
+            min_lr_ratio: s.min_lr_ratio,
+            total_steps: total,
+        };
+        let peak = match s.peak_tflops {
+            Some(tf) => tf * 1e12,
+            None => crate::machine::cpu_matmul_ceiling()?,
+        };
+        let fingerprint = fingerprint(s, &ck, &job.data)?;
+        Ok(Prepared {
+            job,
+            s,
+            ck,
+            rows,
+            plan,
+            total,
+            dtype,
+            t,
+            base,
+            params,
+            opt,
+            sched,
+            peak,
+            fingerprint,
+        })
+    }
+
+    fn print_plan(&self) {
+        let s = self.s;
+        println!(
+            "train: {} ({} parameters, stored as {:?}), {} rows, {} steps over {} epoch(s)",
+            self.ck.dir.display(),
+            self.params,
+            self.dtype,
+            self.rows.len(),
+            self.total,
+            s.epochs
+        );
+        let budget = super::memory::budget(&self.ck.config, self.params, s);
+        println!(
+            "memory budget (micro_batch_tokens {}, max_seq_len {}):",
+            s.micro_batch_tokens, s.max_seq_len
+        );
+        for l in budget.lines(s) {
+            println!("{l}");
+        }
+    }
+
+    /// The epoch of `step` (steps never span epochs: count epoch boundaries in the plan).
+    fn epoch_of(&self, step: u64) -> u64 {
+        let done: usize = self.plan[..step as usize].iter().map(Vec::len).sum();
+        (done / self.rows.len()) as u64
+    }
+
+    /// Optimizer step `step` (0-based): its micro-batches' gradients, the guards, the update.
+    fn step(&mut self, r: &mut Resumed, step: u64, loop_start: Instant) -> Result<Metrics> {
+        let (s, rows) = (self.s, &self.rows);
+        let t0 = Instant::now();
+        let rows_of_step = &self.plan[step as usize];
+        let completion: usize = rows_of_step.iter().map(|&i| rows[i].completion.len()).sum();
+        let tokens: usize = rows_of_step.iter().map(|&i| rows[i].len()).sum();
+        let gopt = GradOptions {
+            loss_chunk_tokens: s.loss_chunk_tokens,
+            recompute: s.recompute,
+        };
+        let scale = 1.0 / completion as f64;
+        let mut sums = GradSums::new(self.t.named_vars().len());
+        let mut loss_sum = 0f64;
+        for mb in micro_batches(rows_of_step, rows, s) {
+            let refs: Vec<(&[u32], &[u32])> = mb
+                .iter()
+                .map(|&i| (rows[i].prompt.as_slice(), rows[i].completion.as_slice()))
+                .collect();
+            let b = PackedBatch::pack(&refs);
+            loss_sum += self.t.accumulate(&b, scale, gopt, &mut sums)?;
+        }
+        let loss = loss_sum / completion as f64;
+        let last_good = || {
+            r.last
+                .as_ref()
+                .map(|p| format!("the last good checkpoint is {}", p.display()))
+                .unwrap_or_else(|| "no checkpoint was written yet".into())
+        };
+        if !loss.is_finite() {
+            bail!(
+                "step {}: the loss is {loss}; stopped without applying the update ({})",
+                step + 1,
+                last_good()
+            );
+        }
+        let grads = sums.finish(self.t.named_vars())?;
+        let gn = AdamW::grad_norm(&grads)?;
+        if !gn.is_finite() {
+            bail!(
+                "step {}: the gradient norm is {gn}; stopped without applying the update ({})",
+                step + 1,
+                last_good()
+            );
+        }
+        let lr = self.sched.lr(step);
+        let clip = (s.clip_grad_norm > 0.0).then_some(s.clip_grad_norm);
+        let st = self.opt.step(&grads, lr, clip)?;
+        drop(grads);
+        let secs = t0.elapsed().as_secs_f64();
+        let elapsed = loop_start.elapsed().as_secs_f64();
+        let per_step = elapsed / (step + 1 - r.start) as f64;
+        let tps = tokens as f64 / secs;
+        Ok(Metrics {
+            step: step + 1,
+            epoch: self.epoch_of(step),
+            loss,
+            grad_norm: st.grad_norm,
+            lr,
+            update_ratio: st.update_ratio,
+            changed_share: st.changed_share,
+            rows: rows_of_step.len(),
+            tokens,
+            completion_tokens: completion,
+            tokens_per_second: tps,
+            mfu: 6.0 * self.params as f64 * tps / self.peak,
+            elapsed_seconds: elapsed,
+            eta_seconds: per_step * (self.total - step - 1) as f64,
+        })
+    }
+
+    /// The step's progress line, and the warning when the weights stop changing for
+    /// `stall_steps` steps (`stalled` counts them).
+    fn print_step(&self, m: &Metrics, stalled: &mut u64) {
+        let s = self.s;
+        eprintln!(
+            "step {}/{}  loss {:.4}  grad norm {:.3}  lr {:.2e}  update/param {:.1e}  \
+             changed {:.2}%  {:.0} tok/s  MFU {:.1}%  ETA {}",
+            m.step,
+            self.total,
+            m.loss,
+            m.grad_norm,
+            m.lr,
+            m.update_ratio,
+            100.0 * m.changed_share,
+            m.tokens_per_second,
+            100.0 * m.mfu,
+            fmt_secs(m.eta_seconds)
+        );
+        if m.changed_share >= s.stall_share {
+            *stalled = 0;
+            return;
+        }
+        *stalled += 1;
+        if *stalled == s.stall_steps {
+            eprintln!(
+                "WARNING: for {stalled} steps fewer than {:.4}% of the weights changed their \
+                 stored ({:?}) value: the updates are below the dtype's resolution or the \
+                 learning rate is too small; the model is not learning (lr {:.2e}, update/param \
+                 {:.1e})",
+                100.0 * s.stall_share,
+                self.dtype,
+                m.lr,
+                m.update_ratio
+            );
+        }
+    }
+
+    /// A checkpoint after `done` steps, and the stage's progress file.
+    fn checkpoint(&self, r: &mut Resumed, done: u64, loss: f64) -> Result<()> {
+        let s = self.s;
+        let state = TrainState {
+            step: done,
+            total_steps: self.total,
+            fingerprint: self.fingerprint.clone(),
+            rows_done: self.plan[..done as usize]
+                .iter()
+                .map(|r| r.len() as u64)
+                .sum(),
+            epoch: self.epoch_of(done - 1),
+            seed: s.seed,
+            settings: s.clone(),
+            base_model: self.ck.dir.display().to_string(),
+            selfdistill_version: env!("CARGO_PKG_VERSION").into(),
+            candle_version: "0.10.2".into(),
+            last_loss: loss,
+            written_unix: crate::store::now_unix(),
+        };
+        let saved = checkpoint::save(
+            &r.checkpoints,
+            &self.t,
+            &self.opt,
+            &state,
+            s.keep_checkpoints,
+        )?;
+        r.last = Some(saved);
+        if let Some(p) = &self.job.progress_file {
+            crate::store::write_json_atomic(
+                p,
+                &crate::store::Progress {
+                    done,
+                    total: Some(self.total),
+                    unit: "steps checkpointed".into(),
+                },
+            )?;
+        }
+        crate::fault::point("train.after_checkpoint");
+        Ok(())
+    }
+
+    /// Exports the model, reloads it, and reports how far every tensor moved (an error if none
+    /// did).
+    fn export(&self) -> Result<Change> {
+        let (job, dtype) = (self.job, self.dtype);
+        checkpoint::export(&self.t, &self.ck, dtype, &job.output)?;
+        let report = checkpoint::change_report(&self.base, &self.t, dtype)?;
+        crate::store::write_json_atomic(&job.state_dir.join(CHANGE_REPORT), &report)?;
+        let unchanged: Vec<&str> = report
+            .iter()
+            .filter(|c| c.changed_share == 0.0)
+            .map(|c| c.name.as_str())
+            .collect();
+        let mut rel: Vec<f64> = report.iter().map(|c| c.relative_change).collect();
+        rel.sort_by(f64::total_cmp);
+        let median = rel.get(rel.len() / 2).copied().unwrap_or(0.0);
+        println!(
+            "tensor change from the base ({dtype:?}): median {median:.2e}, min {:.2e}, max \
+             {:.2e}; {} of {} tensors unchanged; report in {}",
+            rel.first().copied().unwrap_or(0.0),
+            rel.last().copied().unwrap_or(0.0),
+            unchanged.len(),
+            report.len(),
+            job.state_dir.join(CHANGE_REPORT).display()
+        );
+        if unchanged.len() == report.len() {
+            bail!(
+                "training did not change the model: no weight of any tensor differs from the \
+                 base in {dtype:?} after {} steps (see {})",
+                self.total,
+                job.state_dir.join(METRICS).display()
+            );
+        }
+        if !unchanged.is_empty() {
+            eprintln!(
+                "WARNING: {} tensors did not change at all: {}",
+                unchanged.len(),
+                unchanged.join(", ")
+            );
+        }
+        Ok(Change {
+            tensors: report.len(),
+            unchanged: unchanged.len(),
+            median,
+        })
+    }
+}
+
+impl Resumed {
+    /// Restores the newest checkpoint of a run with the same fingerprint (an error for another
+    /// run's), and opens `metrics.jsonl` cut to the restored step (or fresh).
+    fn open(job: &TrainJob, p: &mut Prepared) -> Result<Resumed> {
+        std::fs::create_dir_all(&job.state_dir)
+            .with_context(|| format!("cannot create {}", job.state_dir.display()))?;
+        let checkpoints = job.state_dir.join("checkpoints");
+        let metrics_path = job.state_dir.join(METRICS);
+        let mut start = 0u64;
+        let mut from = None;
+        if let Some((dir, state)) = checkpoint::latest(&checkpoints)? {
+            if state.fingerprint != p.fingerprint {
+                bail!(
+                    "{} was written by a run with other settings, data or base model; move it \
+                     away (or use another output) to start over",
+                    dir.display()
+                );
+            }
+            checkpoint::restore(&dir, &state, &p.t, &mut p.opt)?;
+            start = state.step;
+            from = Some(start);
+            println!(
+                "resumed from {} (step {start} of {})",
+                dir.display(),
+                p.total
+            );
+            truncate_metrics(&metrics_path, start)?;
+        } else if metrics_path.exists() {
+            std::fs::remove_file(&metrics_path)?;
+        }
+        let metrics = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&metrics_path)
+            .with_context(|| format!("cannot open {}", metrics_path.display()))?;
+        let last = checkpoint::list(&checkpoints)?.pop().map(|(_, p)| p);
+        Ok(Resumed {
+            start,
+            from,
+            metrics,
+            checkpoints,
+            last,
+        })
+    }
+}
+
+/// AdamW over the model's variables with the state precision the settings ask for (warning
+/// when it is lossy).
+fn optimizer(s: &TrainSettings, t: &Trainable, dtype: DType) -> Result<AdamW> {
     let rounding = match (s.optimizer_state, s.stochastic_rounding) {
         (OptimizerState::F32, _) => StateRounding::F32,
         (OptimizerState::Bf16, true) => StateRounding::Bf16Stochastic { seed: s.seed },
@@ -215,285 +628,13 @@ pub fn run(job: &TrainJob) -> Result<TrainSummary> {
         eps: s.eps,
         weight_decay: s.weight_decay,
     };
-    let mut opt = AdamW::with_state(
+    Ok(AdamW::with_state(
         t.named_vars().to_vec(),
         cfg,
         |n| s.decays(n),
         rounding,
         dtype,
-    )?;
-    let sched = Schedule {
-        kind: s.lr_schedule,
-        lr: s.lr,
-        warmup_steps: s.warmup_steps,
-        min_lr_ratio: s.min_lr_ratio,
-        total_steps: total,
-    };
-    println!(
-        "train: {} ({} parameters, stored as {dtype:?}), {} rows, {} steps over {} epoch(s)",
-        ck.dir.display(),
-        params,
-        rows.len(),
-        total,
-        s.epochs
-    );
-    let budget = super::memory::budget(&ck.config, params, s);
-    println!(
-        "memory budget (micro_batch_tokens {}, max_seq_len {}):",
-        s.micro_batch_tokens, s.max_seq_len
-    );
-    for l in budget.lines(s) {
-        println!("{l}");
-    }
-    let peak = match s.peak_tflops {
-        Some(tf) => tf * 1e12,
-        None => crate::machine::cpu_matmul_ceiling()?,
-    };
-
-    // resume
-    std::fs::create_dir_all(&job.state_dir)
-        .with_context(|| format!("cannot create {}", job.state_dir.display()))?;
-    let ckpt_root = job.state_dir.join("checkpoints");
-    let metrics_path = job.state_dir.join(METRICS);
-    let fp = fingerprint(s, &ck, &job.data)?;
-    let mut start = 0u64;
-    let mut resumed_from = None;
-    if let Some((dir, state)) = checkpoint::latest(&ckpt_root)? {
-        if state.fingerprint != fp {
-            bail!(
-                "{} was written by a run with other settings, data or base model; move it away \
-                 (or use another output) to start over",
-                dir.display()
-            );
-        }
-        checkpoint::restore(&dir, &state, &t, &mut opt)?;
-        start = state.step;
-        resumed_from = Some(start);
-        println!("resumed from {} (step {start} of {total})", dir.display());
-        truncate_metrics(&metrics_path, start)?;
-    } else if metrics_path.exists() {
-        std::fs::remove_file(&metrics_path)?;
-    }
-    let mut metrics_file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&metrics_path)
-        .with_context(|| format!("cannot open {}", metrics_path.display()))?;
-
-    let gopt = GradOptions {
-        loss_chunk_tokens: s.loss_chunk_tokens,
-        recompute: s.recompute,
-    };
-    let epoch_of = |step: u64| -> u64 {
-        // steps never span epochs: count epoch boundaries in the plan
-        let per_epoch = rows.len();
-        let done: usize = plan[..step as usize].iter().map(Vec::len).sum();
-        (done / per_epoch) as u64
-    };
-    let loop_start = Instant::now();
-    let mut tokens_done = 0u64;
-    let (mut first_loss, mut last_loss) = (None, f64::NAN);
-    let mut stalled = 0u64;
-    let mut last_ckpt: Option<PathBuf> = checkpoint::list(&ckpt_root)?.pop().map(|(_, p)| p);
-    for step in start..total {
-        let t0 = Instant::now();
-        let rows_of_step = &plan[step as usize];
-        let completion: usize = rows_of_step.iter().map(|&i| rows[i].completion.len()).sum();
-        let tokens: usize = rows_of_step.iter().map(|&i| rows[i].len()).sum();
-        let scale = 1.0 / completion as f64;
-        let mut sums = GradSums::new(t.named_vars().len());
-        let mut loss_sum = 0f64;
-        for mb in micro_batches(rows_of_step, &rows, s) {
-            let refs: Vec<(&[u32], &[u32])> = mb
-                .iter()
-                .map(|&i| (rows[i].prompt.as_slice(), rows[i].completion.as_slice()))
-                .collect();
-            let b = PackedBatch::pack(&refs);
-            loss_sum += t.accumulate(&b, scale, gopt, &mut sums)?;
-        }
-        let loss = loss_sum / completion as f64;
-        let last_good = || {
-            last_ckpt
-                .as_ref()
-                .map(|p| format!("the last good checkpoint is {}", p.display()))
-                .unwrap_or_else(|| "no checkpoint was written yet".into())
-        };
-        if !loss.is_finite() {
-            bail!(
-                "step {}: the loss is {loss}; stopped without applying the update ({})",
-                step + 1,
-                last_good()
-            );
-        }
-        let grads = sums.finish(t.named_vars())?;
-        let gn = AdamW::grad_norm(&grads)?;
-        if !gn.is_finite() {
-            bail!(
-                "step {}: the gradient norm is {gn}; stopped without applying the update ({})",
-                step + 1,
-                last_good()
-            );
-        }
-        let lr = sched.lr(step);
-        let clip = (s.clip_grad_norm > 0.0).then_some(s.clip_grad_norm);
-        let st = opt.step(&grads, lr, clip)?;
-        drop(grads);
-        let secs = t0.elapsed().as_secs_f64();
-        tokens_done += tokens as u64;
-        let elapsed = loop_start.elapsed().as_secs_f64();
-        let per_step = elapsed / (step + 1 - start) as f64;
-        let tps = tokens as f64 / secs;
-        let m = Metrics {
-            step: step + 1,
-            epoch: epoch_of(step),
-            loss,
-            grad_norm: st.grad_norm,
-            lr,
-            update_ratio: st.update_ratio,
-            changed_share: st.changed_share,
-            rows: rows_of_step.len(),
-            tokens,
-            completion_tokens: completion,
-            tokens_per_second: tps,
-            mfu: 6.0 * params as f64 * tps / peak,
-            elapsed_seconds: elapsed,
-            eta_seconds: per_step * (total - step - 1) as f64,
-        };
-        writeln!(metrics_file, "{}", serde_json::to_string(&m)?)?;
-        metrics_file.flush()?;
-        first_loss.get_or_insert(loss);
-        last_loss = loss;
-        eprintln!(
-            "step {}/{total}  loss {loss:.4}  grad norm {:.3}  lr {lr:.2e}  update/param {:.1e}  \
-             changed {:.2}%  {tps:.0} tok/s  MFU {:.1}%  ETA {}",
-            step + 1,
-            st.grad_norm,
-            st.update_ratio,
-            100.0 * st.changed_share,
-            100.0 * m.mfu,
-            fmt_secs(m.eta_seconds)
-        );
-        if st.changed_share < s.stall_share {
-            stalled += 1;
-            if stalled == s.stall_steps {
-                eprintln!(
-                    "WARNING: for {stalled} steps fewer than {:.4}% of the weights changed their \
-                     stored ({dtype:?}) value: the updates are below the dtype's resolution or \
-                     the learning rate is too small; the model is not learning (lr {lr:.2e}, \
-                     update/param {:.1e})",
-                    100.0 * s.stall_share,
-                    st.update_ratio
-                );
-            }
-        } else {
-            stalled = 0;
-        }
-        let done = step + 1;
-        let stop = job.stop_after == Some(done) && done < total;
-        if stop || done == total || (s.checkpoint_every > 0 && done % s.checkpoint_every == 0) {
-            let state = TrainState {
-                step: done,
-                total_steps: total,
-                fingerprint: fp.clone(),
-                rows_done: plan[..done as usize].iter().map(|r| r.len() as u64).sum(),
-                epoch: epoch_of(step),
-                seed: s.seed,
-                settings: s.clone(),
-                base_model: ck.dir.display().to_string(),
-                selfdistill_version: env!("CARGO_PKG_VERSION").into(),
-                candle_version: "0.10.2".into(),
-                last_loss: loss,
-                written_unix: crate::store::now_unix(),
-            };
-            last_ckpt = Some(checkpoint::save(
-                &ckpt_root,
-                &t,
-                &opt,
-                &state,
-                s.keep_checkpoints,
-            )?);
-            if let Some(p) = &job.progress_file {
-                crate::store::write_json_atomic(
-                    p,
-                    &crate::store::Progress {
-                        done,
-                        total: Some(total),
-                        unit: "steps checkpointed".into(),
-                    },
-                )?;
-            }
-            crate::fault::point("train.after_checkpoint");
-        }
-        if stop {
-            println!("stopped after step {done} of {total} (--stop-after); rerun to continue");
-            return Ok(TrainSummary {
-                steps: done,
-                stopped: true,
-                resumed_from,
-                rows: rows.len(),
-                tokens: tokens_done,
-                first_loss,
-                last_loss,
-                seconds: t_start.elapsed().as_secs_f64(),
-                tokens_per_second: tokens_done as f64
-                    / loop_start.elapsed().as_secs_f64().max(1e-9),
-                tensors: 0,
-                tensors_unchanged: 0,
-                median_relative_change: 0.0,
-            });
-        }
-    }
-
-    // export, reload, and how far every tensor moved
-    checkpoint::export(&t, &ck, dtype, &job.output)?;
-    let report = checkpoint::change_report(&base, &t, dtype)?;
-    crate::store::write_json_atomic(&job.state_dir.join(CHANGE_REPORT), &report)?;
-    let unchanged: Vec<&str> = report
-        .iter()
-        .filter(|c| c.changed_share == 0.0)
-        .map(|c| c.name.as_str())
-        .collect();
-    let mut rel: Vec<f64> = report.iter().map(|c| c.relative_change).collect();
-    rel.sort_by(f64::total_cmp);
-    let median = rel.get(rel.len() / 2).copied().unwrap_or(0.0);
-    println!(
-        "tensor change from the base ({dtype:?}): median {median:.2e}, min {:.2e}, max {:.2e}; \
-         {} of {} tensors unchanged; report in {}",
-        rel.first().copied().unwrap_or(0.0),
-        rel.last().copied().unwrap_or(0.0),
-        unchanged.len(),
-        report.len(),
-        job.state_dir.join(CHANGE_REPORT).display()
-    );
-    if unchanged.len() == report.len() {
-        bail!(
-            "training did not change the model: no weight of any tensor differs from the base in \
-             {dtype:?} after {total} steps (see {})",
-            metrics_path.display()
-        );
-    }
-    if !unchanged.is_empty() {
-        eprintln!(
-            "WARNING: {} tensors did not change at all: {}",
-            unchanged.len(),
-            unchanged.join(", ")
-        );
-    }
-    let seconds = t_start.elapsed().as_secs_f64();
-    Ok(TrainSummary {
-        steps: total,
-        stopped: false,
-        resumed_from,
-        rows: rows.len(),
-        tokens: tokens_done,
-        first_loss,
-        last_loss,
-        seconds,
-        tokens_per_second: tokens_done as f64 / loop_start.elapsed().as_secs_f64().max(1e-9),
-        tensors: report.len(),
-        tensors_unchanged: unchanged.len(),
-        median_relative_change: median,
-    })
+    )?)
 }
 
 fn print_load(path: &Path, r: &LoadReport) {
