@@ -368,14 +368,22 @@ fn decode_roofline(cfg: &ModelConfig, batch: usize, ctx: usize, peak: f64, bw: f
 }
 
 /// FLOPs of one decode token at context length `ctx`: every weight matrix once (lm_head
-/// included), plus attention's q·k and p·v over the context in the layers that keep keys.
+/// included), plus attention's q·k and p·v over the context in the layers that keep keys and
+/// the state's work in recurrent ones.
 fn decode_flops_per_token(cfg: &ModelConfig, ctx: usize) -> f64 {
     let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
     let per_layer = |kind: LayerKind| match kind {
         LayerKind::Attention => {
-            let proj = h * d * (cfg.num_heads * 2 + cfg.num_kv_heads * 2);
+            let gate = if cfg.attention_gate { cfg.num_heads } else { 0 };
+            let proj = h * d * (cfg.num_heads * 2 + gate + cfg.num_kv_heads * 2);
             2 * proj + 4 * ctx * cfg.num_heads * d
         }
+        // the projections, the conv, and the state's decay, read, update and read-out
+        LayerKind::GatedDeltaNet => cfg.linear.map_or(0, |l| {
+            let proj = h * (l.conv_dim() + 2 * l.value_dim() + 2 * l.num_value_heads);
+            let state = l.num_value_heads * l.key_head_dim * l.value_head_dim;
+            2 * proj + 2 * l.conv_dim() * l.conv_kernel + 8 * state
+        }),
     };
     let layers: usize = cfg
         .layer_kinds

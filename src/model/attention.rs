@@ -1,9 +1,11 @@
-//! The attention interface the model calls, and the contiguous causal backend (prefill, training,
-//! full-recompute references).
+//! The interface between the model's layers and what a step remembers, and the contiguous causal
+//! backend (prefill, training, full-recompute references).
 //!
-//! The model hands each layer's rotated queries, keys and values for the tokens of this step to an
-//! [`AttentionBackend`]; the backend decides what they attend to: the sequence's own tokens
-//! ([`CausalAttention`]) or a paged KV cache (the sampler's backend). Differentiable: f32 on the
+//! The model hands each attention layer's rotated queries, keys and values for the tokens of this
+//! step to an [`AttentionBackend`]; the backend decides what they attend to: the sequence's own
+//! tokens ([`CausalAttention`]) or a paged KV cache (the sampler's backend). A recurrent layer
+//! (Gated DeltaNet) asks the backend instead for each sequence's state at the start of the step
+//! and hands back the state at its end ([`AttentionBackend::recurrent_state`]). Differentiable: f32 on the
 //! CPU runs the fused op of [`super::fused_attention`] (its own backward pass, no score tensors);
 //! other devices and dtypes compose candle ops ([`attend_one`]). Knows nothing of weights.
 
@@ -17,6 +19,14 @@ use candle_core::{DType, Device, Result, Tensor, D};
 /// `T` is all tokens of the step, sequences laid end to end.
 pub trait AttentionBackend {
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor>;
+
+    /// The step's sequences as recurrent layer `layer` sees them: each one's token count and the
+    /// state it starts from (`values` f32 values per sequence, laid out by the layer).
+    fn recurrent_state(&mut self, layer: usize, values: usize) -> Result<RecurrentStep>;
+
+    /// The state each sequence of the step ends with, (sequences, values) f32: kept for the
+    /// sequence's next step, or dropped by a backend that keeps none.
+    fn store_recurrent_state(&mut self, layer: usize, state: Tensor) -> Result<()>;
 
     /// [`Self::attend`] on host values (f32, row-major), for the CPU's packed layers: `q`
     /// (T x Hq x D), `k` and `v` (T x Hkv x D) into `out` (T x Hq x D). A backend whose cache is
@@ -45,6 +55,16 @@ pub trait AttentionBackend {
         out.copy_from_slice(&a);
         Ok(())
     }
+}
+
+/// What a recurrent layer needs of a step.
+#[derive(Debug, Clone)]
+pub struct RecurrentStep {
+    /// Tokens each sequence brings, in the order they are laid end to end.
+    pub seq_lens: Vec<usize>,
+    /// Each sequence's state at the start of the step, (sequences, values) f32; `None` when
+    /// every sequence starts from zeros.
+    pub state: Option<Tensor>,
 }
 
 /// A step's attention shape: (tokens, query heads, KV heads, head_dim).
@@ -79,6 +99,19 @@ impl AttentionBackend for CausalAttention {
             start += len;
         }
         Tensor::cat(&outs, 0)
+    }
+
+    /// Every sequence starts here, from zeros.
+    fn recurrent_state(&mut self, _layer: usize, _values: usize) -> Result<RecurrentStep> {
+        Ok(RecurrentStep {
+            seq_lens: self.seq_lens.clone(),
+            state: None,
+        })
+    }
+
+    /// Nothing is kept: the sequences end with the step.
+    fn store_recurrent_state(&mut self, _layer: usize, _state: Tensor) -> Result<()> {
+        Ok(())
     }
 }
 

@@ -1,8 +1,9 @@
 //! A model's `config.json` as Hugging Face writes it, turned into a validated [`ModelConfig`].
 //!
 //! Both layouts are read: `rope_theta`/`rope_scaling` at the top level (classic) and
-//! `rope_parameters` (transformers 5), `torch_dtype` or `dtype`. Families: Qwen3 (q/k RMS norms)
-//! and Llama (3.x, with `llama3` rope scaling). Anything we do not implement (sliding windows,
+//! `rope_parameters` (transformers 5), `torch_dtype` or `dtype`. Families: Qwen3 (q/k RMS norms),
+//! Llama (3.x, with `llama3` rope scaling) and Qwen3.5 (Gated DeltaNet layers beside gated
+//! attention, zero-centred norms, partial RoPE; the multimodal layout's `text_config`, text only). Anything we do not implement (sliding windows,
 //! other rope scalings, other activations, unknown `model_type`) is rejected here, once, with the
 //! reason. Knows nothing of weights or devices.
 //!
@@ -25,14 +26,52 @@ use serde_json::Value;
 pub enum Family {
     Qwen3,
     Llama,
+    Qwen3_5,
 }
 
 /// What one decoder layer is. Every kind is followed by the SwiGLU MLP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LayerKind {
     /// Softmax attention over every earlier token, in the shape of the config's attention
-    /// fields (`num_heads`, `num_kv_heads`, `head_dim`, `qk_norm`, `attention_bias`).
+    /// fields (`num_heads`, `num_kv_heads`, `head_dim`, `qk_norm`, `attention_bias`,
+    /// `attention_gate`, `rotary_dim`).
     Attention,
+    /// Gated DeltaNet linear attention (Qwen3.5's `linear_attention`), in the shape of
+    /// [`ModelConfig::linear`]: a fixed state per sequence instead of keys and values.
+    GatedDeltaNet,
+}
+
+/// The Gated DeltaNet layers' shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearAttention {
+    pub num_key_heads: usize,
+    pub num_value_heads: usize,
+    pub key_head_dim: usize,
+    pub value_head_dim: usize,
+    /// The causal depthwise convolution's kernel (4).
+    pub conv_kernel: usize,
+}
+
+impl LinearAttention {
+    pub fn key_dim(&self) -> usize {
+        self.num_key_heads * self.key_head_dim
+    }
+
+    pub fn value_dim(&self) -> usize {
+        self.num_value_heads * self.value_head_dim
+    }
+
+    /// Channels of the convolution: queries, keys and values.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+
+    /// Values of one sequence's state: the convolution's last `conv_kernel - 1` inputs and the
+    /// recurrent state (value heads x key dim x value dim), f32.
+    pub fn state_values(&self) -> usize {
+        self.conv_dim() * (self.conv_kernel - 1)
+            + self.num_value_heads * self.key_head_dim * self.value_head_dim
+    }
 }
 
 /// What the sampler keeps for one layer between steps.
@@ -44,11 +83,16 @@ pub enum LayerCache {
     State { values: usize },
 }
 
-/// A family's reader: `config.json`'s fields (already parsed) into a config.
-type Reader = fn(RawHfConfig) -> Result<ModelConfig>;
+/// A family's reader: `config.json` into a config.
+type Reader = fn(&Value) -> Result<ModelConfig>;
 
 /// The families we read, by `model_type`. A new family is a line here.
-const FAMILIES: &[(&str, Reader)] = &[("qwen3", read_qwen3), ("llama", read_llama)];
+const FAMILIES: &[(&str, Reader)] = &[
+    ("qwen3", read_qwen3),
+    ("llama", read_llama),
+    ("qwen3_5", read_qwen3_5),
+    ("qwen3_5_text", read_qwen3_5),
+];
 
 /// Llama 3.1-style frequency scaling of RoPE.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -72,6 +116,18 @@ pub struct ModelConfig {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub qk_norm: bool,
+    /// Qwen3.5's output gate: q_proj gives a query and a gate per head, and the attention's
+    /// output is scaled by `sigmoid(gate)` before o_proj.
+    pub attention_gate: bool,
+    /// The leading dims of each head that RoPE rotates (`head_dim` unless partial).
+    pub rotary_dim: usize,
+    /// Zero-centred RMS norms (`x̂ * (1 + w)`, Qwen3.5) instead of `x̂ * w`.
+    pub norm_offset: bool,
+    /// The Gated DeltaNet layers' shape, when the model has any.
+    pub linear: Option<LinearAttention>,
+    /// Where the text model's weights are: `model` (`model.layers.N...`), or
+    /// `model.language_model` in the multimodal layout.
+    pub weights_prefix: String,
     pub vocab_size: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
@@ -86,7 +142,6 @@ pub struct ModelConfig {
 /// The fields of `config.json` we read; everything else in it is ignored.
 #[derive(Debug, Deserialize)]
 struct RawHfConfig {
-    model_type: Option<String>,
     hidden_size: usize,
     intermediate_size: usize,
     num_hidden_layers: usize,
@@ -115,12 +170,12 @@ impl ModelConfig {
     }
 
     pub fn parse(text: &str) -> Result<ModelConfig> {
-        let raw: RawHfConfig = serde_json::from_str(text).context("not a model config")?;
-        let Some(model_type) = raw.model_type.clone() else {
+        let raw: Value = serde_json::from_str(text).context("not a model config")?;
+        let Some(model_type) = raw.get("model_type").and_then(Value::as_str) else {
             bail!("no `model_type`")
         };
         match FAMILIES.iter().find(|(name, _)| *name == model_type) {
-            Some((_, read)) => read(raw),
+            Some((_, read)) => read(&raw),
             None => {
                 let names: Vec<&str> = FAMILIES.iter().map(|(n, _)| *n).collect();
                 bail!(
@@ -141,6 +196,9 @@ impl ModelConfig {
             LayerKind::Attention => LayerCache::Kv {
                 kv_heads: self.num_kv_heads,
                 head_dim: self.head_dim,
+            },
+            LayerKind::GatedDeltaNet => LayerCache::State {
+                values: self.linear.map_or(0, |l| l.state_values()),
             },
         }
     }
@@ -206,20 +264,31 @@ impl ModelConfig {
             LayerKind::Attention => {
                 let (h, d) = (self.hidden_size, self.head_dim);
                 let (q, kv) = (self.num_heads * d, self.num_kv_heads * d);
-                let bias = if self.attention_bias { q + 2 * kv } else { 0 };
+                let gate = if self.attention_gate { q } else { 0 };
+                let bias = if self.attention_bias {
+                    q + gate + 2 * kv
+                } else {
+                    0
+                };
                 let norms = if self.qk_norm { 2 * d } else { 0 };
-                h * (2 * q + 2 * kv) + bias + norms
+                h * (2 * q + gate + 2 * kv) + bias + norms
+            }
+            LayerKind::GatedDeltaNet => {
+                let Some(l) = self.linear else { return 0 };
+                let (h, nv) = (self.hidden_size, l.num_value_heads);
+                let proj = h * (l.conv_dim() + l.value_dim() + 2 * nv) + l.value_dim() * h;
+                proj + l.conv_dim() * l.conv_kernel + 2 * nv + l.value_head_dim
             }
         }
     }
 }
 
-fn read_qwen3(raw: RawHfConfig) -> Result<ModelConfig> {
-    read_decoder(raw, Family::Qwen3)
+fn read_qwen3(v: &Value) -> Result<ModelConfig> {
+    read_decoder(serde_json::from_value(v.clone())?, Family::Qwen3)
 }
 
-fn read_llama(raw: RawHfConfig) -> Result<ModelConfig> {
-    read_decoder(raw, Family::Llama)
+fn read_llama(v: &Value) -> Result<ModelConfig> {
+    read_decoder(serde_json::from_value(v.clone())?, Family::Llama)
 }
 
 /// Qwen3 and Llama: every layer attention, Qwen3's with q/k norms.
@@ -253,6 +322,11 @@ fn read_decoder(raw: RawHfConfig, family: Family) -> Result<ModelConfig> {
         num_kv_heads,
         head_dim,
         qk_norm: family == Family::Qwen3,
+        attention_gate: false,
+        rotary_dim: head_dim,
+        norm_offset: false,
+        linear: None,
+        weights_prefix: "model".into(),
         vocab_size: raw.vocab_size,
         rms_norm_eps: raw.rms_norm_eps,
         rope_theta,
@@ -264,6 +338,187 @@ fn read_decoder(raw: RawHfConfig, family: Family) -> Result<ModelConfig> {
             .dtype
             .or(raw.torch_dtype)
             .unwrap_or_else(|| "float32".into()),
+    })
+}
+
+/// The text fields of a Qwen3.5 config (`text_config`, or the top level of `qwen3_5_text`).
+#[derive(Debug, Deserialize)]
+struct RawQwen35Text {
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: usize,
+    rms_norm_eps: f64,
+    max_position_embeddings: usize,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    hidden_act: Option<String>,
+    layer_types: Option<Vec<String>>,
+    full_attention_interval: Option<usize>,
+    linear_conv_kernel_dim: usize,
+    linear_key_head_dim: usize,
+    linear_value_head_dim: usize,
+    linear_num_key_heads: usize,
+    linear_num_value_heads: usize,
+    rope_parameters: Option<Value>,
+    rope_theta: Option<f64>,
+    partial_rotary_factor: Option<f64>,
+    attn_output_gate: Option<bool>,
+    num_experts: Option<usize>,
+    torch_dtype: Option<String>,
+    dtype: Option<String>,
+}
+
+/// Qwen3.5: `qwen3_5` (the multimodal layout: the text model's config in `text_config`, its
+/// weights under `model.language_model`; the vision tower is left on disk) or `qwen3_5_text`
+/// (`Qwen3_5ForCausalLM`: flat, weights under `model`). Layers are Gated DeltaNet except every
+/// `full_attention_interval`-th (or as `layer_types` lists them), which is gated attention.
+fn read_qwen3_5(v: &Value) -> Result<ModelConfig> {
+    let multimodal = v.get("model_type").and_then(Value::as_str) == Some("qwen3_5");
+    let text = if multimodal {
+        v.get("text_config")
+            .context("model_type `qwen3_5` without a `text_config`")?
+    } else {
+        v
+    };
+    let raw: RawQwen35Text =
+        serde_json::from_value(text.clone()).context("text_config of a qwen3_5 model")?;
+    if raw.num_experts.is_some_and(|n| n > 0) {
+        bail!(
+            "Qwen3.5 mixture-of-experts (num_experts = {:?}) is not supported",
+            raw.num_experts
+        );
+    }
+    if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "silu") {
+        bail!("hidden_act `{act}` is not supported (only silu)");
+    }
+    if raw.attn_output_gate == Some(false) {
+        bail!("attn_output_gate = false is not supported (Qwen3.5's attention is gated)");
+    }
+    let n = raw.num_hidden_layers;
+    let layer_kinds = match &raw.layer_types {
+        Some(types) => {
+            if types.len() != n {
+                bail!(
+                    "layer_types lists {} layers, num_hidden_layers is {n}",
+                    types.len()
+                );
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "full_attention" | "attention" => Ok(LayerKind::Attention),
+                    "linear_attention" | "mamba" => Ok(LayerKind::GatedDeltaNet),
+                    other => bail!(
+                        "layer type `{other}` is not supported (full_attention, linear_attention)"
+                    ),
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+        None => {
+            let every = raw.full_attention_interval.unwrap_or(4).max(1);
+            (0..n)
+                .map(|i| {
+                    if (i + 1) % every == 0 {
+                        LayerKind::Attention
+                    } else {
+                        LayerKind::GatedDeltaNet
+                    }
+                })
+                .collect()
+        }
+    };
+    let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
+    if num_kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
+        bail!(
+            "num_attention_heads {} is not a multiple of num_key_value_heads {num_kv_heads}",
+            raw.num_attention_heads
+        );
+    }
+    let head_dim = raw
+        .head_dim
+        .unwrap_or(raw.hidden_size / raw.num_attention_heads.max(1));
+    let params = raw.rope_parameters.as_ref();
+    let param = |k: &str| params.and_then(|p| p.get(k)).and_then(Value::as_f64);
+    if let Some(kind) = params
+        .and_then(|p| p.get("rope_type"))
+        .and_then(Value::as_str)
+        .filter(|k| *k != "default")
+    {
+        bail!("rope_type `{kind}` is not supported for Qwen3.5 (only default)");
+    }
+    let theta = param("rope_theta").or(raw.rope_theta).unwrap_or(10_000.0);
+    let factor = param("partial_rotary_factor")
+        .or(raw.partial_rotary_factor)
+        .unwrap_or(0.25);
+    let rotary_dim = (head_dim as f64 * factor) as usize;
+    if rotary_dim == 0 || !rotary_dim.is_multiple_of(2) || rotary_dim > head_dim {
+        bail!(
+            "partial_rotary_factor {factor} of head_dim {head_dim} gives {rotary_dim} rotated \
+             dims; RoPE needs an even number up to head_dim"
+        );
+    }
+    let linear = LinearAttention {
+        num_key_heads: raw.linear_num_key_heads,
+        num_value_heads: raw.linear_num_value_heads,
+        key_head_dim: raw.linear_key_head_dim,
+        value_head_dim: raw.linear_value_head_dim,
+        conv_kernel: raw.linear_conv_kernel_dim,
+    };
+    if linear.num_key_heads == 0 || !linear.num_value_heads.is_multiple_of(linear.num_key_heads) {
+        bail!(
+            "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
+            linear.num_value_heads,
+            linear.num_key_heads
+        );
+    }
+    if linear.conv_kernel < 2 {
+        bail!(
+            "linear_conv_kernel_dim {} must be at least 2",
+            linear.conv_kernel
+        );
+    }
+    let outer = |k: &str| if multimodal { v.get(k) } else { None };
+    let tie = outer("tie_word_embeddings")
+        .and_then(Value::as_bool)
+        .or(raw.tie_word_embeddings)
+        .unwrap_or(false);
+    let dtype = outer("dtype")
+        .or(outer("torch_dtype"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or(raw.dtype)
+        .or(raw.torch_dtype)
+        .unwrap_or_else(|| "float32".into());
+    Ok(ModelConfig {
+        family: Family::Qwen3_5,
+        hidden_size: raw.hidden_size,
+        intermediate_size: raw.intermediate_size,
+        layer_kinds,
+        num_heads: raw.num_attention_heads,
+        num_kv_heads,
+        head_dim,
+        qk_norm: true,
+        attention_gate: true,
+        rotary_dim,
+        norm_offset: true,
+        linear: Some(linear),
+        weights_prefix: if multimodal {
+            "model.language_model".into()
+        } else {
+            "model".into()
+        },
+        vocab_size: raw.vocab_size,
+        rms_norm_eps: raw.rms_norm_eps,
+        rope_theta: theta,
+        rope_scaling: None,
+        max_position_embeddings: raw.max_position_embeddings,
+        tie_word_embeddings: tie,
+        attention_bias: raw.attention_bias.unwrap_or(false),
+        dtype,
     })
 }
 

@@ -10,28 +10,34 @@ use anyhow::{bail, Result};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 
+use super::layers::{norm_init, Init};
 use super::{ModelConfig, Transformer};
 use crate::rng::SplitMix;
 
 /// Every weight of a model of `cfg`'s shape as (checkpoint name, shape, is a norm weight), in
 /// checkpoint order.
-pub fn weight_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, bool)> {
+pub fn weight_shapes(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, Init)> {
     let h = cfg.hidden_size;
+    let m = &cfg.weights_prefix;
     let mut out = vec![(
-        "model.embed_tokens.weight".to_string(),
+        format!("{m}.embed_tokens.weight"),
         vec![cfg.vocab_size, h],
-        false,
+        Init::Normal,
     )];
     for l in 0..cfg.num_layers() {
         out.extend(super::layers::weight_shapes(
             cfg,
             l,
-            &format!("model.layers.{l}"),
+            &format!("{m}.layers.{l}"),
         ));
     }
-    out.push(("model.norm.weight".into(), vec![h], true));
+    out.push((format!("{m}.norm.weight"), vec![h], norm_init(cfg)));
     if !cfg.tie_word_embeddings {
-        out.push(("lm_head.weight".into(), vec![cfg.vocab_size, h], false));
+        out.push((
+            "lm_head.weight".into(),
+            vec![cfg.vocab_size, h],
+            Init::Normal,
+        ));
     }
     out
 }
@@ -44,9 +50,9 @@ pub fn init_weights(cfg: &ModelConfig, init_std: f64, seed: u64) -> Result<Vec<(
     const BLOCK: usize = 1 << 16;
     let dev = Device::Cpu;
     let mut out = Vec::new();
-    for (name, shape, norm) in weight_shapes(cfg) {
-        let t = if norm {
-            Tensor::ones(shape.as_slice(), DType::F32, &dev)?
+    for (name, shape, init) in weight_shapes(cfg) {
+        let t = if let Init::Const(c) = init {
+            Tensor::full(c, shape.as_slice(), &dev)?
         } else {
             let n: usize = shape.iter().product();
             let stream = seed ^ (out.len() as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -99,9 +105,9 @@ pub fn random_model_on(cfg: &ModelConfig, dev: &Device, dtype: DType) -> Result<
         return random_model(cfg);
     }
     let mut w = HashMap::new();
-    for (name, shape, norm) in weight_shapes(cfg) {
-        let t = if norm {
-            Tensor::ones(shape.as_slice(), dtype, dev)?
+    for (name, shape, init) in weight_shapes(cfg) {
+        let t = if let Init::Const(c) = init {
+            Tensor::full(c, shape.as_slice(), dev)?.to_dtype(dtype)?
         } else {
             Tensor::randn(0f32, 0.02, shape.as_slice(), dev)?.to_dtype(dtype)?
         };

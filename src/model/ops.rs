@@ -46,29 +46,43 @@ fn path(x: &Tensor, exec: Exec) -> OpPath {
     }
 }
 
-/// RMS norm: `x / sqrt(mean(x^2) + eps) * w`, over the last dim.
+/// RMS norm: `x / sqrt(mean(x^2) + eps) * s`, over the last dim, where the scale `s` is the
+/// weight `w`, or `1 + w` for a zero-centred norm (Qwen3.5's).
 #[derive(Debug, Clone)]
 pub struct RmsNorm {
     pub(super) weight: Tensor,
     pub(super) eps: f64,
+    /// Zero-centred: the scale is `1 + w`.
+    pub(super) offset: bool,
 }
 
 impl RmsNorm {
-    pub(super) fn new(size: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
+    pub(super) fn new(size: usize, eps: f64, offset: bool, vb: VarBuilder) -> Result<Self> {
         Ok(RmsNorm {
             weight: vb.get(size, "weight")?,
             eps,
+            offset,
         })
     }
 
+    /// The scale the normed values are multiplied by (differentiable in the weight).
+    pub(super) fn scale(&self) -> Result<Tensor> {
+        if self.offset {
+            self.weight.affine(1.0, 1.0)
+        } else {
+            Ok(self.weight.clone())
+        }
+    }
+
     pub fn forward(&self, x: &Tensor, exec: Exec) -> Result<Tensor> {
+        let w = self.scale()?;
         match path(x, exec) {
-            OpPath::Fused => candle_nn::ops::rms_norm(x, &self.weight, self.eps as f32),
-            OpPath::HostDifferentiable => super::diff_ops::rms_norm(x, &self.weight, self.eps),
+            OpPath::Fused => candle_nn::ops::rms_norm(x, &w, self.eps as f32),
+            OpPath::HostDifferentiable => super::diff_ops::rms_norm(x, &w, self.eps),
             OpPath::Composed => {
                 let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
                 let x = x.broadcast_div(&(ms + self.eps)?.sqrt()?)?;
-                x.broadcast_mul(&self.weight)
+                x.broadcast_mul(&w)
             }
         }
     }
@@ -82,9 +96,10 @@ pub(super) struct Rope {
 }
 
 impl Rope {
-    /// The tables in `dtype` (the model's), computed in f32 as Hugging Face does.
+    /// The tables in `dtype` (the model's), computed in f32 as Hugging Face does, for the
+    /// `rotary_dim` leading dims of a head.
     pub(super) fn new(cfg: &ModelConfig, device: &Device, dtype: DType) -> Result<Self> {
-        let d = cfg.head_dim;
+        let d = cfg.rotary_dim;
         let inv_freq: Vec<f32> = (0..d / 2)
             .map(|i| {
                 let f = 1.0 / cfg.rope_theta.powf(2.0 * i as f64 / d as f64);
@@ -143,8 +158,14 @@ impl RopeRows {
         })
     }
 
-    /// x: (T, H, D) -> rotated x (the Hugging Face `rotate_half` layout).
+    /// x: (T, H, D) -> rotated x (the Hugging Face `rotate_half` layout). With partial RoPE
+    /// (tables narrower than D) the leading dims rotate and the rest pass through.
     pub(super) fn apply(&self, x: &Tensor, exec: Exec) -> Result<Tensor> {
+        let (d, r) = (x.dim(D::Minus1)?, 2 * self.cos.dim(D::Minus1)?);
+        if r < d {
+            let rotated = self.apply(&x.narrow(D::Minus1, 0, r)?.contiguous()?, exec)?;
+            return Tensor::cat(&[&rotated, &x.narrow(D::Minus1, r, d - r)?], D::Minus1);
+        }
         match path(x, exec) {
             OpPath::Fused => {
                 // (T, H, D) -> (1, T, H, D) for the fused kernel.

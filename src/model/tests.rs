@@ -13,7 +13,14 @@ use super::*;
 /// The tiny Qwen3 fixture's folder (`None`, test skipped, when `../shared` is absent and not
 /// required). Shared with the trainer's tests.
 pub(crate) fn fixture() -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-qwen3");
+    fixture_named("tiny-qwen3")
+}
+
+/// The fixture `../shared/fixtures/NAME` (`None`, test skipped, as for [`fixture`]).
+pub(crate) fn fixture_named(name: &str) -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../shared/fixtures")
+        .join(name);
     if p.exists() {
         return Some(p);
     }
@@ -157,7 +164,13 @@ fn greedy_tokens_match_where_the_top2_gap_is_clear() {
     let Some(dir) = fixture() else { return };
     let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
     let model = ck.load_transformer(&Device::Cpu, DType::F32).unwrap();
-    for case in expected(&dir, "greedy.json").as_array().unwrap() {
+    assert_greedy_matches_transformers(&model, &dir);
+}
+
+/// Greedy decoding by full recompute gives transformers' tokens wherever the top-2 gap exceeds
+/// 1e-3 (and may part ways after a closer call).
+fn assert_greedy_matches_transformers(model: &Transformer, dir: &Path) {
+    for case in expected(dir, "greedy.json").as_array().unwrap() {
         let mut seq = ids(&case["prompt_ids"]);
         let want = ids(&case["generated_ids"]);
         let gaps: Vec<f64> = case["top2_gaps"]
@@ -167,7 +180,7 @@ fn greedy_tokens_match_where_the_top2_gap_is_clear() {
             .map(|g| g.as_f64().unwrap())
             .collect();
         for (step, &w) in want.iter().enumerate() {
-            let logits = full_logits(&model, &seq);
+            let logits = full_logits(model, &seq);
             let last = logits.get(seq.len() - 1).unwrap();
             let next: u32 = last.argmax(0).unwrap().to_scalar().unwrap();
             if gaps[step] > 1e-3 {
@@ -227,4 +240,40 @@ fn inference_mode_logits_match_transformers_and_ignore_the_batch() {
             "prompt{i} first token"
         );
     }
+}
+
+#[test]
+fn qwen3_5_logits_and_greedy_tokens_match_transformers() {
+    let Some(dir) = fixture_named("tiny-qwen3_5") else {
+        return;
+    };
+    let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
+    let c = &ck.config;
+    assert_eq!(c.family, Family::Qwen3_5);
+    assert_eq!(
+        c.layer_kinds,
+        [
+            LayerKind::GatedDeltaNet,
+            LayerKind::GatedDeltaNet,
+            LayerKind::GatedDeltaNet,
+            LayerKind::Attention
+        ]
+    );
+    assert_eq!(
+        (c.rotary_dim, c.weights_prefix.as_str()),
+        (8, "model.language_model")
+    );
+    // what each layer keeps: keys and values in the last; a state slot in the others
+    assert_eq!(c.kv_layers(), vec![3]);
+    assert_eq!(c.kv_values_per_token(), 2 * 2 * 32);
+    assert_eq!(c.state_values_per_seq(), 3 * (128 * 3 + 4 * 16 * 16));
+    // the text weights are all a checkpoint of this config holds besides the vision tower
+    let text: usize = init::weight_shapes(c)
+        .iter()
+        .map(|(_, s, _)| s.iter().product::<usize>())
+        .sum();
+    assert_eq!(c.num_params(), text);
+    let model = ck.load_transformer(&Device::Cpu, DType::F32).unwrap();
+    assert_logits_match_transformers(&model, &dir);
+    assert_greedy_matches_transformers(&model, &dir);
 }

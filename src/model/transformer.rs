@@ -39,7 +39,7 @@ pub struct Transformer {
 impl Transformer {
     /// Builds the model from a var builder rooted at the checkpoint's top level.
     pub fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
-        let m = vb.pp("model");
+        let m = vb.pp(&cfg.weights_prefix);
         let embed = candle_nn::embedding(cfg.vocab_size, cfg.hidden_size, m.pp("embed_tokens"))?;
         let layers = (0..cfg.num_layers())
             .map(|i| Layer::new(cfg, i, m.pp("layers").pp(i)))
@@ -54,7 +54,12 @@ impl Transformer {
             embed,
             layers,
             host_layers: None,
-            norm: RmsNorm::new(cfg.hidden_size, cfg.rms_norm_eps, m.pp("norm"))?,
+            norm: RmsNorm::new(
+                cfg.hidden_size,
+                cfg.rms_norm_eps,
+                cfg.norm_offset,
+                m.pp("norm"),
+            )?,
             lm_head,
             rope: Rope::new(cfg, vb.device(), vb.dtype())?,
             exec: Exec::Differentiable,
@@ -95,7 +100,9 @@ impl Transformer {
             return Ok(());
         }
         self.exec = Exec::Sampling;
-        let pack = self.device().is_cpu() && self.dtype() == DType::F32;
+        let pack = self.device().is_cpu()
+            && self.dtype() == DType::F32
+            && self.layers.iter().all(Layer::has_host_path);
         if pack && self.host_layers.is_none() {
             let host = self.layers.iter_mut().map(Layer::pack);
             self.host_layers = Some(host.collect::<Result<_>>()?);

@@ -259,6 +259,13 @@ impl<'m> Engine<'m> {
         if let Err(e) = cfg.params.validate() {
             bail!("sampling parameters: {e}");
         }
+        if model.config().state_values_per_seq() > 0 {
+            bail!(
+                "{:?} has recurrent (Gated DeltaNet) layers; the sampler does not keep their \
+                 per-sequence state yet",
+                model.config().family
+            );
+        }
         let cache = Cache::new(model, &cfg)?;
         let sched = Scheduler::new(cfg.scheduler, cfg.num_blocks);
         Ok(Engine {

@@ -92,8 +92,22 @@ pub fn budget(cfg: &ModelConfig, params: u64, s: &TrainSettings) -> Budget {
             // shifted / exp / probabilities and the backward's temporaries over the row
             // (8 hq seq)
             LayerKind::Attention => {
-                (hq + 2 * hkv) * d + 7 * (hq + hkv) * d + 6 * hq * d + 8 * hq * seq
+                let gate = if cfg.attention_gate { 3 * hq * d } else { 0 };
+                (hq + 2 * hkv) * d + 7 * (hq + hkv) * d + 6 * hq * d + 8 * hq * seq + gate
             }
+            // Gated DeltaNet (an estimate, not yet measured): the projections, conv and SiLU
+            // (4 conv_dim), the heads' normalised, repeated and chunked copies (6 Hv (dk + dv)),
+            // the chunk's decay, L and T matrices and the substitution's rows (4 Hv C), the
+            // gated norm (6 value_dim)
+            LayerKind::GatedDeltaNet => cfg.linear.map_or(0, |l| {
+                let (nv, dk, dv) = (
+                    l.num_value_heads as u64,
+                    l.key_head_dim as u64,
+                    l.value_head_dim as u64,
+                );
+                let c = crate::model::layers::gated_deltanet::CHUNK as u64;
+                4 * l.conv_dim() as u64 + 6 * nv * (dk + dv) + 4 * nv * c + 6 * l.value_dim() as u64
+            }),
         };
         (10 * h + 4 * i + mixer) * 125 / 100
     };

@@ -1,7 +1,9 @@
-//! The attention layer kind (Qwen3, Llama): q/k/v projections, Qwen3's per-head q/k RMS norms,
-//! RoPE, the caller's attention backend over this step's keys and values, and the output
-//! projection. Both execution paths: the candle path ([`Attention`], differentiable or fused
-//! for sampling) and the CPU host path over packed weights ([`HostAttention`]).
+//! The attention layer kind (Qwen3, Llama, Qwen3.5's full-attention layers): q/k/v projections,
+//! per-head q/k RMS norms (Qwen3, Qwen3.5), RoPE (partial for Qwen3.5), the caller's attention
+//! backend over this step's keys and values, Qwen3.5's output gate (`sigmoid(gate)`, the gate
+//! interleaved with the query per head in q_proj's rows) and the output projection. Two
+//! execution paths: the candle path ([`Attention`], differentiable or fused for sampling) and
+//! the CPU host path over packed weights ([`HostAttention`], ungated full-RoPE layers only).
 //!
 //! Tensor names mirror the Hugging Face checkpoint (`model.layers.N.self_attn.q_proj.weight`,
 //! ...). Knows nothing of caches (the backend owns them) or of the MLP around it.
@@ -17,33 +19,40 @@ use super::super::packed::{dropped, inv_rms, min_rows, sized, Buffers, PackedLin
 
 /// Every weight of the layer's attention under `prefix` (`model.layers.N`): (name, shape, is a
 /// norm weight).
-pub fn weight_shapes(cfg: &ModelConfig, prefix: &str) -> Vec<(String, Vec<usize>, bool)> {
+pub fn weight_shapes(cfg: &ModelConfig, prefix: &str) -> Vec<(String, Vec<usize>, super::Init)> {
+    use super::Init;
+    let norm = if cfg.norm_offset {
+        Init::Const(0.0)
+    } else {
+        Init::Const(1.0)
+    };
     let (h, d) = (cfg.hidden_size, cfg.head_dim);
     let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
+    let q_rows = if cfg.attention_gate { 2 * q } else { q };
     let mut out = Vec::new();
     if cfg.qk_norm {
-        out.push((format!("{prefix}.self_attn.q_norm.weight"), vec![d], true));
-        out.push((format!("{prefix}.self_attn.k_norm.weight"), vec![d], true));
+        out.push((format!("{prefix}.self_attn.q_norm.weight"), vec![d], norm));
+        out.push((format!("{prefix}.self_attn.k_norm.weight"), vec![d], norm));
     }
     out.push((
         format!("{prefix}.self_attn.q_proj.weight"),
-        vec![q, h],
-        false,
+        vec![q_rows, h],
+        Init::Normal,
     ));
     out.push((
         format!("{prefix}.self_attn.k_proj.weight"),
         vec![kv, h],
-        false,
+        Init::Normal,
     ));
     out.push((
         format!("{prefix}.self_attn.v_proj.weight"),
         vec![kv, h],
-        false,
+        Init::Normal,
     ));
     out.push((
         format!("{prefix}.self_attn.o_proj.weight"),
         vec![h, q],
-        false,
+        Init::Normal,
     ));
     out
 }
@@ -63,6 +72,10 @@ pub struct Attention {
     qkv: Option<Linear>,
     /// (query heads, KV heads, head_dim).
     heads: (usize, usize, usize),
+    /// q_proj gives a query and an output gate per head (Qwen3.5).
+    gate: bool,
+    /// Whether [`Self::pack`] can build the host path (ungated, full RoPE, plain norms).
+    host_path: bool,
 }
 
 impl Attention {
@@ -71,9 +84,11 @@ impl Attention {
         let (h, d) = (cfg.hidden_size, cfg.head_dim);
         let attn = vb.pp("self_attn");
         let b = cfg.attention_bias;
-        let norm = |name| RmsNorm::new(d, cfg.rms_norm_eps, attn.pp(name));
+        let norm = |name| RmsNorm::new(d, cfg.rms_norm_eps, cfg.norm_offset, attn.pp(name));
+        let gate = cfg.attention_gate;
+        let q_rows = cfg.num_heads * d * if gate { 2 } else { 1 };
         Ok(Attention {
-            q_proj: linear(h, cfg.num_heads * d, b, attn.pp("q_proj"))?,
+            q_proj: linear(h, q_rows, b, attn.pp("q_proj"))?,
             k_proj: linear(h, cfg.num_kv_heads * d, b, attn.pp("k_proj"))?,
             v_proj: linear(h, cfg.num_kv_heads * d, b, attn.pp("v_proj"))?,
             o_proj: linear(cfg.num_heads * d, h, false, attn.pp("o_proj"))?,
@@ -81,7 +96,14 @@ impl Attention {
             k_norm: cfg.qk_norm.then(|| norm("k_norm")).transpose()?,
             qkv: None,
             heads: (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
+            gate,
+            host_path: !gate && !cfg.norm_offset && cfg.rotary_dim == cfg.head_dim,
         })
+    }
+
+    /// Whether [`Self::pack`] can build the host path.
+    pub fn has_host_path(&self) -> bool {
+        self.host_path
     }
 
     /// Stacks q/k/v into one matrix (the separate ones become views of it).
@@ -97,6 +119,9 @@ impl Attention {
 
     /// The host path's packed weights; the candle weights are dropped.
     pub fn pack(&mut self) -> Result<HostAttention> {
+        if !self.host_path {
+            candle_core::bail!("gated or partial-RoPE attention has no host path")
+        }
         self.stack_projections()?;
         let Some(qkv) = self.qkv.take() else {
             candle_core::bail!("pack: projections not stacked")
@@ -105,7 +130,7 @@ impl Attention {
             qkv: PackedLinear::new(&qkv)?,
             o: PackedLinear::new(&self.o_proj)?,
             qk_norms: match (&self.q_norm, &self.k_norm) {
-                (Some(q), Some(k)) => Some((q.weight.to_vec1()?, k.weight.to_vec1()?)),
+                (Some(q), Some(k)) => Some((q.scale()?.to_vec1()?, k.scale()?.to_vec1()?)),
                 _ => None,
             },
             eps: self.q_norm.as_ref().map_or(0.0, |n| n.eps as f32),
@@ -122,24 +147,40 @@ impl Attention {
         Ok(packed)
     }
 
-    /// (q, k, v) as (T, H, D) each.
-    fn project_qkv(&self, h: &Tensor, exec: Exec) -> Result<(Tensor, Tensor, Tensor)> {
+    /// (q, k, v) as (T, H, D) each, and the output gate (T, H * D) when the layer has one.
+    fn project_qkv(
+        &self,
+        h: &Tensor,
+        exec: Exec,
+    ) -> Result<(Tensor, Tensor, Tensor, Option<Tensor>)> {
         let (hq, hkv, d) = self.heads;
         let t = h.dim(0)?;
-        if let (Some(qkv), Exec::Sampling) = (&self.qkv, exec) {
-            let y = candle_core::Module::forward(qkv, h)?;
-            let (nq, nkv) = (hq * d, hkv * d);
-            return Ok((
-                y.narrow(1, 0, nq)?.reshape((t, hq, d))?,
-                y.narrow(1, nq, nkv)?.reshape((t, hkv, d))?,
-                y.narrow(1, nq + nkv, nkv)?.reshape((t, hkv, d))?,
-            ));
+        let nq = hq * d * if self.gate { 2 } else { 1 };
+        let (q, k, v) = match (&self.qkv, exec) {
+            (Some(qkv), Exec::Sampling) => {
+                let y = candle_core::Module::forward(qkv, h)?;
+                let nkv = hkv * d;
+                (
+                    y.narrow(1, 0, nq)?,
+                    y.narrow(1, nq, nkv)?,
+                    y.narrow(1, nq + nkv, nkv)?,
+                )
+            }
+            _ => (
+                project(&self.q_proj, h)?,
+                project(&self.k_proj, h)?,
+                project(&self.v_proj, h)?,
+            ),
+        };
+        let k = k.reshape((t, hkv, d))?;
+        let v = v.reshape((t, hkv, d))?;
+        if !self.gate {
+            return Ok((q.reshape((t, hq, d))?, k, v, None));
         }
-        Ok((
-            project(&self.q_proj, h)?.reshape((t, hq, d))?,
-            project(&self.k_proj, h)?.reshape((t, hkv, d))?,
-            project(&self.v_proj, h)?.reshape((t, hkv, d))?,
-        ))
+        // each head's rows: its query, then its gate
+        let qg = q.reshape((t, hq, 2 * d))?;
+        let gate = qg.narrow(2, d, d)?.reshape((t, hq * d))?;
+        Ok((qg.narrow(2, 0, d)?.contiguous()?, k, v, Some(gate)))
     }
 
     /// The attention block's output (T, hidden) for the normed input `h` (T, hidden): layer
@@ -155,14 +196,17 @@ impl Attention {
         let (hq, _, d) = self.heads;
         let t = h.dim(0)?;
         // (T, Hq, D), (T, Hkv, D), (T, Hkv, D)
-        let (mut q, mut k, v) = self.project_qkv(h, exec)?;
+        let (mut q, mut k, v, gate) = self.project_qkv(h, exec)?;
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
             q = qn.forward(&q, exec)?;
             k = kn.forward(&k, exec)?;
         }
         let q = rope.apply(&q, exec)?;
         let k = rope.apply(&k, exec)?;
-        let a = attn.attend(index, &q, &k, &v)?.reshape((t, hq * d))?;
+        let mut a = attn.attend(index, &q, &k, &v)?.reshape((t, hq * d))?;
+        if let Some(g) = gate {
+            a = (a * candle_nn::ops::sigmoid(&g)?)?;
+        }
         project(&self.o_proj, &a)
     }
 }

@@ -8,6 +8,7 @@
 //! Knows nothing of caches: attention goes through the caller's backend.
 
 pub mod attention;
+pub mod gated_deltanet;
 
 use candle_core::{Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
@@ -21,27 +22,46 @@ use super::packed::{
 };
 use crate::simd::exp_sub_sum;
 
-/// Every weight of layer `i` under `prefix` (`model.layers.N`): (name, shape, is a norm
-/// weight), in checkpoint order.
-pub fn weight_shapes(cfg: &ModelConfig, i: usize, prefix: &str) -> Vec<(String, Vec<usize>, bool)> {
+/// A weight's initial value (see `model::init`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// Normal(0, the init's standard deviation).
+    Normal,
+    Const(f32),
+}
+
+/// The initial value of an RMS norm's weight: a scale of one.
+pub fn norm_init(cfg: &ModelConfig) -> Init {
+    Init::Const(if cfg.norm_offset { 0.0 } else { 1.0 })
+}
+
+/// Every weight of layer `i` under `prefix` (`model.layers.N`): (name, shape, initial value),
+/// in checkpoint order.
+pub fn weight_shapes(cfg: &ModelConfig, i: usize, prefix: &str) -> Vec<(String, Vec<usize>, Init)> {
     let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
+    let norm = norm_init(cfg);
     let mut out = vec![
-        (format!("{prefix}.input_layernorm.weight"), vec![h], true),
+        (format!("{prefix}.input_layernorm.weight"), vec![h], norm),
         (
             format!("{prefix}.post_attention_layernorm.weight"),
             vec![h],
-            true,
+            norm,
         ),
     ];
     out.extend(match cfg.layer_kinds[i] {
         LayerKind::Attention => attention::weight_shapes(cfg, prefix),
+        LayerKind::GatedDeltaNet => gated_deltanet::weight_shapes(cfg, prefix),
     });
     for (name, shape) in [
         ("gate_proj", [inter, h]),
         ("up_proj", [inter, h]),
         ("down_proj", [h, inter]),
     ] {
-        out.push((format!("{prefix}.mlp.{name}.weight"), shape.to_vec(), false));
+        out.push((
+            format!("{prefix}.mlp.{name}.weight"),
+            shape.to_vec(),
+            Init::Normal,
+        ));
     }
     out
 }
@@ -50,6 +70,7 @@ pub fn weight_shapes(cfg: &ModelConfig, i: usize, prefix: &str) -> Vec<(String, 
 #[derive(Debug, Clone)]
 pub enum Mixer {
     Attention(attention::Attention),
+    GatedDeltaNet(gated_deltanet::GatedDeltaNet),
 }
 
 /// A layer's token mixer on the host path.
@@ -113,15 +134,18 @@ pub struct Layer {
 impl Layer {
     /// Layer `i` of `cfg` from its var builder (`model.layers.N`).
     pub fn new(cfg: &ModelConfig, i: usize, vb: VarBuilder) -> Result<Self> {
-        let (h, eps) = (cfg.hidden_size, cfg.rms_norm_eps);
+        let (h, eps, offset) = (cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset);
         Ok(Layer {
-            input_norm: RmsNorm::new(h, eps, vb.pp("input_layernorm"))?,
+            input_norm: RmsNorm::new(h, eps, offset, vb.pp("input_layernorm"))?,
             mixer: match cfg.layer_kinds[i] {
                 LayerKind::Attention => {
                     Mixer::Attention(attention::Attention::new(cfg, vb.clone())?)
                 }
+                LayerKind::GatedDeltaNet => {
+                    Mixer::GatedDeltaNet(gated_deltanet::GatedDeltaNet::new(cfg, vb.clone())?)
+                }
             },
-            post_norm: RmsNorm::new(h, eps, vb.pp("post_attention_layernorm"))?,
+            post_norm: RmsNorm::new(h, eps, offset, vb.pp("post_attention_layernorm"))?,
             mlp: Mlp::new(cfg, vb.pp("mlp"))?,
         })
     }
@@ -131,24 +155,35 @@ impl Layer {
     pub fn stack_projections(&mut self) -> Result<()> {
         match &mut self.mixer {
             Mixer::Attention(a) => a.stack_projections()?,
+            Mixer::GatedDeltaNet(_) => {}
         }
         self.mlp.stack_projections()
     }
 
+    /// Whether [`Self::pack`] can build the host path for this layer.
+    pub fn has_host_path(&self) -> bool {
+        match &self.mixer {
+            Mixer::Attention(a) => a.has_host_path(),
+            Mixer::GatedDeltaNet(_) => false,
+        }
+    }
+
     /// The layer packed for the host path; its candle weights are dropped.
     pub fn pack(&mut self) -> Result<HostLayer> {
+        let mixer = match &mut self.mixer {
+            Mixer::Attention(a) => HostMixer::Attention(a.pack()?),
+            Mixer::GatedDeltaNet(_) => candle_core::bail!("Gated DeltaNet has no host path yet"),
+        };
         self.mlp.stack_projections()?;
         let Some(gate_up) = self.mlp.gate_up.take() else {
             candle_core::bail!("pack: gate/up not stacked")
         };
         let host = HostLayer {
-            mixer: match &mut self.mixer {
-                Mixer::Attention(a) => HostMixer::Attention(a.pack()?),
-            },
+            mixer,
             gate_up: PackedLinear::new(&gate_up)?,
             down: PackedLinear::new(&self.mlp.down_proj)?,
-            input_norm: self.input_norm.weight.to_vec1()?,
-            post_norm: self.post_norm.weight.to_vec1()?,
+            input_norm: self.input_norm.scale()?.to_vec1()?,
+            post_norm: self.post_norm.scale()?.to_vec1()?,
             eps: self.input_norm.eps as f32,
         };
         for l in [
@@ -173,6 +208,7 @@ impl Layer {
         let h = self.input_norm.forward(x, exec)?;
         let mixed = match &self.mixer {
             Mixer::Attention(a) => a.forward(index, &h, rope, exec, attn)?,
+            Mixer::GatedDeltaNet(g) => g.forward(index, &h, exec, attn)?,
         };
         let x = (x + mixed)?;
         let h = self.post_norm.forward(&x, exec)?;

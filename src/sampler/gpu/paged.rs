@@ -301,6 +301,19 @@ pub struct GpuPagedAttention<'a> {
 }
 
 impl AttentionBackend for GpuPagedAttention<'_> {
+    /// Refused: the engine does not take models with recurrent layers yet (see `Engine::new`).
+    fn recurrent_state(
+        &mut self,
+        layer: usize,
+        _values: usize,
+    ) -> Result<crate::model::attention::RecurrentStep> {
+        candle_core::bail!("layer {layer} is recurrent; the paged cache keeps no recurrent state")
+    }
+
+    fn store_recurrent_state(&mut self, layer: usize, _state: Tensor) -> Result<()> {
+        candle_core::bail!("layer {layer} is recurrent; the paged cache keeps no recurrent state")
+    }
+
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         if self.sync_timing {
             sync(&self.cache.dev)?;

@@ -1,0 +1,441 @@
+//! The Gated DeltaNet layer kind (Qwen3.5's `linear_attention`): a linear-attention mixer whose
+//! memory of a sequence is a fixed state instead of keys and values.
+//!
+//! ```text
+//! c = in_proj_qkv(x)                      conv_dim = 2 * key_dim + value_dim channels
+//! u = silu(causal depthwise conv_K(c))    the conv sees the last K-1 inputs of the state
+//! q, k, v = split(u)                      q, k: (Hk, dk) l2-normalised, q / sqrt(dk), repeated
+//!                                         to the Hv value heads (head h reads key head h / (Hv/Hk))
+//! beta = sigmoid(in_proj_b(x))            g = -exp(A_log) * softplus(in_proj_a(x) + dt_bias)
+//! S = S * exp(g);  S += k ⊗ beta (v - Sᵀk);  o = Sᵀq          per value head, S: (dk, dv)
+//! y = out_proj(rmsnorm(o) * w * silu(in_proj_z(x)))            the norm per head over dv
+//! ```
+//! Two forms of the delta rule, equal up to float rounding: [`delta_rule_recurrent`] (token by
+//! token: decode) and [`delta_rule_chunked`] (chunks of [`CHUNK`] tokens in a few matmuls:
+//! prompts and training). Both are candle ops that record a backward pass; the math follows
+//! transformers' `models/qwen3_5` (`torch_chunk_gated_delta_rule`), in f32 whatever the model's
+//! dtype. A sequence's state (the conv inputs, then S) comes from and goes back to the caller's
+//! backend, so a step may continue sequences. Knows nothing of where states are kept.
+
+use candle_core::{DType, Device, Result, Tensor, D};
+use candle_nn::{Linear, VarBuilder};
+
+use super::super::attention::AttentionBackend;
+use super::super::config::{LinearAttention, ModelConfig};
+use super::super::ops::{project, Exec, RmsNorm};
+
+/// Tokens per chunk of the chunked form (transformers' default).
+pub const CHUNK: usize = 64;
+
+/// Sequences of at most this many tokens in a step run the recurrent form.
+const RECURRENT_MAX: usize = 1;
+
+/// Every weight of the layer under `prefix` (`model.layers.N`): (name, shape, initial value).
+pub fn weight_shapes(cfg: &ModelConfig, prefix: &str) -> Vec<(String, Vec<usize>, super::Init)> {
+    use super::Init;
+    let Some(l) = cfg.linear else {
+        return Vec::new();
+    };
+    let (h, nv) = (cfg.hidden_size, l.num_value_heads);
+    let p = |n: &str| format!("{prefix}.linear_attn.{n}");
+    vec![
+        (p("in_proj_qkv.weight"), vec![l.conv_dim(), h], Init::Normal),
+        (p("in_proj_z.weight"), vec![l.value_dim(), h], Init::Normal),
+        (p("in_proj_b.weight"), vec![nv, h], Init::Normal),
+        (p("in_proj_a.weight"), vec![nv, h], Init::Normal),
+        (
+            p("conv1d.weight"),
+            vec![l.conv_dim(), 1, l.conv_kernel],
+            Init::Normal,
+        ),
+        // A = 4: a decay rate inside transformers' init range (0.01, 16)
+        (p("A_log"), vec![nv], Init::Const(4f32.ln())),
+        (p("dt_bias"), vec![nv], Init::Const(1.0)),
+        (p("norm.weight"), vec![l.value_head_dim], Init::Const(1.0)),
+        (p("out_proj.weight"), vec![h, l.value_dim()], Init::Normal),
+    ]
+}
+
+/// A layer's Gated DeltaNet on the candle path.
+#[derive(Debug, Clone)]
+pub struct GatedDeltaNet {
+    in_proj_qkv: Linear,
+    in_proj_z: Linear,
+    in_proj_b: Linear,
+    in_proj_a: Linear,
+    /// (conv_dim, 1, K), as stored.
+    conv: Tensor,
+    a_log: Tensor,
+    dt_bias: Tensor,
+    /// The gated output norm over a value head (a plain `w` scale, not zero-centred).
+    norm: RmsNorm,
+    out_proj: Linear,
+    shape: LinearAttention,
+}
+
+impl GatedDeltaNet {
+    /// From the layer's var builder (`model.layers.N`).
+    pub fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+        let Some(l) = cfg.linear else {
+            candle_core::bail!("a Gated DeltaNet layer in a config without its linear_* shape")
+        };
+        let vb = vb.pp("linear_attn");
+        let (h, nv) = (cfg.hidden_size, l.num_value_heads);
+        let lin = |i, o, name| candle_nn::linear_no_bias(i, o, vb.pp(name));
+        Ok(GatedDeltaNet {
+            in_proj_qkv: lin(h, l.conv_dim(), "in_proj_qkv")?,
+            in_proj_z: lin(h, l.value_dim(), "in_proj_z")?,
+            in_proj_b: lin(h, nv, "in_proj_b")?,
+            in_proj_a: lin(h, nv, "in_proj_a")?,
+            conv: vb.get((l.conv_dim(), 1, l.conv_kernel), "conv1d.weight")?,
+            a_log: vb.get(nv, "A_log")?,
+            dt_bias: vb.get(nv, "dt_bias")?,
+            norm: RmsNorm::new(l.value_head_dim, cfg.rms_norm_eps, false, vb.pp("norm"))?,
+            out_proj: lin(l.value_dim(), h, "out_proj")?,
+            shape: l,
+        })
+    }
+
+    /// The block's output (T, hidden) for the normed input `h` (T, hidden): layer `index`,
+    /// whose sequences and states the backend gives.
+    pub fn forward(
+        &self,
+        index: usize,
+        h: &Tensor,
+        exec: Exec,
+        backend: &mut dyn AttentionBackend,
+    ) -> Result<Tensor> {
+        let l = self.shape;
+        let step = backend.recurrent_state(index, l.state_values())?;
+        let t = h.dim(0)?;
+        if step.seq_lens.iter().sum::<usize>() != t {
+            candle_core::bail!(
+                "layer {index}: {t} tokens, but the step's sequences bring {:?}",
+                step.seq_lens
+            )
+        }
+        let dtype = h.dtype();
+        let f32 = |x: Tensor| x.to_dtype(DType::F32);
+        let qkv = f32(project(&self.in_proj_qkv, h)?)?;
+        let z = f32(project(&self.in_proj_z, h)?)?;
+        let beta = candle_nn::ops::sigmoid(&f32(project(&self.in_proj_b, h)?)?)?;
+        let a = f32(project(&self.in_proj_a, h)?)?;
+        let rate = f32(self.a_log.clone())?.exp()?.neg()?; // -exp(A_log)
+        let g = softplus(&a.broadcast_add(&f32(self.dt_bias.clone())?)?)?.broadcast_mul(&rate)?;
+        let conv_w = f32(self.conv.squeeze(1)?)?.t()?; // (K, conv_dim)
+        let (conv_len, k1) = (l.conv_dim() * (l.conv_kernel - 1), l.conv_kernel - 1);
+        let (mut outs, mut states) = (Vec::new(), Vec::new());
+        let mut start = 0;
+        for (s, &len) in step.seq_lens.iter().enumerate() {
+            let (conv0, s0) = match &step.state {
+                Some(st) => {
+                    let row = st.get(s)?;
+                    (
+                        row.narrow(0, 0, conv_len)?.reshape((k1, l.conv_dim()))?,
+                        Some(
+                            row.narrow(0, conv_len, l.state_values() - conv_len)?
+                                .reshape((l.num_value_heads, l.key_head_dim, l.value_head_dim))?,
+                        ),
+                    )
+                }
+                None => (
+                    Tensor::zeros((k1, l.conv_dim()), DType::F32, h.device())?,
+                    None,
+                ),
+            };
+            let x = qkv.narrow(0, start, len)?;
+            let padded = Tensor::cat(&[&conv0, &x], 0)?; // (K-1+L, conv_dim)
+            let mut conv = padded.narrow(0, 0, len)?.broadcast_mul(&conv_w.get(0)?)?;
+            for j in 1..l.conv_kernel {
+                conv = (conv + padded.narrow(0, j, len)?.broadcast_mul(&conv_w.get(j)?)?)?;
+            }
+            let u = candle_nn::ops::silu(&conv)?;
+            let (q, k, v) = self.split_heads(&u)?;
+            let g_s = g.narrow(0, start, len)?.t()?.contiguous()?; // (Hv, L)
+            let beta_s = beta.narrow(0, start, len)?.t()?.contiguous()?;
+            let (o, s1) = if len <= RECURRENT_MAX {
+                delta_rule_recurrent(&q, &k, &v, &g_s, &beta_s, s0.as_ref())?
+            } else {
+                delta_rule_chunked(&q, &k, &v, &g_s, &beta_s, s0.as_ref())?
+            };
+            // (Hv, L, dv) -> (L, Hv, dv); the gated norm per head
+            let o = o.transpose(0, 1)?.contiguous()?;
+            let z_s =
+                z.narrow(0, start, len)?
+                    .reshape((len, l.num_value_heads, l.value_head_dim))?;
+            let normed = self.norm.forward(&o, exec)?;
+            let y = (normed * candle_nn::ops::silu(&z_s)?)?;
+            outs.push(y.reshape((len, l.value_dim()))?);
+            let conv1 = padded.narrow(0, len, k1)?.flatten_all()?;
+            states.push(Tensor::cat(&[&conv1, &s1.flatten_all()?], 0)?);
+            start += len;
+        }
+        let y = Tensor::cat(&outs, 0)?.to_dtype(dtype)?;
+        backend.store_recurrent_state(index, Tensor::stack(&states, 0)?)?;
+        project(&self.out_proj, &y)
+    }
+
+    /// The conv's output (L, conv_dim) as heads-first f32 q, k (Hv, L, dk), l2-normalised, q
+    /// scaled by 1/sqrt(dk), both repeated to the value heads, and v (Hv, L, dv).
+    fn split_heads(&self, u: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let l = self.shape;
+        let len = u.dim(0)?;
+        let (nk, nv, dk, dv) = (
+            l.num_key_heads,
+            l.num_value_heads,
+            l.key_head_dim,
+            l.value_head_dim,
+        );
+        let heads = |x: Tensor| -> Result<Tensor> {
+            // (L, Hk, dk) -> (L, Hv, dk): each key head serves Hv/Hk consecutive value heads
+            let x = l2norm(&x.reshape((len, nk, dk))?)?;
+            x.unsqueeze(2)?
+                .expand((len, nk, nv / nk, dk))?
+                .reshape((len, nv, dk))?
+                .transpose(0, 1)?
+                .contiguous()
+        };
+        let q = (heads(u.narrow(1, 0, l.key_dim())?)? * (1.0 / (dk as f64).sqrt()))?;
+        let k = heads(u.narrow(1, l.key_dim(), l.key_dim())?)?;
+        let v = u
+            .narrow(1, 2 * l.key_dim(), l.value_dim())?
+            .reshape((len, nv, dv))?
+            .transpose(0, 1)?
+            .contiguous()?;
+        Ok((q, k, v))
+    }
+}
+
+/// `x * rsqrt(sum(x^2) + 1e-6)` over the last dim.
+fn l2norm(x: &Tensor) -> Result<Tensor> {
+    x.broadcast_div(&(x.sqr()?.sum_keepdim(D::Minus1)? + 1e-6)?.sqrt()?)
+}
+
+/// `log(1 + exp(x))`, as `max(x, 0) + log(1 + exp(-|x|))` (no overflow).
+fn softplus(x: &Tensor) -> Result<Tensor> {
+    x.relu()? + (x.abs()?.neg()?.exp()? + 1.0)?.log()?
+}
+
+/// The zero state (Hv, dk, dv) of `k`: (Hv, L, dk) and `v`: (Hv, L, dv).
+fn zero_state(k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let (nv, _, dk) = k.dims3()?;
+    Tensor::zeros((nv, dk, v.dim(2)?), DType::F32, k.device())
+}
+
+/// The gated delta rule token by token. `q`, `k`: (Hv, L, dk); `v`: (Hv, L, dv); `g`, `beta`:
+/// (Hv, L); `s0`: (Hv, dk, dv) or zeros. Returns the outputs (Hv, L, dv) and the final state.
+pub fn delta_rule_recurrent(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    s0: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    let mut s = match s0 {
+        Some(s) => s.clone(),
+        None => zero_state(k, v)?,
+    };
+    let len = q.dim(1)?;
+    let mut outs = Vec::with_capacity(len);
+    for t in 0..len {
+        let (q_t, k_t, v_t) = (q.narrow(1, t, 1)?, k.narrow(1, t, 1)?, v.narrow(1, t, 1)?);
+        let decay = g.narrow(1, t, 1)?.exp()?.unsqueeze(2)?; // (Hv, 1, 1)
+        s = s.broadcast_mul(&decay)?;
+        let remembered = k_t.matmul(&s)?; // (Hv, 1, dv)
+        let delta = (v_t - remembered)?.broadcast_mul(&beta.narrow(1, t, 1)?.unsqueeze(2)?)?;
+        s = (s + k_t.transpose(1, 2)?.matmul(&delta)?)?;
+        outs.push(q_t.matmul(&s)?);
+    }
+    Ok((Tensor::cat(&outs, 1)?, s))
+}
+
+/// The gated delta rule in chunks of [`CHUNK`] tokens (the sequence zero-padded to whole
+/// chunks: a padded token has k = v = 0 and g = 0, so it leaves the state as it is). Same
+/// arguments and results as [`delta_rule_recurrent`].
+pub fn delta_rule_chunked(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    g: &Tensor,
+    beta: &Tensor,
+    s0: Option<&Tensor>,
+) -> Result<(Tensor, Tensor)> {
+    let (nv, len, dk) = q.dims3()?;
+    let dv = v.dim(2)?;
+    let c = CHUNK.min(len.max(1));
+    let chunks = len.div_ceil(c);
+    let pad = chunks * c - len;
+    let dev = q.device();
+    let padded = |x: &Tensor| -> Result<Tensor> {
+        if pad == 0 {
+            return Ok(x.clone());
+        }
+        let mut shape = x.dims().to_vec();
+        shape[1] = pad;
+        Tensor::cat(&[x, &Tensor::zeros(shape, DType::F32, dev)?], 1)
+    };
+    let in_chunks = |x: &Tensor, d: usize| padded(x)?.reshape((nv, chunks, c, d));
+    let beta = padded(beta)?.reshape((nv, chunks, c, 1))?;
+    let (q, k, v) = (in_chunks(q, dk)?, in_chunks(k, dk)?, in_chunks(v, dv)?);
+    let k_beta = k.broadcast_mul(&beta)?;
+    let v_beta = v.broadcast_mul(&beta)?;
+    // cumulative log decay within each chunk, and the pairwise decay exp(gc_i - gc_j), j <= i
+    let gc = padded(g)?.reshape((nv, chunks, c))?.cumsum(2)?;
+    let lower = causal(c, 0, dev)?; // j <= i
+    let strict = causal(c, 1, dev)?; // j < i
+    let diff = gc.unsqueeze(3)?.broadcast_sub(&gc.unsqueeze(2)?)?;
+    // (j > i: gc_i - gc_j >= 0 since g <= 0; zeroed before exp, so nothing overflows)
+    let decay = diff.broadcast_mul(&lower)?.exp()?.broadcast_mul(&lower)?;
+    // T = (I + L)^-1 for L = strict_lower(k_beta k^T * decay), by forward substitution
+    let l = k_beta
+        .matmul(&k.transpose(2, 3)?)?
+        .mul(&decay)?
+        .broadcast_mul(&strict)?;
+    let eye = Tensor::eye(c, DType::F32, dev)?;
+    let mut rows: Vec<Tensor> = Vec::with_capacity(c);
+    for i in 0..c {
+        let e = eye
+            .narrow(0, i, 1)?
+            .broadcast_as((nv, chunks, 1, c))?
+            .contiguous()?;
+        if i == 0 {
+            rows.push(e);
+            continue;
+        }
+        let above = Tensor::cat(&rows, 2)?; // (Hv, n, i, C)
+        let li = l.narrow(2, i, 1)?.narrow(3, 0, i)?; // (Hv, n, 1, i)
+        rows.push((e - li.matmul(&above)?)?);
+    }
+    let t = Tensor::cat(&rows, 2)?;
+    let values = t.matmul(&v_beta)?;
+    let k_cumdecay = t.matmul(&k_beta.broadcast_mul(&gc.exp()?.unsqueeze(3)?)?)?;
+    let mut s = match s0 {
+        Some(s) => s.clone(),
+        None => Tensor::zeros((nv, dk, dv), DType::F32, dev)?,
+    };
+    let mut outs = Vec::with_capacity(chunks);
+    for i in 0..chunks {
+        let at = |x: &Tensor| x.narrow(1, i, 1)?.squeeze(1);
+        let (q_i, k_i, gc_i) = (at(&q)?, at(&k)?, at(&gc)?);
+        let within = q_i.matmul(&k_i.transpose(1, 2)?)?.mul(&at(&decay)?)?;
+        let v_new = (at(&values)? - at(&k_cumdecay)?.matmul(&s)?)?;
+        let from_state = q_i.broadcast_mul(&gc_i.exp()?.unsqueeze(2)?)?.matmul(&s)?;
+        outs.push((from_state + within.matmul(&v_new)?)?);
+        let last = gc_i.narrow(1, c - 1, 1)?; // (Hv, 1)
+        let k_decayed = k_i.broadcast_mul(&last.broadcast_sub(&gc_i)?.exp()?.unsqueeze(2)?)?;
+        s = (s.broadcast_mul(&last.exp()?.unsqueeze(2)?)?
+            + k_decayed.transpose(1, 2)?.matmul(&v_new)?)?;
+    }
+    let o = Tensor::cat(&outs, 1)?.narrow(1, 0, len)?;
+    Ok((o, s))
+}
+
+/// (C, C) f32: 1 where `j + shift <= i`, else 0 (`shift` 0: causal; 1: strictly causal).
+fn causal(c: usize, shift: usize, dev: &Device) -> Result<Tensor> {
+    let m: Vec<f32> = (0..c * c)
+        .map(|n| if n % c + shift <= n / c { 1.0 } else { 0.0 })
+        .collect();
+    Tensor::from_vec(m, (c, c), dev)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::attention::RecurrentStep;
+    use crate::model::tests::{fixture_named, max_abs_diff};
+
+    /// Inputs as the layer makes them: unit keys and queries (queries scaled), decays g <= 0,
+    /// beta in (0, 1), and a non-zero starting state.
+    fn inputs(nv: usize, len: usize, dk: usize, dv: usize) -> [Tensor; 6] {
+        let dev = Device::Cpu;
+        let r = |shape: &[usize]| Tensor::randn(0f32, 1.0, shape, &dev).unwrap();
+        let q = (l2norm(&r(&[nv, len, dk])).unwrap() * (1.0 / (dk as f64).sqrt())).unwrap();
+        let k = l2norm(&r(&[nv, len, dk])).unwrap();
+        let v = r(&[nv, len, dv]);
+        let g = (softplus(&r(&[nv, len])).unwrap() * -0.3).unwrap();
+        let beta = candle_nn::ops::sigmoid(&r(&[nv, len])).unwrap();
+        let s0 = (r(&[nv, dk, dv]) * 0.5).unwrap();
+        [q, k, v, g, beta, s0]
+    }
+
+    #[test]
+    fn chunked_and_recurrent_forms_agree() {
+        // one partial chunk, whole chunks, and whole chunks plus a padded one; dk != dv
+        for len in [5, 2 * CHUNK, 2 * CHUNK + 7] {
+            let [q, k, v, g, beta, s0] = inputs(3, len, 8, 12);
+            for s0 in [None, Some(&s0)] {
+                let (o_r, s_r) = delta_rule_recurrent(&q, &k, &v, &g, &beta, s0).unwrap();
+                let (o_c, s_c) = delta_rule_chunked(&q, &k, &v, &g, &beta, s0).unwrap();
+                assert_eq!(o_r.dims(), &[3, len, 12]);
+                assert_eq!(o_c.dims(), o_r.dims());
+                let (d_o, d_s) = (max_abs_diff(&o_r, &o_c), max_abs_diff(&s_r, &s_c));
+                assert!(
+                    d_o < 1e-4 && d_s < 1e-4,
+                    "len {len}: outputs {d_o}, states {d_s}"
+                );
+            }
+        }
+    }
+
+    /// A backend with one sequence whose state it keeps between steps.
+    struct Keep {
+        len: usize,
+        state: Option<Tensor>,
+    }
+
+    impl AttentionBackend for Keep {
+        fn attend(&mut self, _: usize, _: &Tensor, _: &Tensor, _: &Tensor) -> Result<Tensor> {
+            unreachable!("no attention layer here")
+        }
+        fn recurrent_state(&mut self, _: usize, values: usize) -> Result<RecurrentStep> {
+            if let Some(s) = &self.state {
+                assert_eq!(s.dims(), &[1, values]);
+            }
+            Ok(RecurrentStep {
+                seq_lens: vec![self.len],
+                state: self.state.clone(),
+            })
+        }
+        fn store_recurrent_state(&mut self, _: usize, state: Tensor) -> Result<()> {
+            self.state = Some(state);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_step_continues_where_the_last_ended() {
+        let Some(dir) = fixture_named("tiny-qwen3_5") else {
+            return;
+        };
+        let ck = crate::model::Checkpoint::open(dir.to_str().unwrap()).unwrap();
+        // SAFETY: the fixture is read-only for the test's life.
+        let vb = unsafe {
+            VarBuilder::from_mmaped_safetensors(&ck.weights, DType::F32, &Device::Cpu).unwrap()
+        };
+        let layer = GatedDeltaNet::new(&ck.config, vb.pp("model.language_model.layers.0")).unwrap();
+        let h = Tensor::randn(0f32, 1.0, (20, ck.config.hidden_size), &Device::Cpu).unwrap();
+        let run = |parts: &[usize]| -> (Tensor, Tensor) {
+            let mut b = Keep {
+                len: 0,
+                state: None,
+            };
+            let mut outs = Vec::new();
+            let mut start = 0;
+            for &n in parts {
+                b.len = n;
+                let x = h.narrow(0, start, n).unwrap();
+                outs.push(layer.forward(0, &x, Exec::Differentiable, &mut b).unwrap());
+                start += n;
+            }
+            (Tensor::cat(&outs, 0).unwrap(), b.state.unwrap())
+        };
+        let (whole, state) = run(&[20]);
+        // a prefill in two chunks, and a prefill followed by decode steps (the recurrent form)
+        for parts in [&[13, 7][..], &[16, 1, 1, 1, 1]] {
+            let (got, s) = run(parts);
+            assert!(max_abs_diff(&whole, &got) < 1e-5, "{parts:?}");
+            assert!(max_abs_diff(&state, &s) < 1e-5, "{parts:?}");
+        }
+    }
+}
