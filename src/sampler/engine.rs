@@ -414,68 +414,17 @@ impl<'m> Engine<'m> {
         for c in &step.copies {
             self.cache.copy_block(*c)?;
         }
-        // 1. the batch: scheduled tokens of every sequence, end to end
-        let mut tokens = Vec::new();
-        let mut positions = Vec::new();
-        for &(id, n) in &step.scheduled {
-            let (s, m) = (&self.seqs[id.0], &self.meta[id.0]);
-            let range = s.num_computed..s.num_computed + n;
-            tokens.extend_from_slice(&m.tokens[range.clone()]);
-            positions.extend(range.clone().map(|p| p as u32));
-            self.stats.prompt_tokens_computed += range.filter(|&p| p < m.prompt_len).count() as u64;
-        }
-        // 2. forward through the paged cache
-        let model = self.model;
-        let dev = model.device().clone();
+        let (tokens, positions) = self.batch(&step);
+        let dev = self.model.device().clone();
         self.sync_device(&dev)?;
         let t1 = Instant::now();
         self.stats.time.schedule += (t1 - t0).as_secs_f64();
-        let attention_s;
-        let hidden = {
-            let seqs = &self.seqs;
-            let seq_steps: Vec<SeqStep> = step
-                .scheduled
-                .iter()
-                .map(|&(id, n)| SeqStep {
-                    block_table: &seqs[id.0].block_table,
-                    start_pos: seqs[id.0].num_computed,
-                    num_new: n,
-                })
-                .collect();
-            let tokens = Tensor::new(tokens.as_slice(), &dev)?;
-            let positions = Tensor::new(positions.as_slice(), &dev)?;
-            match &mut self.cache {
-                Cache::Cpu(cache) => {
-                    let mut attn = PagedAttention::new(cache, seq_steps);
-                    let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
-                    attention_s = attn.seconds;
-                    h
-                }
-                #[cfg(feature = "cuda")]
-                Cache::Cuda(cache) => {
-                    let meta = crate::sampler::gpu::GpuStep::new(
-                        cache,
-                        &seq_steps,
-                        model.config().num_heads,
-                    )?;
-                    let mut attn = crate::sampler::gpu::GpuPagedAttention {
-                        cache,
-                        step: &meta,
-                        sync_timing: self.sync_timing,
-                        variant: None,
-                        seconds: 0.0,
-                    };
-                    let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
-                    attention_s = attn.seconds;
-                    h
-                }
-            }
-        };
+        let (hidden, attention_s) = self.forward(&step, &tokens, &positions)?;
         self.sync_device(&dev)?;
         let t2 = Instant::now();
         self.stats.time.attention += attention_s;
         self.stats.time.layers += (t2 - t1).as_secs_f64() - attention_s;
-        // 3. advance, and pick the rows of sequences that now sample
+        // advance, and pick the rows of sequences that now sample
         let mut rows = Vec::new();
         let mut samplers = Vec::new();
         let mut end = 0u32;
@@ -488,24 +437,99 @@ impl<'m> Engine<'m> {
                 samplers.push(id);
             }
         }
-        let mut finished = Vec::new();
         if samplers.is_empty() {
-            return Ok(finished);
+            return Ok(Vec::new());
         }
-        let picked = hidden.index_select(&Tensor::new(rows.as_slice(), &dev)?, 0)?;
-        // on the CPU the logits go straight to a host vector (no tensor round trip)
-        let logits = if dev.is_cpu() {
-            // into last step's buffer: a decode step's rows are megabytes, which a fresh
-            // allocation would zero (or fault in) every step
-            let mut rows = std::mem::take(&mut self.logits_buf);
-            model.logits_host_into(&picked, &mut rows)?;
-            Logits::Host(rows)
-        } else {
-            Logits::Device(model.logits(&picked)?)
-        };
+        let logits = self.logits(&hidden, &rows)?;
         self.sync_device(&dev)?;
         let t3 = Instant::now();
         self.stats.time.lm_head += (t3 - t2).as_secs_f64();
+        let finished = self.sample_rows(samplers, logits, decode)?;
+        self.stats.time.sampling += t3.elapsed().as_secs_f64();
+        Ok(finished)
+    }
+
+    /// The step's tokens and positions: the scheduled tokens of every sequence, end to end.
+    fn batch(&mut self, step: &super::scheduler::Step) -> (Vec<u32>, Vec<u32>) {
+        let mut tokens = Vec::new();
+        let mut positions = Vec::new();
+        for &(id, n) in &step.scheduled {
+            let (s, m) = (&self.seqs[id.0], &self.meta[id.0]);
+            let range = s.num_computed..s.num_computed + n;
+            tokens.extend_from_slice(&m.tokens[range.clone()]);
+            positions.extend(range.clone().map(|p| p as u32));
+            self.stats.prompt_tokens_computed += range.filter(|&p| p < m.prompt_len).count() as u64;
+        }
+        (tokens, positions)
+    }
+
+    /// The model's final hidden states for the step's tokens, through the paged cache on the
+    /// model's device; and the seconds spent in attention.
+    fn forward(
+        &mut self,
+        step: &super::scheduler::Step,
+        tokens: &[u32],
+        positions: &[u32],
+    ) -> Result<(Tensor, f64)> {
+        let model = self.model;
+        let dev = model.device();
+        let seqs = &self.seqs;
+        let seq_steps: Vec<SeqStep> = step
+            .scheduled
+            .iter()
+            .map(|&(id, n)| SeqStep {
+                block_table: &seqs[id.0].block_table,
+                start_pos: seqs[id.0].num_computed,
+                num_new: n,
+            })
+            .collect();
+        let tokens = Tensor::new(tokens, dev)?;
+        let positions = Tensor::new(positions, dev)?;
+        match &mut self.cache {
+            Cache::Cpu(cache) => {
+                let mut attn = PagedAttention::new(cache, seq_steps);
+                let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
+                Ok((h, attn.seconds))
+            }
+            #[cfg(feature = "cuda")]
+            Cache::Cuda(cache) => {
+                let meta =
+                    crate::sampler::gpu::GpuStep::new(cache, &seq_steps, model.config().num_heads)?;
+                let mut attn = crate::sampler::gpu::GpuPagedAttention {
+                    cache,
+                    step: &meta,
+                    sync_timing: self.sync_timing,
+                    variant: None,
+                    seconds: 0.0,
+                };
+                let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
+                Ok((h, attn.seconds))
+            }
+        }
+    }
+
+    /// The logits of the hidden `rows` that sample: on the CPU straight into a host vector (no
+    /// tensor round trip), into last step's buffer (a decode step's rows are megabytes, which a
+    /// fresh allocation would zero or fault in every step); elsewhere on the device.
+    fn logits(&mut self, hidden: &Tensor, rows: &[u32]) -> Result<Logits> {
+        let dev = hidden.device();
+        let picked = hidden.index_select(&Tensor::new(rows, dev)?, 0)?;
+        if dev.is_cpu() {
+            let mut rows = std::mem::take(&mut self.logits_buf);
+            self.model.logits_host_into(&picked, &mut rows)?;
+            return Ok(Logits::Host(rows));
+        }
+        Ok(Logits::Device(self.model.logits(&picked)?))
+    }
+
+    /// Draws each sampling sequence's token from its logits row (with its logprobs when asked),
+    /// forks waiting siblings, and returns the samples that finished.
+    fn sample_rows(
+        &mut self,
+        samplers: Vec<SeqId>,
+        logits: Logits,
+        decode: Option<Decoder>,
+    ) -> Result<Vec<Sample>> {
         // Logprobs need every row's alternatives: the rows go to the host whole.
         let logits = match logits {
             Logits::Device(t) if self.cfg.logprobs.is_some() => Logits::Host(logits_to_host(&t)?),
@@ -524,6 +548,7 @@ impl<'m> Engine<'m> {
             self.logits_buf = rows;
         }
         let mut tops = tops.into_iter();
+        let mut finished = Vec::new();
         for (id, (s, rng)) in samplers.into_iter().zip(drawn) {
             self.fork_siblings(id);
             self.meta[id.0].rng = rng;
@@ -537,7 +562,6 @@ impl<'m> Engine<'m> {
                 finished.push(done);
             }
         }
-        self.stats.time.sampling += t3.elapsed().as_secs_f64();
         Ok(finished)
     }
 

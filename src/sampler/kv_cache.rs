@@ -262,7 +262,6 @@ impl<'a> PagedAttention<'a> {
                 "layer {layer} keeps no keys in the cache"
             )));
         };
-        // 1. write the step's keys (transposed within their block) and values into their slots
         if self.tokens.len() != t {
             return Err(candle_core::Error::Msg(format!(
                 "step has {t} tokens but its sequences bring {}",
@@ -278,54 +277,9 @@ impl<'a> PagedAttention<'a> {
             }
             Err(e) => return Err(candle_core::Error::Msg(e.clone())),
         };
-        let (kp, vp) = (SendPtr(kc.as_mut_ptr()), SendPtr(vc.as_mut_ptr()));
-        // A token's keys go to `d` lines of its block (one per dimension), most of them not in
-        // any cache by now: their lines are asked for first, so that the misses overlap.
-        let write = |ti: usize| {
-            let slot = slots[ti];
-            let (block, off) = (slot / bs, slot % bs);
-            let src = ti * row;
-            for h in 0..hkv {
-                let head = (block * hkv + h) * bs * d;
-                for j in 0..d {
-                    crate::simd::prefetch(kp.get().wrapping_add(head + j * bs + off));
-                }
-                for c in (0..d).step_by(16) {
-                    crate::simd::prefetch(vp.get().wrapping_add(head + off * d + c));
-                }
-            }
-            for h in 0..hkv {
-                let head = (block * hkv + h) * bs * d;
-                for (j, x) in k[src + h * d..src + (h + 1) * d].iter().enumerate() {
-                    // SAFETY: inside the layer (checked above); tokens run in parallel only when
-                    // their slots are distinct, and nothing reads the cache meanwhile.
-                    unsafe { *kp.get().add(head + j * bs + off) = *x };
-                }
-                // SAFETY: as above; the d values of the slot's row.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        v[src + h * d..].as_ptr(),
-                        vp.get().add(head + off * d),
-                        d,
-                    )
-                };
-            }
-        };
-        if self.distinct_slots && t * row >= WRITE_PARALLEL_MIN {
-            // tokens write disjoint elements: spread over the workers, twice the misses in flight
-            // (runs of at least a block's tokens: a prefill's neighbours share key lines)
-            (0..t)
-                .into_par_iter()
-                .with_min_len(bs.max(4))
-                .for_each(write);
-        } else {
-            // (sequences that share blocks may recompute the same positions in one step: the
-            // same values into the same slots, written in token order)
-            (0..t).for_each(write);
-        }
-        // 2. each new token attends over its sequence's cached keys: one job per (token, KV
-        //    head), whose query heads are the contiguous run of `out` it writes
-        let jobs = &self.tokens;
+        // 1. write the step's keys and values into their slots
+        write_kv(kc, vc, k, v, slots, self.distinct_slots, (bs, hkv, d));
+        // 2. each new token attends over its sequence's cached keys
         let view = LayerView {
             kc,
             vc,
@@ -334,49 +288,127 @@ impl<'a> PagedAttention<'a> {
             d,
             bs,
         };
-        let group = hq / hkv;
-        let work = |scratch: &mut AttnScratch, (c, o): (usize, &mut [f32])| {
-            let (ti, kvh) = (c / hkv, c % hkv);
-            let (table, pos, _) = jobs[ti];
-            // the next job's first keys and values start on their way to L2 while this one
-            // computes (a job is a few microseconds, most of it waiting on memory when they are
-            // not); the job's own prefetch, a few blocks ahead, takes over from there
-            if let Some(&(next, npos, _)) = jobs.get((c + 1) / hkv) {
-                let nkvh = (c + 1) % hkv;
-                let len = (npos + 1).min(next.blocks.len() * bs);
-                let ahead = len.div_ceil(bs).min(NEXT_JOB_BLOCKS);
-                for b in &next.blocks[..ahead] {
-                    let base = (b.0 as usize * hkv + nkvh) * bs * d;
-                    for l in (0..bs * d).step_by(16) {
-                        crate::simd::prefetch_l2(view.kc.as_ptr().wrapping_add(base + l));
-                        crate::simd::prefetch_l2(view.vc.as_ptr().wrapping_add(base + l));
-                    }
+        attend_tokens(&self.tokens, &view, q, out);
+        Ok(())
+    }
+}
+
+/// Writes the step's keys `k` (transposed within their block) and values `v` (tokens x KV heads
+/// x `d`) into their `slots` of one layer's `kc`, `vc`; tokens in parallel when `distinct`.
+fn write_kv(
+    kc: &mut [f32],
+    vc: &mut [f32],
+    k: &[f32],
+    v: &[f32],
+    slots: &[usize],
+    distinct: bool,
+    (bs, hkv, d): (usize, usize, usize),
+) {
+    let (t, row) = (slots.len(), hkv * d);
+    // every slot's block inside the layer (the writes below rely on it; a pass over the step's
+    // slots, next to the t * row values written)
+    assert!(
+        kc.len() == vc.len() && slots.iter().all(|&s| (s / bs + 1) * bs * row <= kc.len()),
+        "a slot outside the cache layer"
+    );
+    let (kp, vp) = (SendPtr(kc.as_mut_ptr()), SendPtr(vc.as_mut_ptr()));
+    // A token's keys go to `d` lines of its block (one per dimension), most of them not in
+    // any cache by now: their lines are asked for first, so that the misses overlap.
+    let write = |ti: usize| {
+        let slot = slots[ti];
+        let (block, off) = (slot / bs, slot % bs);
+        let src = ti * row;
+        for h in 0..hkv {
+            let head = (block * hkv + h) * bs * d;
+            for j in 0..d {
+                crate::simd::prefetch(kp.get().wrapping_add(head + j * bs + off));
+            }
+            for c in (0..d).step_by(16) {
+                crate::simd::prefetch(vp.get().wrapping_add(head + off * d + c));
+            }
+        }
+        for h in 0..hkv {
+            let head = (block * hkv + h) * bs * d;
+            for (j, x) in k[src + h * d..src + (h + 1) * d].iter().enumerate() {
+                // SAFETY: inside the layer (asserted above); tokens run in parallel only when
+                // their slots are distinct, and nothing reads the cache meanwhile.
+                unsafe { *kp.get().add(head + j * bs + off) = *x };
+            }
+            // SAFETY: as above; the d values of the slot's row.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    v[src + h * d..].as_ptr(),
+                    vp.get().add(head + off * d),
+                    d,
+                )
+            };
+        }
+    };
+    if distinct && t * row >= WRITE_PARALLEL_MIN {
+        // tokens write disjoint elements: spread over the workers, twice the misses in flight
+        // (runs of at least a block's tokens: a prefill's neighbours share key lines)
+        (0..t)
+            .into_par_iter()
+            .with_min_len(bs.max(4))
+            .for_each(write);
+    } else {
+        // (sequences that share blocks may recompute the same positions in one step: the
+        // same values into the same slots, written in token order)
+        (0..t).for_each(write);
+    }
+}
+
+/// Each step token's attention over its sequence's cached keys and values in `view`, from the
+/// queries `q` into `out` (tokens x query heads x `d`): one job per (token, KV head), whose query
+/// heads are the contiguous run of `out` it writes.
+fn attend_tokens(
+    jobs: &[(&BlockTable, usize, Option<usize>)],
+    view: &LayerView,
+    q: &[f32],
+    out: &mut [f32],
+) {
+    let (hq, hkv, d, bs) = (view.hq, view.hkv, view.d, view.bs);
+    let group = hq / hkv;
+    let work = |scratch: &mut AttnScratch, (c, o): (usize, &mut [f32])| {
+        let (ti, kvh) = (c / hkv, c % hkv);
+        let (table, pos, _) = jobs[ti];
+        // the next job's first keys and values start on their way to L2 while this one
+        // computes (a job is a few microseconds, most of it waiting on memory when they are
+        // not); the job's own prefetch, a few blocks ahead, takes over from there
+        if let Some(&(next, npos, _)) = jobs.get((c + 1) / hkv) {
+            let nkvh = (c + 1) % hkv;
+            let len = (npos + 1).min(next.blocks.len() * bs);
+            let ahead = len.div_ceil(bs).min(NEXT_JOB_BLOCKS);
+            for b in &next.blocks[..ahead] {
+                let base = (b.0 as usize * hkv + nkvh) * bs * d;
+                for l in (0..bs * d).step_by(16) {
+                    crate::simd::prefetch_l2(view.kc.as_ptr().wrapping_add(base + l));
+                    crate::simd::prefetch_l2(view.vc.as_ptr().wrapping_add(base + l));
                 }
             }
-            let qg = &q[(ti * hq + kvh * group) * d..][..group * d];
-            attend_group(&view, qg, kvh, table, pos, scratch, o);
-        };
-        let flops: usize = jobs.iter().map(|(_, p, _)| (p + 1) * hq * d).sum();
-        if flops < PARALLEL_MIN {
-            let mut scratch = AttnScratch::default();
-            out.chunks_mut(group * d)
-                .enumerate()
-                .for_each(|job| work(&mut scratch, job));
-        } else {
-            // runs of consecutive jobs, eight per thread: one scratch each, and a token's KV
-            // heads (adjacent in a block) read one after another by one worker
-            let jobs_n = out.len() / (group * d);
-            let per = jobs_n.div_ceil(8 * rayon::current_num_threads()).max(1);
-            out.par_chunks_mut(per * group * d)
-                .enumerate()
-                .for_each(|(r, run)| {
-                    let mut scratch = AttnScratch::default();
-                    for (j, o) in run.chunks_mut(group * d).enumerate() {
-                        work(&mut scratch, (r * per + j, o));
-                    }
-                });
         }
-        Ok(())
+        let qg = &q[(ti * hq + kvh * group) * d..][..group * d];
+        attend_group(view, qg, kvh, table, pos, scratch, o);
+    };
+    let flops: usize = jobs.iter().map(|(_, p, _)| (p + 1) * hq * d).sum();
+    if flops < PARALLEL_MIN {
+        let mut scratch = AttnScratch::default();
+        out.chunks_mut(group * d)
+            .enumerate()
+            .for_each(|job| work(&mut scratch, job));
+    } else {
+        // runs of consecutive jobs, eight per thread: one scratch each, and a token's KV
+        // heads (adjacent in a block) read one after another by one worker
+        let jobs_n = out.len() / (group * d);
+        let per = jobs_n.div_ceil(8 * rayon::current_num_threads()).max(1);
+        out.par_chunks_mut(per * group * d)
+            .enumerate()
+            .for_each(|(r, run)| {
+                let mut scratch = AttnScratch::default();
+                for (j, o) in run.chunks_mut(group * d).enumerate() {
+                    work(&mut scratch, (r * per + j, o));
+                }
+            });
     }
 }
 
