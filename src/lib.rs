@@ -10,7 +10,8 @@
 //!   jobs        sample (jobs::sample), eval, pretrain, train (train::trainer)
 //!   sampler     paged-KV engine: block pool, KV cache, scheduler, sampling, engine, gpu
 //!   train       differentiable model, losses, AdamW, checkpoints
-//!   model       Hugging Face checkpoints, the forward pass, weight init
+//!   model       Hugging Face checkpoints, config readers, the decoder over layer kinds
+//!               (model/layers: attention, Gated DeltaNet), ops and their paths, weight init
 //!   data verify store digest arith        loaders and schemas, the verifier, the work dir
 //!   gemm simd cuda machine bytes rng fault the CPU kernels, our CUDA kernels, machine facts
 //! ```

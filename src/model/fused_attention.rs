@@ -18,7 +18,7 @@ use std::sync::Arc;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::diff_ops::{slice, view};
+use super::cpu_op::{slice, view};
 use crate::simd::SendPtr;
 
 /// The op: which sequences the step packs, and the head layout.

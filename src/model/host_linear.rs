@@ -12,7 +12,7 @@
 
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 
-use super::diff_ops::{slice, view};
+use super::cpu_op::{slice, view};
 use crate::gemm::{product, PackedMatrix, XLayout};
 
 /// Rows of `x` below which the op is not used (packing the weight would cost about as much as

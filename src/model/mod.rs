@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod cards;
 pub mod config;
+pub mod cpu_op;
 pub mod diff_ops;
 pub mod fused_attention;
 pub mod host_linear;

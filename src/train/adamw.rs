@@ -13,7 +13,7 @@
 use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Result, Tensor, Var};
 
 use super::data::SplitMix;
-use crate::model::diff_ops::{host_view, slice, slice_mut};
+use crate::model::cpu_op::{host_view, slice, slice_mut};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWConfig {

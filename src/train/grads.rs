@@ -71,8 +71,8 @@ pub fn head_grads(
     }
     let chunk = if chunk == 0 { sel.len() } else { chunk };
     if let (Some(hv), Some(wv)) = (
-        crate::model::diff_ops::host_view(hidden),
-        crate::model::diff_ops::host_view(w),
+        crate::model::cpu_op::host_view(hidden),
+        crate::model::cpu_op::host_view(w),
     ) {
         let (v, h) = w.dims2()?;
         let (loss, gh, gw) = head_grads_host(hv.get()?, wv.get()?, (v, h), &sel, b, scale, chunk)?;
