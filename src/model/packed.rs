@@ -117,6 +117,8 @@ pub struct Buffers {
     pub a: Vec<f32>,
     /// A projection back to the residual stream (T, hidden).
     pub out: Vec<f32>,
+    /// Qwen3.5's attention output gates (T, q).
+    pub gate: Vec<f32>,
 }
 
 impl Buffers {
@@ -140,6 +142,7 @@ impl Buffers {
             &mut self.v,
             &mut self.a,
             &mut self.out,
+            &mut self.gate,
         ] {
             if v.capacity() * std::mem::size_of::<f32>() > KEEP_BYTES {
                 *v = Vec::new();

@@ -273,7 +273,19 @@ fn qwen3_5_logits_and_greedy_tokens_match_transformers() {
         .map(|(_, s, _)| s.iter().product::<usize>())
         .sum();
     assert_eq!(c.num_params(), text);
-    let model = ck.load_transformer(&Device::Cpu, DType::F32).unwrap();
+    let mut model = ck.load_transformer(&Device::Cpu, DType::F32).unwrap();
     assert_logits_match_transformers(&model, &dir);
     assert_greedy_matches_transformers(&model, &dir);
+    // the host path (packed weights, the recurrent form token by token): the same logits, and
+    // a sequence's rows bit-identical alone and batched with others
+    model.set_fused_inference(true).unwrap();
+    let prompts = assert_logits_match_transformers(&model, &dir);
+    let (p, other) = (&prompts[2], &prompts[0]);
+    let alone = logits_of(&model, &[p]);
+    let mut batch: Vec<&[u32]> = vec![other, p];
+    while batch.iter().map(|s| s.len()).sum::<usize>() * model.config().hidden_size < 5000 {
+        batch.push(other);
+    }
+    let batched = logits_of(&model, &batch);
+    assert_eq!(alone, batched[other.len()..other.len() + p.len()]);
 }

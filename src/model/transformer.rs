@@ -100,9 +100,7 @@ impl Transformer {
             return Ok(());
         }
         self.exec = Exec::Sampling;
-        let pack = self.device().is_cpu()
-            && self.dtype() == DType::F32
-            && self.layers.iter().all(Layer::has_host_path);
+        let pack = self.device().is_cpu() && self.dtype() == DType::F32;
         if pack && self.host_layers.is_none() {
             let host = self.layers.iter_mut().map(Layer::pack);
             self.host_layers = Some(host.collect::<Result<_>>()?);

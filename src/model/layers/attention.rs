@@ -74,8 +74,8 @@ pub struct Attention {
     heads: (usize, usize, usize),
     /// q_proj gives a query and an output gate per head (Qwen3.5).
     gate: bool,
-    /// Whether [`Self::pack`] can build the host path (ungated, full RoPE, plain norms).
-    host_path: bool,
+    /// The leading dims of a head that RoPE rotates.
+    rotary: usize,
 }
 
 impl Attention {
@@ -97,13 +97,8 @@ impl Attention {
             qkv: None,
             heads: (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
             gate,
-            host_path: !gate && !cfg.norm_offset && cfg.rotary_dim == cfg.head_dim,
+            rotary: cfg.rotary_dim,
         })
-    }
-
-    /// Whether [`Self::pack`] can build the host path.
-    pub fn has_host_path(&self) -> bool {
-        self.host_path
     }
 
     /// Stacks q/k/v into one matrix (the separate ones become views of it).
@@ -119,9 +114,6 @@ impl Attention {
 
     /// The host path's packed weights; the candle weights are dropped.
     pub fn pack(&mut self) -> Result<HostAttention> {
-        if !self.host_path {
-            candle_core::bail!("gated or partial-RoPE attention has no host path")
-        }
         self.stack_projections()?;
         let Some(qkv) = self.qkv.take() else {
             candle_core::bail!("pack: projections not stacked")
@@ -135,6 +127,8 @@ impl Attention {
             },
             eps: self.q_norm.as_ref().map_or(0.0, |n| n.eps as f32),
             heads: self.heads,
+            gate: self.gate,
+            rotary: self.rotary,
         };
         for l in [
             &mut self.q_proj,
@@ -217,21 +211,19 @@ impl Attention {
 pub struct HostAttention {
     qkv: PackedLinear,
     o: PackedLinear,
-    /// Qwen3's per-head norms of queries and keys.
+    /// The per-head norms' scales of queries and keys (Qwen3, Qwen3.5).
     qk_norms: Option<(Vec<f32>, Vec<f32>)>,
     eps: f32,
     heads: (usize, usize, usize),
+    /// Each head's query rows are followed by its gate's (Qwen3.5).
+    gate: bool,
+    /// The leading dims of a head that RoPE rotates.
+    rotary: usize,
 }
-
-/// A row of q|k|v and the rows of `q`, `k` and `v` it is split into.
-type RowParts<'a> = (
-    ((&'a mut [f32], &'a mut [f32]), &'a mut [f32]),
-    &'a mut [f32],
-);
 
 impl HostAttention {
     /// The attention block's output for the normed rows `b.h` (T, hidden) into `b.out`; `cos`,
-    /// `sin` are the step's RoPE rows (T, D/2 each, row-major). Attention is the caller's
+    /// `sin` are the step's RoPE rows (T, rotary/2 each, row-major). Attention is the caller's
     /// backend, layer `index`.
     pub fn forward(
         &self,
@@ -249,49 +241,88 @@ impl HostAttention {
             v,
             a,
             out,
+            gate,
+            ..
         } = b;
         let (hq, hkv, d) = self.heads;
         let min = min_rows(h.len());
         let (nq, nkv) = (hq * d, hkv * d);
-        let width = nq + 2 * nkv;
+        // a head's query rows, then (gated) its gate's
+        let q_rows = if self.gate { 2 * d } else { d };
+        let width = hq * q_rows + 2 * nkv;
         let rows = sized(qkv, t * width);
         self.qkv.apply_into(h, t, rows);
-        let half = d / 2;
-        // Qwen3's q/k norms and RoPE on a row, then its queries, keys and values apart
-        let rotate_row = |(ti, (((row, q), k), v)): (usize, RowParts)| {
-            let (c, s) = (&cos[ti * half..][..half], &sin[ti * half..][..half]);
-            for (head, v) in row[..nq + nkv].chunks_mut(d).enumerate() {
-                if let Some((qn, kn)) = &self.qk_norms {
-                    let w = if head < hq { qn } else { kn };
-                    let r = inv_rms(v, self.eps);
-                    for (v, w) in v.iter_mut().zip(w) {
-                        *v = *v * r * w;
-                    }
-                }
-                let (x1, x2) = v.split_at_mut(half);
-                for i in 0..half {
-                    let (a, b) = (x1[i], x2[i]);
-                    x1[i] = a * c[i] - b * s[i];
-                    x2[i] = b * c[i] + a * s[i];
+        let half = self.rotary / 2;
+        let (q, k, v) = (sized(q, t * nq), sized(k, t * nkv), sized(v, t * nkv));
+        // (ungated: one unused value per row, so that every row has its chunk)
+        let gw = if self.gate { nq } else { 1 };
+        let gate = sized(gate, t * gw);
+        // the per-head norms and RoPE on one head's vector
+        let rotate = |x: &mut [f32], w: Option<&Vec<f32>>, c: &[f32], s: &[f32]| {
+            if let Some(w) = w {
+                let r = inv_rms(x, self.eps);
+                for (x, w) in x.iter_mut().zip(w) {
+                    *x = *x * r * w;
                 }
             }
-            q.copy_from_slice(&row[..nq]);
-            k.copy_from_slice(&row[nq..nq + nkv]);
-            v.copy_from_slice(&row[nq + nkv..]);
+            let (x1, x2) = x[..2 * half].split_at_mut(half);
+            for i in 0..half {
+                let (a, b) = (x1[i], x2[i]);
+                x1[i] = a * c[i] - b * s[i];
+                x2[i] = b * c[i] + a * s[i];
+            }
         };
-        let (q, k, v) = (sized(q, t * nq), sized(k, t * nkv), sized(v, t * nkv));
+        let row_job = |(ti, ((((row, q), k), v), g)): (usize, RowParts)| {
+            let (c, s) = (&cos[ti * half..][..half], &sin[ti * half..][..half]);
+            let norms = self.qk_norms.as_ref();
+            for (hd, qh) in q.chunks_mut(d).enumerate() {
+                qh.copy_from_slice(&row[hd * q_rows..][..d]);
+                rotate(qh, norms.map(|n| &n.0), c, s);
+                if self.gate {
+                    g[hd * d..][..d].copy_from_slice(&row[hd * q_rows + d..][..d]);
+                }
+            }
+            let keys = &row[hq * q_rows..];
+            k.copy_from_slice(&keys[..nkv]);
+            for kh in k.chunks_mut(d) {
+                rotate(kh, norms.map(|n| &n.1), c, s);
+            }
+            v.copy_from_slice(&keys[nkv..]);
+        };
         rows.par_chunks_mut(width)
             .zip(q.par_chunks_mut(nq))
             .zip(k.par_chunks_mut(nkv))
             .zip(v.par_chunks_mut(nkv))
+            .zip(gate.par_chunks_mut(gw))
             .enumerate()
             .with_min_len(min)
-            .for_each(rotate_row);
+            .for_each(row_job);
         let att = sized(a, t * nq);
         att.fill(0.0);
         attn.attend_host(index, q, k, v, (t, hq, hkv, d), att)?;
+        if self.gate {
+            // out * sigmoid(gate), before o_proj
+            att.par_chunks_mut(nq)
+                .zip(gate.par_chunks(nq))
+                .with_min_len(min)
+                .for_each(|(o, g)| {
+                    for (o, g) in o.iter_mut().zip(g) {
+                        *o /= 1.0 + (-g).exp();
+                    }
+                });
+        }
         let o = sized(out, h.len());
         self.o.apply_into(att, t, o);
         Ok(())
     }
 }
+
+/// A row of the stacked projections, the rows of `q`, `k` and `v` it is split into, and the
+/// row of gates (empty when ungated).
+type RowParts<'a> = (
+    (
+        ((&'a mut [f32], &'a mut [f32]), &'a mut [f32]),
+        &'a mut [f32],
+    ),
+    &'a mut [f32],
+);

@@ -22,7 +22,9 @@ use candle_nn::{Linear, VarBuilder};
 
 use super::super::attention::AttentionBackend;
 use super::super::config::{LinearAttention, ModelConfig};
-use super::super::ops::{project, Exec, RmsNorm};
+use super::super::ops::{project, stack_linears, Exec, RmsNorm};
+use super::super::packed::{dropped, inv_rms, sized, Buffers, PackedLinear};
+use rayon::prelude::*;
 
 /// Tokens per chunk of the chunked form (transformers' default).
 pub const CHUNK: usize = 64;
@@ -203,6 +205,198 @@ impl GatedDeltaNet {
             .transpose(0, 1)?
             .contiguous()?;
         Ok((q, k, v))
+    }
+}
+
+impl GatedDeltaNet {
+    /// The host path's packed weights; the candle weights are dropped.
+    pub fn pack(&mut self) -> Result<HostGatedDeltaNet> {
+        let l = self.shape;
+        let parts = [
+            &self.in_proj_qkv,
+            &self.in_proj_z,
+            &self.in_proj_b,
+            &self.in_proj_a,
+        ];
+        let (stacked, _) = stack_linears(&parts)?;
+        let host = HostGatedDeltaNet {
+            proj: PackedLinear::new(&stacked)?,
+            out: PackedLinear::new(&self.out_proj)?,
+            conv: self.conv.squeeze(1)?.flatten_all()?.to_vec1()?,
+            rate: self.a_log.exp()?.neg()?.to_vec1()?,
+            dt_bias: self.dt_bias.to_vec1()?,
+            norm: self.norm.scale()?.to_vec1()?,
+            eps: self.norm.eps as f32,
+            shape: l,
+        };
+        for p in [
+            &mut self.in_proj_qkv,
+            &mut self.in_proj_z,
+            &mut self.in_proj_b,
+            &mut self.in_proj_a,
+            &mut self.out_proj,
+        ] {
+            *p = dropped(p)?;
+        }
+        Ok(host)
+    }
+}
+
+/// A layer's Gated DeltaNet on the CPU host path: the four input projections stacked and packed,
+/// the output projection packed, the rest as host values. Each sequence runs the recurrent form
+/// token by token on its own state, so a row's values do not depend on the other rows of the
+/// step (the sampler's batch-invariance promise). Inference only.
+#[derive(Debug, Clone)]
+pub struct HostGatedDeltaNet {
+    /// in_proj_qkv | in_proj_z | in_proj_b | in_proj_a, by rows.
+    proj: PackedLinear,
+    out: PackedLinear,
+    /// (conv_dim, K), row-major.
+    conv: Vec<f32>,
+    /// `-exp(A_log)` per value head.
+    rate: Vec<f32>,
+    dt_bias: Vec<f32>,
+    /// The gated norm's scale (dv).
+    norm: Vec<f32>,
+    eps: f32,
+    shape: LinearAttention,
+}
+
+impl HostGatedDeltaNet {
+    /// The block's output for the normed rows `b.h` (T, hidden) into `b.out`: layer `index`,
+    /// whose sequences and states the backend gives.
+    pub fn forward(
+        &self,
+        b: &mut Buffers,
+        index: usize,
+        t: usize,
+        backend: &mut dyn AttentionBackend,
+    ) -> Result<()> {
+        let l = self.shape;
+        let values = l.state_values();
+        let step = backend.recurrent_state(index, values)?;
+        if step.seq_lens.iter().sum::<usize>() != t {
+            candle_core::bail!(
+                "layer {index}: {t} tokens, but the step's sequences bring {:?}",
+                step.seq_lens
+            )
+        }
+        let Buffers { h, qkv, a, out, .. } = b;
+        let width = l.conv_dim() + l.value_dim() + 2 * l.num_value_heads;
+        let rows = sized(qkv, t * width);
+        self.proj.apply_into(h, t, rows);
+        let mut states = match &step.state {
+            Some(s) => s.flatten_all()?.to_vec1::<f32>()?,
+            None => vec![0f32; step.seq_lens.len() * values],
+        };
+        let y = sized(a, t * l.value_dim());
+        // the sequences' rows, outputs and states, apart
+        let mut parts = Vec::with_capacity(step.seq_lens.len());
+        let (mut rows_left, mut y_left) = (&*rows, &mut *y);
+        for (&len, state) in step.seq_lens.iter().zip(states.chunks_mut(values)) {
+            let (r, rest) = rows_left.split_at(len * width);
+            let (o, rest_y) = std::mem::take(&mut y_left).split_at_mut(len * l.value_dim());
+            parts.push((r, o, state));
+            (rows_left, y_left) = (rest, rest_y);
+        }
+        parts
+            .into_par_iter()
+            .for_each(|(r, o, state)| self.sequence(r, o, state));
+        let o = sized(out, h.len());
+        self.out.apply_into(y, t, o);
+        let s = Tensor::from_vec(states, (step.seq_lens.len(), values), &Device::Cpu)?;
+        backend.store_recurrent_state(index, s)
+    }
+
+    /// One sequence's tokens: `rows` of the stacked projections in, `y` (tokens x value_dim)
+    /// out, `state` (the conv's last K-1 inputs, then S) carried through.
+    fn sequence(&self, rows: &[f32], y: &mut [f32], state: &mut [f32]) {
+        let l = self.shape;
+        let (cd, vd, nv, k) = (
+            l.conv_dim(),
+            l.value_dim(),
+            l.num_value_heads,
+            l.conv_kernel,
+        );
+        let (dk, dv, per_key) = (l.key_head_dim, l.value_head_dim, nv / l.num_key_heads);
+        let width = cd + vd + 2 * nv;
+        let (window, s) = state.split_at_mut(cd * (k - 1));
+        let mut u = vec![0f32; cd];
+        let mut remembered = vec![0f32; dv];
+        let q_scale = 1.0 / (dk as f32).sqrt();
+        for (row, y) in rows.chunks(width).zip(y.chunks_mut(vd)) {
+            let (x, rest) = row.split_at(cd);
+            let (z, rest) = rest.split_at(vd);
+            let (bs, as_) = rest.split_at(nv);
+            // the causal conv over the window (oldest first) and this input, then SiLU
+            for (c, u) in u.iter_mut().enumerate() {
+                let w = &self.conv[c * k..][..k];
+                let mut acc = w[k - 1] * x[c];
+                for j in 0..k - 1 {
+                    acc += w[j] * window[j * cd + c];
+                }
+                *u = acc / (1.0 + (-acc).exp());
+            }
+            window.copy_within(cd.., 0);
+            window[(k - 2) * cd..].copy_from_slice(x);
+            let (q, kv) = u.split_at_mut(l.key_dim());
+            let (keys, v) = kv.split_at_mut(l.key_dim());
+            for head in q.chunks_mut(dk) {
+                let r = (head.iter().map(|x| x * x).sum::<f32>() + 1e-6)
+                    .sqrt()
+                    .recip()
+                    * q_scale;
+                head.iter_mut().for_each(|x| *x *= r);
+            }
+            for head in keys.chunks_mut(dk) {
+                let r = (head.iter().map(|x| x * x).sum::<f32>() + 1e-6)
+                    .sqrt()
+                    .recip();
+                head.iter_mut().for_each(|x| *x *= r);
+            }
+            for hv in 0..nv {
+                let kh = hv / per_key;
+                let (qh, kh) = (&q[kh * dk..][..dk], &keys[kh * dk..][..dk]);
+                let vh = &v[hv * dv..][..dv];
+                let beta = 1.0 / (1.0 + (-bs[hv]).exp());
+                let decay = (self.rate[hv] * softplus_f32(as_[hv] + self.dt_bias[hv])).exp();
+                let sh = &mut s[hv * dk * dv..][..dk * dv];
+                // S *= exp(g); remembered = S^T k
+                remembered.fill(0.0);
+                for (srow, &ki) in sh.chunks_mut(dv).zip(kh) {
+                    for (sv, m) in srow.iter_mut().zip(remembered.iter_mut()) {
+                        *sv *= decay;
+                        *m += *sv * ki;
+                    }
+                }
+                // delta = beta (v - S^T k); S += k delta^T; o = S^T q
+                for (m, vj) in remembered.iter_mut().zip(vh) {
+                    *m = (vj - *m) * beta;
+                }
+                let o = &mut y[hv * dv..][..dv];
+                o.fill(0.0);
+                for ((srow, &ki), &qi) in sh.chunks_mut(dv).zip(kh).zip(qh) {
+                    for ((sv, d), o) in srow.iter_mut().zip(&remembered).zip(o.iter_mut()) {
+                        *sv += ki * d;
+                        *o += *sv * qi;
+                    }
+                }
+                // the gated norm: rmsnorm(o) * w * silu(z)
+                let r = inv_rms(o, self.eps);
+                for ((o, w), z) in o.iter_mut().zip(&self.norm).zip(&z[hv * dv..][..dv]) {
+                    *o = *o * r * w * (z / (1.0 + (-z).exp()));
+                }
+            }
+        }
+    }
+}
+
+/// `log(1 + exp(x))` on a value (PyTorch's threshold: `x` above 20).
+fn softplus_f32(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        x.exp().ln_1p()
     }
 }
 

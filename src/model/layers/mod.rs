@@ -77,6 +77,7 @@ pub enum Mixer {
 #[derive(Debug, Clone)]
 pub enum HostMixer {
     Attention(attention::HostAttention),
+    GatedDeltaNet(gated_deltanet::HostGatedDeltaNet),
 }
 
 /// The SwiGLU MLP: `down(silu(gate(h)) * up(h))`.
@@ -160,19 +161,11 @@ impl Layer {
         self.mlp.stack_projections()
     }
 
-    /// Whether [`Self::pack`] can build the host path for this layer.
-    pub fn has_host_path(&self) -> bool {
-        match &self.mixer {
-            Mixer::Attention(a) => a.has_host_path(),
-            Mixer::GatedDeltaNet(_) => false,
-        }
-    }
-
     /// The layer packed for the host path; its candle weights are dropped.
     pub fn pack(&mut self) -> Result<HostLayer> {
         let mixer = match &mut self.mixer {
             Mixer::Attention(a) => HostMixer::Attention(a.pack()?),
-            Mixer::GatedDeltaNet(_) => candle_core::bail!("Gated DeltaNet has no host path yet"),
+            Mixer::GatedDeltaNet(g) => HostMixer::GatedDeltaNet(g.pack()?),
         };
         self.mlp.stack_projections()?;
         let Some(gate_up) = self.mlp.gate_up.take() else {
@@ -283,6 +276,7 @@ impl HostLayer {
         );
         match &self.mixer {
             HostMixer::Attention(a) => a.forward(b, index, t, rope, attn)?,
+            HostMixer::GatedDeltaNet(g) => g.forward(b, index, t, attn)?,
         }
         let Buffers { h, qkv, a, out, .. } = &mut *b;
         let (h, o) = (&mut h[..xs.len()], &out[..xs.len()]);
