@@ -17,6 +17,7 @@
 //! Knows nothing of Parquet, verification or problems beyond their ids: the caller grades
 //! finished samples and may [`Engine::cancel`] a request (the verifier in the loop).
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -26,6 +27,7 @@ use rayon::prelude::*;
 use super::kv_cache::{KvCache, PagedAttention, SeqStep};
 use super::sampling::{sample, stop_string_hit, SampleRng, Sampled, SamplingParams, Scratch};
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, SeqState};
+use super::state_slots::StateSlots;
 use crate::model::Transformer;
 
 /// Why a sample ended.
@@ -248,6 +250,13 @@ pub struct Engine<'m> {
     scratch: Vec<Scratch>,
     /// The CPU's logits rows, reused from step to step.
     logits_buf: Vec<f32>,
+    /// The recurrent layers' state slots (none for an attention-only model) and each
+    /// sequence's slot while it runs.
+    states: StateSlots,
+    slot_of: Vec<Option<usize>>,
+    /// Per request whose samples wait to start: the prompt's state before its last token (the
+    /// point the samples fork at) and how many samples have yet to copy it.
+    prompt_states: HashMap<usize, (Vec<f32>, u32)>,
     pub stats: EngineStats,
     /// On a GPU, wait for the device at each part of a step so that [`StepTimes`] holds device
     /// time (slower: for the benchmark's split only). Without it, GPU parts are launch times.
@@ -259,10 +268,11 @@ impl<'m> Engine<'m> {
         if let Err(e) = cfg.params.validate() {
             bail!("sampling parameters: {e}");
         }
-        if model.config().state_values_per_seq() > 0 {
+        let states = StateSlots::new(model.config(), cfg.scheduler.max_num_seqs);
+        if states.is_used() && !model.device().is_cpu() {
             bail!(
-                "{:?} has recurrent (Gated DeltaNet) layers; the sampler does not keep their \
-                 per-sequence state yet",
+                "{:?} has recurrent (Gated DeltaNet) layers, whose state the CUDA sampler does \
+                 not keep yet: sample it on the CPU",
                 model.config().family
             );
         }
@@ -279,6 +289,9 @@ impl<'m> Engine<'m> {
             cancelled: Vec::new(),
             scratch: Vec::new(),
             logits_buf: Vec::new(),
+            states,
+            slot_of: Vec::new(),
+            prompt_states: HashMap::new(),
             stats: EngineStats::default(),
             sync_timing: false,
         })
@@ -302,12 +315,23 @@ impl<'m> Engine<'m> {
             );
         }
         let r = self.requests.len();
-        if req.n > 0 {
-            let id = self.new_seq(r, 0, &req.prompt, req.n - 1, Default::default());
-            self.sched.add(id);
-        }
+        let (n, prompt) = (req.n, req.prompt.clone());
         self.requests.push(req);
         self.cancelled.push(false);
+        if n > 0 {
+            // A recurrent model's samples fork before the prompt's last token (their states
+            // cannot be shared, so each computes that token itself from a copy of the state).
+            let limit = (self.states.is_used() && n > 1).then(|| prompt.len() - 1);
+            let state = SeqState {
+                limit,
+                ..Default::default()
+            };
+            let id = self.new_seq(r, 0, &prompt, n - 1, state);
+            self.sched.add(id);
+            if limit == Some(0) {
+                self.fork_siblings(id);
+            }
+        }
         Ok(r)
     }
 
@@ -330,6 +354,7 @@ impl<'m> Engine<'m> {
             num_tokens: prompt.len(),
             ..state
         });
+        self.slot_of.push(None);
         self.meta.push(SeqMeta {
             request,
             sample_index,
@@ -383,8 +408,9 @@ impl<'m> Engine<'m> {
             saved += 1 + m.pending_forks as u64;
             m.pending_forks = 0;
             m.done = true;
-            self.sched.finish(SeqId(i), &mut self.seqs);
+            self.finish_seq(SeqId(i));
         }
+        self.prompt_states.remove(&request);
         self.stats.samples_cancelled += saved;
         saved
     }
@@ -415,11 +441,16 @@ impl<'m> Engine<'m> {
             self.cache.copy_block(*c)?;
         }
         let (tokens, positions) = self.batch(&step);
+        let slots = if self.states.is_used() {
+            Some(self.assign_slots(&step)?)
+        } else {
+            None
+        };
         let dev = self.model.device().clone();
         self.sync_device(&dev)?;
         let t1 = Instant::now();
         self.stats.time.schedule += (t1 - t0).as_secs_f64();
-        let (hidden, attention_s) = self.forward(&step, &tokens, &positions)?;
+        let (hidden, attention_s) = self.forward(&step, &tokens, &positions, slots)?;
         self.sync_device(&dev)?;
         let t2 = Instant::now();
         self.stats.time.attention += attention_s;
@@ -435,6 +466,9 @@ impl<'m> Engine<'m> {
             if s.num_computed == s.num_tokens {
                 rows.push(end - 1);
                 samplers.push(id);
+            } else if s.limit == Some(s.num_computed) {
+                // a recurrent model's leader at its prompt's last token: the samples fork
+                self.fork_siblings(id);
             }
         }
         if samplers.is_empty() {
@@ -470,6 +504,7 @@ impl<'m> Engine<'m> {
         step: &super::scheduler::Step,
         tokens: &[u32],
         positions: &[u32],
+        slots: Option<Vec<usize>>,
     ) -> Result<(Tensor, f64)> {
         let model = self.model;
         let dev = model.device();
@@ -488,6 +523,9 @@ impl<'m> Engine<'m> {
         match &mut self.cache {
             Cache::Cpu(cache) => {
                 let mut attn = PagedAttention::new(cache, seq_steps);
+                if let Some(slots) = slots {
+                    attn = attn.with_states(&mut self.states, slots);
+                }
                 let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
                 Ok((h, attn.seconds))
             }
@@ -670,10 +708,24 @@ impl<'m> Engine<'m> {
             let m = &self.meta[leader.0];
             (m.request, m.pending_forks, m.prompt_len)
         };
-        if pending == 0 || self.seqs[leader.0].num_computed < prompt_len {
+        // a recurrent model's samples fork before the prompt's last token (see `add`)
+        let at = if self.states.is_used() {
+            prompt_len - 1
+        } else {
+            prompt_len
+        };
+        if pending == 0 || self.seqs[leader.0].num_computed < at {
             return;
         }
         self.meta[leader.0].pending_forks = 0;
+        if self.states.is_used() {
+            self.seqs[leader.0].limit = None;
+            if at > 0 {
+                let slot = self.slot_of[leader.0].expect("a leader past its first token runs");
+                self.prompt_states
+                    .insert(request, (self.states.read(slot), pending));
+            }
+        }
         let prompt = self.meta[leader.0].tokens[..prompt_len].to_vec();
         // Highest index first, so that add_front leaves them in index order.
         for k in (1..=pending).rev() {
@@ -765,7 +817,53 @@ impl<'m> Engine<'m> {
                 .map(|_| std::mem::take(&mut m.token_logprobs)),
         };
         // Siblings are forked before the leader's blocks go (see `step`).
-        self.sched.finish(id, &mut self.seqs);
+        self.finish_seq(id);
         Some(sample)
+    }
+
+    /// Removes a finished sequence: its blocks and its state slot go back.
+    fn finish_seq(&mut self, id: SeqId) {
+        self.sched.finish(id, &mut self.seqs);
+        if let Some(slot) = self.slot_of[id.0].take() {
+            self.states.release(slot);
+        }
+    }
+
+    /// Gives every sequence of `step` a state slot (preempted ones give theirs back first):
+    /// zeros for a sequence that starts at its first token, the prompt's state for a sample
+    /// that starts at the prompt's last token.
+    fn assign_slots(&mut self, step: &super::scheduler::Step) -> Result<Vec<usize>> {
+        for id in &step.preempted {
+            if let Some(slot) = self.slot_of[id.0].take() {
+                self.states.release(slot);
+            }
+        }
+        let mut slots = Vec::with_capacity(step.scheduled.len());
+        for &(id, _) in &step.scheduled {
+            if let Some(slot) = self.slot_of[id.0] {
+                slots.push(slot);
+                continue;
+            }
+            let Some(slot) = self.states.alloc() else {
+                bail!("no free state slot: more sequences run than max_num_seqs");
+            };
+            self.slot_of[id.0] = Some(slot);
+            if self.seqs[id.0].num_computed > 0 {
+                let request = self.meta[id.0].request;
+                let Some((state, waiting)) = self.prompt_states.get_mut(&request) else {
+                    bail!(
+                        "sample {} of request {request} starts without its prompt's state",
+                        id.0
+                    );
+                };
+                self.states.write(slot, state);
+                *waiting -= 1;
+                if *waiting == 0 {
+                    self.prompt_states.remove(&request);
+                }
+            }
+            slots.push(slot);
+        }
+        Ok(slots)
     }
 }

@@ -31,6 +31,7 @@ use candle_core::{DType, Result, Tensor};
 use rayon::prelude::*;
 
 use super::block_pool::{BlockId, BlockTable};
+use super::state_slots::StateSlots;
 use crate::model::attention::{AttentionBackend, AttnShape};
 use crate::model::ModelConfig;
 use crate::simd::{exp_sub_sum, SendPtr};
@@ -148,6 +149,10 @@ pub struct PagedAttention<'a> {
     distinct_slots: bool,
     /// Wall time spent in [`AttentionBackend::attend`], summed over layers.
     pub seconds: f64,
+    /// Tokens each sequence brings to the step, in order.
+    seq_lens: Vec<usize>,
+    /// The recurrent layers' state slots and each sequence's slot, in order.
+    states: Option<(&'a mut StateSlots, Vec<usize>)>,
 }
 
 fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
@@ -155,17 +160,39 @@ fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
 }
 
 impl AttentionBackend for PagedAttention<'_> {
-    /// Refused: the engine does not take models with recurrent layers yet (see `Engine::new`).
+    /// The sequences' states from their slots.
     fn recurrent_state(
         &mut self,
         layer: usize,
-        _values: usize,
+        values: usize,
     ) -> Result<crate::model::attention::RecurrentStep> {
-        candle_core::bail!("layer {layer} is recurrent; the paged cache keeps no recurrent state")
+        let Some((states, slots)) = &self.states else {
+            candle_core::bail!("layer {layer} is recurrent, and this step was given no state slots")
+        };
+        let Some(rows) = states.gather(layer, slots) else {
+            candle_core::bail!("layer {layer} has no state slots")
+        };
+        if rows.len() != slots.len() * values {
+            candle_core::bail!("layer {layer}: state slots of another size than {values} values")
+        }
+        let state = Tensor::from_vec(rows, (slots.len(), values), &candle_core::Device::Cpu)?;
+        Ok(crate::model::attention::RecurrentStep {
+            seq_lens: self.seq_lens.clone(),
+            state: Some(state),
+        })
     }
 
-    fn store_recurrent_state(&mut self, layer: usize, _state: Tensor) -> Result<()> {
-        candle_core::bail!("layer {layer} is recurrent; the paged cache keeps no recurrent state")
+    fn store_recurrent_state(&mut self, layer: usize, state: Tensor) -> Result<()> {
+        let Some((states, slots)) = &mut self.states else {
+            candle_core::bail!("layer {layer} is recurrent, and this step was given no state slots")
+        };
+        let values = state
+            .flatten_all()?
+            .to_dtype(DType::F32)?
+            .to_vec1::<f32>()?;
+        states
+            .scatter(layer, slots, &values)
+            .map_err(candle_core::Error::Msg)
     }
 
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
@@ -224,7 +251,16 @@ impl<'a> PagedAttention<'a> {
             slots,
             distinct_slots,
             seconds: 0.0,
+            seq_lens: seqs.iter().map(|s| s.num_new).collect(),
+            states: None,
         }
+    }
+
+    /// The step with the recurrent layers' `states`: sequence `i` of the step owns slot
+    /// `slots[i]`.
+    pub fn with_states(mut self, states: &'a mut StateSlots, slots: Vec<usize>) -> Self {
+        self.states = Some((states, slots));
+        self
     }
 
     fn attend_inner(

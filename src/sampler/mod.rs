@@ -1,7 +1,8 @@
 //! The sampler: a paged-KV engine that generates many completions per problem.
 //!
-//! `block_pool` (blocks, ref counts, block tables, copy on write) and `kv_cache` (the paged cache
-//! and the CPU attention backend over it) are the memory layer; `scheduler`, `sampling` and
+//! `block_pool` (blocks, ref counts, block tables, copy on write), `kv_cache` (the paged cache
+//! and the CPU attention backend over it) and `state_slots` (recurrent layers' per-sequence
+//! states) are the memory layer; `scheduler`, `sampling` and
 //! `engine` build on them, and `gpu` (the `cuda` feature) is the device side of the cache and the
 //! draw. The sampling job that feeds it problems and writes Parquet is [`crate::jobs::sample`].
 //! Knows nothing of Parquet, grading or stages.
@@ -13,6 +14,7 @@ pub mod gpu;
 pub mod kv_cache;
 pub mod sampling;
 pub mod scheduler;
+pub mod state_slots;
 
 #[cfg(test)]
 mod tests;

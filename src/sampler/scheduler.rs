@@ -27,6 +27,18 @@ pub struct SeqState {
     pub block_table: BlockTable,
     /// Times this sequence was preempted.
     pub preemptions: u32,
+    /// Compute no token past this many until it is lifted (a recurrent model's leader stops
+    /// before its prompt's last token, where its samples fork).
+    pub limit: Option<usize>,
+}
+
+impl SeqState {
+    /// Tokens to compute before the sequence can go on.
+    fn to_compute(&self) -> usize {
+        self.limit
+            .map_or(self.num_tokens, |l| l.min(self.num_tokens))
+            .saturating_sub(self.num_computed)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +123,7 @@ impl Scheduler {
                 i += 1;
                 continue;
             };
-            let n = (s.num_tokens - s.num_computed).min(budget);
+            let n = s.to_compute().min(budget);
             if n == 0 {
                 i += 1;
                 continue;
@@ -136,7 +148,7 @@ impl Scheduler {
                 self.waiting.pop_front();
                 continue;
             };
-            let n = (s.num_tokens - s.num_computed).min(budget);
+            let n = s.to_compute().min(budget);
             match s.block_table.reserve(&mut self.pool, s.num_computed, n, bs) {
                 Some(cow) => {
                     step.copies.extend(cow);
@@ -303,7 +315,7 @@ mod tests {
             num_tokens: 6,
             num_computed: 5,
             block_table: table,
-            preemptions: 0,
+            ..SeqState::default()
         });
         sch.add_front(SeqId(1));
         let s = sch.schedule(&mut st);

@@ -339,7 +339,14 @@ mod engine {
     use super::*;
 
     fn fixture_model() -> Option<Transformer> {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/tiny-qwen3");
+        fixture_named("tiny-qwen3")
+    }
+
+    /// A fixture's model, on the candle path (`host` false) or packed for the host path.
+    fn fixture_named(name: &str) -> Option<Transformer> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../shared/fixtures")
+            .join(name);
         if !dir.exists() {
             assert!(!std::env::var("SELFDISTILL_REQUIRE_SHARED").is_ok_and(|v| v == "1"));
             return None;
@@ -415,9 +422,37 @@ mod engine {
     #[test]
     fn seeded_samples_do_not_depend_on_batch_size_or_memory_pressure() {
         let Some(model) = fixture_model() else { return };
-        let (one, _) = run(&model, sampling(), 1, 512, 3);
-        let (many, _) = run(&model, sampling(), 64, 512, 3);
-        let (tight, preempted) = run(&model, sampling(), 64, 24, 3);
+        assert_batch_invariant(&model);
+    }
+
+    /// Qwen3.5 (recurrent layers with a state slot per sequence): the samples fork before the
+    /// prompt's last token with a copy of its state, preemption rebuilds it, chunked prefill
+    /// carries it; on both the candle path and the host path.
+    #[test]
+    fn qwen3_5_samples_do_not_depend_on_batch_size_or_memory_pressure() {
+        let Some(mut model) = fixture_named("tiny-qwen3_5") else {
+            return;
+        };
+        assert_batch_invariant(&model);
+        model.set_fused_inference(true).unwrap();
+        assert_batch_invariant(&model);
+    }
+
+    #[test]
+    fn qwen3_5_greedy_engine_matches_full_recompute_for_every_sample() {
+        let Some(mut model) = fixture_named("tiny-qwen3_5") else {
+            return;
+        };
+        assert_greedy_matches(&model);
+        model.set_fused_inference(true).unwrap();
+        assert_greedy_matches(&model);
+    }
+
+    fn assert_batch_invariant(model: &Transformer) {
+        let model = &model;
+        let (one, _) = run(model, sampling(), 1, 512, 3);
+        let (many, _) = run(model, sampling(), 64, 512, 3);
+        let (tight, preempted) = run(model, sampling(), 64, 24, 3);
         assert_eq!(one.len(), 15);
         assert!(preempted > 0, "the tight cache should force preemptions");
         // Tokens are identical; log-probabilities agree to float noise (the batch shapes of the
@@ -439,14 +474,19 @@ mod engine {
     #[test]
     fn greedy_engine_matches_full_recompute_for_every_sample() {
         let Some(model) = fixture_model() else { return };
+        assert_greedy_matches(&model);
+    }
+
+    fn assert_greedy_matches(model: &Transformer) {
         let params = SamplingParams {
             max_new_tokens: 12,
             ignore_eos: true,
             ..SamplingParams::default()
         };
-        let (out, _) = run(&model, params, 8, 64, 2);
+        let (out, _) = run(model, params, 8, 64, 2);
+        assert_eq!(out.len(), 2 * prompts().len());
         for s in &out {
-            let want = reference_greedy(&model, &prompts()[s.request], 12);
+            let want = reference_greedy(model, &prompts()[s.request], 12);
             assert_eq!(s.finish_reason, FinishReason::Length);
             assert_same(
                 &s.tokens,

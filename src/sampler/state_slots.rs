@@ -1,0 +1,122 @@
+//! Per-sequence state slots for a model's recurrent layers (Qwen3.5's Gated DeltaNet): each
+//! running sequence owns one slot, a fixed number of f32 values per recurrent layer whatever its
+//! length (the conv's last inputs and the recurrent state), next to the KV blocks of its
+//! attention layers.
+//!
+//! Unlike blocks, a state cannot be shared copy-on-write: the n samples of a prompt each copy
+//! the prompt's state into a slot of their own ([`StateSlots::read`], [`StateSlots::write`]).
+//! A sequence preempted by recompute gives its slot back and starts from zeros when it is
+//! scheduled again. On the host (the CPU sampler). Knows nothing of scheduling.
+
+use crate::model::{LayerCache, ModelConfig};
+
+#[derive(Debug)]
+pub struct StateSlots {
+    /// Values per sequence in each model layer (0 for a layer without state).
+    values: Vec<usize>,
+    /// Each recurrent layer's slots, `slots x values` (empty for other layers).
+    layers: Vec<Vec<f32>>,
+    free: Vec<usize>,
+    num_slots: usize,
+}
+
+impl StateSlots {
+    /// `num_slots` slots for the recurrent layers of `cfg` (none for a model without any).
+    pub fn new(cfg: &ModelConfig, num_slots: usize) -> StateSlots {
+        let values: Vec<usize> = (0..cfg.num_layers())
+            .map(|i| match cfg.layer_cache(i) {
+                LayerCache::State { values } => values,
+                LayerCache::Kv { .. } => 0,
+            })
+            .collect();
+        let num_slots = if values.iter().any(|&v| v > 0) {
+            num_slots
+        } else {
+            0
+        };
+        StateSlots {
+            layers: values.iter().map(|v| vec![0f32; v * num_slots]).collect(),
+            values,
+            free: (0..num_slots).rev().collect(),
+            num_slots,
+        }
+    }
+
+    /// Whether the model has recurrent layers.
+    pub fn is_used(&self) -> bool {
+        self.num_slots > 0
+    }
+
+    /// Bytes of one sequence's state over all layers.
+    pub fn bytes_per_seq(cfg: &ModelConfig) -> usize {
+        cfg.state_values_per_seq() * std::mem::size_of::<f32>()
+    }
+
+    /// A free slot, zeroed; `None` when all are taken.
+    pub fn alloc(&mut self) -> Option<usize> {
+        let s = self.free.pop()?;
+        self.zero(s);
+        Some(s)
+    }
+
+    pub fn release(&mut self, slot: usize) {
+        debug_assert!(!self.free.contains(&slot), "slot {slot} released twice");
+        self.free.push(slot);
+    }
+
+    /// Sets every layer's state of `slot` to zeros (a sequence that starts over).
+    pub fn zero(&mut self, slot: usize) {
+        for (layer, &v) in self.layers.iter_mut().zip(&self.values) {
+            layer[slot * v..(slot + 1) * v].fill(0.0);
+        }
+    }
+
+    /// `slot`'s state over all layers, end to end.
+    pub fn read(&self, slot: usize) -> Vec<f32> {
+        let mut out = Vec::new();
+        for (layer, &v) in self.layers.iter().zip(&self.values) {
+            out.extend_from_slice(&layer[slot * v..(slot + 1) * v]);
+        }
+        out
+    }
+
+    /// Sets `slot`'s state from [`Self::read`]'s layout.
+    pub fn write(&mut self, slot: usize, state: &[f32]) {
+        let mut at = 0;
+        for (layer, &v) in self.layers.iter_mut().zip(&self.values) {
+            layer[slot * v..(slot + 1) * v].copy_from_slice(&state[at..at + v]);
+            at += v;
+        }
+    }
+
+    /// Layer `layer`'s states of `slots`, end to end (`slots.len() x values`); `None` for a
+    /// layer without state.
+    pub fn gather(&self, layer: usize, slots: &[usize]) -> Option<Vec<f32>> {
+        let v = *self.values.get(layer).filter(|&&v| v > 0)?;
+        let l = &self.layers[layer];
+        Some(
+            slots
+                .iter()
+                .flat_map(|&s| &l[s * v..(s + 1) * v])
+                .copied()
+                .collect(),
+        )
+    }
+
+    /// Writes [`Self::gather`]'s layout back into `slots`.
+    pub fn scatter(&mut self, layer: usize, slots: &[usize], states: &[f32]) -> Result<(), String> {
+        let v = self.values.get(layer).copied().unwrap_or(0);
+        if v == 0 || states.len() != slots.len() * v {
+            return Err(format!(
+                "layer {layer}: {} state values for {} sequences of {v}",
+                states.len(),
+                slots.len()
+            ));
+        }
+        let l = &mut self.layers[layer];
+        for (&s, st) in slots.iter().zip(states.chunks(v)) {
+            l[s * v..(s + 1) * v].copy_from_slice(st);
+        }
+        Ok(())
+    }
+}
