@@ -458,3 +458,52 @@ fn logprobs_penalties_and_stop_token_ids_from_the_command_line() {
         text(&o)
     );
 }
+
+/// `pipeline sample` of the hybrid Qwen3.5 fixture (multimodal layout, chat template): the same
+/// rows at max_num_seqs 1 and 64, and with a KV cache so small that samples are preempted (their
+/// recurrent state rebuilt from zeros).
+#[test]
+fn qwen3_5_samples_are_independent_of_batch_size_and_preemption() {
+    let Some(model) = shared("fixtures/tiny-qwen3_5") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let input = problems(dir.path());
+    let run_with = |extra: &[&str], out: &str| {
+        let mut cmd = bin();
+        cmd.args(["sample", "--model", model.to_str().unwrap()])
+            .args([
+                "--input",
+                input.to_str().unwrap(),
+                "--answer-field",
+                "answer",
+            ])
+            .args([
+                "--prompt-template",
+                "chat",
+                "--n",
+                "3",
+                "--max-new-tokens",
+                "24",
+            ])
+            .args(["--temperature", "0.8", "--seed", "7", "--output", out])
+            .args(extra)
+            .current_dir(dir.path());
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        (text(&o), read_completions(&dir.path().join(out)).unwrap())
+    };
+    let (log, a) = run_with(&["--max-num-seqs", "64"], "a.parquet");
+    assert!(log.contains("recurrent state: 64 slots"), "{log}");
+    assert_eq!(a.len(), 60);
+    let (_, b) = run_with(&["--max-num-seqs", "1"], "b.parquet");
+    assert_eq!(key(&a), key(&b));
+    let (log, c) = run_with(
+        &["--max-num-seqs", "8", "--kv-cache", "200KiB"],
+        "c.parquet",
+    );
+    assert!(!log.contains("preemptions 0,"), "no preemption: {log}");
+    assert_eq!(key(&a), key(&c));
+    // the samples of a problem differ (their own seeds), and the text decodes
+    assert_ne!(a[0].completion_token_ids, a[1].completion_token_ids);
+}

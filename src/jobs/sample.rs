@@ -31,6 +31,7 @@ use crate::sampler::engine::{
 };
 use crate::sampler::sampling::SamplingParams;
 use crate::sampler::scheduler::SchedulerConfig;
+use crate::sampler::state_slots::StateSlots;
 use crate::verify::{grade, GradeOptions};
 
 /// How a problem becomes a prompt.
@@ -425,6 +426,8 @@ pub fn host_memory_estimate(
         return Ok(stored);
     }
     let per_token = crate::sampler::kv_cache::KvCache::bytes_per_token(config) as u64;
+    // recurrent layers' state: a slot per running sequence, beside the KV cache
+    let states = (s.max_num_seqs * StateSlots::bytes_per_seq(config)) as u64;
     let kv = match &s.kv_cache {
         Some(text) => {
             crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
@@ -435,7 +438,7 @@ pub fn host_memory_estimate(
             (need.default_blocks * s.block_size) as u64 * per_token
         }
     };
-    Ok(stored * widen + kv)
+    Ok(stored * widen + kv + states)
 }
 
 /// Loads the model and runs the job described by `s` over `problems` (gold answers, where not
@@ -723,9 +726,20 @@ fn engine_config(
     let tokens = num_blocks * cfg.block_size;
     let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
     let per_seq = longest + cfg.params.max_new_tokens;
+    let state = StateSlots::bytes_per_seq(model.config());
+    let states = if state > 0 {
+        format!(
+            "; recurrent state: {} slots of {:.2} MiB = {:.1} MiB",
+            cfg.max_num_seqs,
+            state as f64 / (1 << 20) as f64,
+            (cfg.max_num_seqs * state) as f64 / (1 << 20) as f64
+        )
+    } else {
+        String::new()
+    };
     eprintln!(
         "KV cache: {num_blocks} blocks of {} tokens = {tokens} tokens ({:.1} MiB): room for {} \
-         sequences of the longest prompt plus max_new_tokens ({per_seq} tokens)",
+         sequences of the longest prompt plus max_new_tokens ({per_seq} tokens){states}",
         cfg.block_size,
         cfg.kv_cache_bytes as f64 / (1 << 20) as f64,
         tokens / per_seq.max(1),
