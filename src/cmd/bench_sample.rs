@@ -22,10 +22,13 @@ use crate::sampler::engine::{Engine, EngineConfig, Request};
 use crate::sampler::kv_cache::KvCache;
 use crate::sampler::sampling::SamplingParams;
 use crate::sampler::scheduler::SchedulerConfig;
+use crate::sampler::state_slots::StateSlots;
 
 #[derive(Debug, clap::Args)]
 pub struct SampleBenchArgs {
-    /// `tiny` (the fixture's shapes), `20m` (a ~20M-parameter Qwen3), `qwen3-0.6b`.
+    /// `tiny` (the fixture's shapes), `20m` (a ~20M-parameter Qwen3), `qwen3-0.6b`, `qwen3-4b`,
+    /// `hybrid-20m` (a ~20M-parameter Qwen3.5: Gated DeltaNet and gated attention) or
+    /// `qwen3.5-0.8b`.
     #[arg(long, default_value = "20m")]
     pub shape: String,
     /// Batch sizes (comma-separated).
@@ -161,13 +164,17 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
     model.set_fused_inference(true)?;
     println!(
         "shape {} ({:.1}M parameters, f32, {} threads), prompt {} tokens, {} new tokens, KV {} \
-         bytes/token, temperature {} top-k {} top-p {}, best of {} runs",
+         bytes/token{}, temperature {} top-k {} top-p {}, best of {} runs",
         a.shape,
         cfg.num_params() as f64 / 1e6,
         rayon::current_num_threads(),
         a.prompt_len,
         a.new_tokens,
         KvCache::bytes_per_token(&cfg),
+        match StateSlots::bytes_per_seq(&cfg) {
+            0 => String::new(),
+            b => format!(", recurrent state {b} bytes/sequence"),
+        },
         a.temperature,
         a.top_k,
         a.top_p,
@@ -187,8 +194,8 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
     );
     println!(
         "roofline: a decode step can go no faster than its FLOPs at the multiply-add peak, nor \
-         than its bytes (every weight, {:.0} MB, plus each sequence's keys and values) at the \
-         read bandwidth",
+         than its bytes (every weight, {:.0} MB, plus each sequence's keys and values and its \
+         recurrent state, read and written) at the read bandwidth",
         (cfg.num_params() * 4) as f64 / 1e6
     );
     println!(
@@ -359,10 +366,14 @@ fn decode_gemm_rates(cfg: &ModelConfig, batch: usize) -> String {
 /// The fastest decode at `batch` sequences of context `ctx` that the machine allows, in tokens/s,
 /// and whether FLOPs (not bytes) bound it: a step takes at least its FLOPs over the multiply-add
 /// peak `peak`, and at least the bytes it must read (every f32 weight once, each sequence's
-/// cached keys and values) over the read bandwidth `bw`.
+/// cached keys and values, and its recurrent state read and written) over the read bandwidth
+/// `bw`.
 fn decode_roofline(cfg: &ModelConfig, batch: usize, ctx: usize, peak: f64, bw: f64) -> (f64, bool) {
     let compute = batch as f64 * decode_flops_per_token(cfg, ctx) / peak;
-    let bytes = (cfg.num_params() * 4 + batch * ctx * KvCache::bytes_per_token(cfg)) as f64;
+    // a recurrent layer's state is read and written back once per step
+    let state = 2 * StateSlots::bytes_per_seq(cfg);
+    let bytes =
+        (cfg.num_params() * 4 + batch * (ctx * KvCache::bytes_per_token(cfg) + state)) as f64;
     let memory = bytes / bw;
     (batch as f64 / compute.max(memory), compute >= memory)
 }

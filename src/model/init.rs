@@ -72,8 +72,12 @@ pub fn init_weights(cfg: &ModelConfig, init_std: f64, seed: u64) -> Result<Vec<(
     Ok(out)
 }
 
-/// The benchmark shapes (Qwen3 layout, tied embeddings).
+/// The benchmark shapes: Qwen3 (tied embeddings) and hybrid Qwen3.5 (`hybrid-20m`, and the
+/// text model of `qwen3.5-0.8b`).
 pub fn shape(name: &str) -> Result<ModelConfig> {
+    if let Some(json) = hybrid_shape(name) {
+        return ModelConfig::parse(&json);
+    }
     let (h, i, l, q, kv, d, v) = match name {
         "tiny" => (64, 176, 2, 4, 2, 16, 485),
         "arith" => (128, 384, 4, 4, 4, 32, 72),
@@ -81,7 +85,10 @@ pub fn shape(name: &str) -> Result<ModelConfig> {
         "50m" => (512, 1536, 10, 8, 4, 64, 32000),
         "qwen3-0.6b" => (1024, 3072, 28, 16, 8, 128, 151936),
         "qwen3-4b" => (2560, 9728, 36, 32, 8, 128, 151936),
-        other => bail!("--shape {other}: use tiny, arith, 20m, 50m, qwen3-0.6b or qwen3-4b"),
+        other => bail!(
+            "--shape {other}: use tiny, arith, 20m, 50m, qwen3-0.6b, qwen3-4b, hybrid-20m or \
+             qwen3.5-0.8b"
+        ),
     };
     let json = format!(
         r#"{{"model_type": "qwen3", "hidden_size": {h}, "intermediate_size": {i},
@@ -120,4 +127,26 @@ pub fn random_model_on(cfg: &ModelConfig, dev: &Device, dtype: DType) -> Result<
 /// Random N(0, 0.02) weights with unit norms, named as in a checkpoint (seed 0).
 pub fn random_weights(cfg: &ModelConfig) -> Result<HashMap<String, Tensor>> {
     Ok(init_weights(cfg, 0.02, 0)?.into_iter().collect())
+}
+
+/// A Qwen3.5 text config (`qwen3_5_text`: three Gated DeltaNet layers to one gated attention
+/// layer, partial RoPE) of a benchmark shape.
+fn hybrid_shape(name: &str) -> Option<String> {
+    // hidden, intermediate, layers, heads, KV heads, head_dim, linear key heads, linear value
+    // heads, linear head dim, vocab
+    let (h, i, l, q, kv, d, nk, nv, ld, v) = match name {
+        "hybrid-20m" => (256, 768, 8, 4, 1, 64, 2, 4, 32, 32000),
+        "qwen3.5-0.8b" => (1024, 3584, 24, 8, 2, 256, 16, 16, 128, 248320),
+        _ => return None,
+    };
+    Some(format!(
+        r#"{{"model_type": "qwen3_5_text", "hidden_size": {h}, "intermediate_size": {i},
+        "num_hidden_layers": {l}, "num_attention_heads": {q}, "num_key_value_heads": {kv},
+        "head_dim": {d}, "linear_num_key_heads": {nk}, "linear_num_value_heads": {nv},
+        "linear_key_head_dim": {ld}, "linear_value_head_dim": {ld}, "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 4, "vocab_size": {v}, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 40960, "tie_word_embeddings": true,
+        "rope_parameters": {{"rope_type": "default", "rope_theta": 10000000.0,
+        "partial_rotary_factor": 0.25}}}}"#
+    ))
 }
