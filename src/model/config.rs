@@ -190,6 +190,16 @@ impl ModelConfig {
         self.layer_kinds.len()
     }
 
+    /// Name prefixes of a checkpoint's tensors that the text model does not use and that a
+    /// fine-tuned export carries through byte for byte: Qwen3.5's vision tower and its
+    /// multi-token-prediction head (neither is loaded).
+    pub fn carried_prefixes(&self) -> &'static [&'static str] {
+        match self.family {
+            Family::Qwen3_5 => &["model.visual.", "mtp."],
+            Family::Qwen3 | Family::Llama => &[],
+        }
+    }
+
     /// What the sampler keeps for layer `i`.
     pub fn layer_cache(&self, i: usize) -> LayerCache {
         match self.layer_kinds[i] {

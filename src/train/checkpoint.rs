@@ -178,20 +178,30 @@ pub fn export(t: &Trainable, base: &Checkpoint, dtype: DType, out: &Path) -> Res
     }
     let mut config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(base.dir.join("config.json"))?)?;
+    // the text model's dtype (a multimodal config's and its text_config's)
     if let Some(obj) = config.as_object_mut() {
-        let key = if obj.contains_key("dtype") {
-            "dtype"
-        } else {
-            "torch_dtype"
-        };
-        obj.insert(key.into(), dtype_name(dtype).into());
+        set_dtype(obj, dtype);
+        if let Some(tc) = obj.get_mut("text_config").and_then(|v| v.as_object_mut()) {
+            if tc.contains_key("dtype") || tc.contains_key("torch_dtype") {
+                set_dtype(tc, dtype);
+            }
+        }
     }
-    // weights, in name order, cut into shards
+    // weights, in name order, cut into shards: the trained ones in `dtype`, and the tensors
+    // the text model does not use (a vision tower) as they were, byte for byte
     let mut tensors: Vec<(String, Tensor)> = t
         .named_vars()
         .iter()
         .map(|(n, v)| Ok((n.clone(), v.as_tensor().to_dtype(dtype)?)))
         .collect::<Result<_>>()?;
+    if !t.carried.is_empty() {
+        // SAFETY: read-only maps of the base checkpoint (see Checkpoint::load_transformer).
+        let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&base.weights) }
+            .with_context(|| format!("cannot map the weights of {}", base.dir.display()))?;
+        for name in &t.carried {
+            tensors.push((name.clone(), st.load(name, &candle_core::Device::Cpu)?));
+        }
+    }
     tensors.sort_by(|a, b| a.0.cmp(&b.0));
     let mut shards: Vec<Vec<(String, Tensor)>> = vec![Vec::new()];
     let mut bytes = 0u64;
@@ -238,6 +248,16 @@ pub fn export(t: &Trainable, base: &Checkpoint, dtype: DType, out: &Path) -> Res
     // config.json last: a folder without it is not a checkpoint
     crate::store::write_json_atomic(&out.join("config.json"), &config)?;
     verify_export(t, out, dtype)
+}
+
+/// Sets a config object's dtype field (`dtype` where it has one, else `torch_dtype`).
+fn set_dtype(obj: &mut serde_json::Map<String, serde_json::Value>, dtype: DType) {
+    let key = if obj.contains_key("dtype") {
+        "dtype"
+    } else {
+        "torch_dtype"
+    };
+    obj.insert(key.into(), dtype_name(dtype).into());
 }
 
 /// Reloads an export with our loader and compares every tensor with the trained values.

@@ -43,6 +43,9 @@ pub struct Trainable {
     vars: Vec<(String, Var)>,
     /// Index in `vars` of the LM head's weight (the embedding when tied).
     head: usize,
+    /// The checkpoint's tensors the text model does not use, which an export copies as they
+    /// are (see [`ModelConfig::carried_prefixes`]); not loaded, not trained.
+    pub carried: Vec<String>,
 }
 
 impl Trainable {
@@ -97,11 +100,16 @@ impl Trainable {
             var.set(&t.to_dtype(DType::F32)?)
                 .with_context(|| format!("{origin}: tensor {name}"))?;
         }
+        let carried: Vec<String> = names
+            .iter()
+            .filter(|n| cfg.carried_prefixes().iter().any(|p| n.starts_with(p)))
+            .cloned()
+            .collect();
         let unused: Vec<&str> = names
             .iter()
             .filter(|n| {
                 let tied_head = *n == "lm_head.weight" && cfg.tie_word_embeddings;
-                !(vars.contains_key(*n) || tied_head)
+                !(vars.contains_key(*n) || tied_head || carried.contains(n))
             })
             .map(String::as_str)
             .collect();
@@ -125,6 +133,7 @@ impl Trainable {
             varmap,
             vars: sorted,
             head,
+            carried,
         })
     }
 

@@ -15,7 +15,7 @@ use super::settings::TrainSettings;
 use super::trainer::{run, Metrics, TrainJob, CHANGE_REPORT, METRICS};
 use super::Trainable;
 use crate::model::attention::CausalAttention;
-use crate::model::tests::{fixture, ids};
+use crate::model::tests::{fixture, fixture_named, ids};
 use crate::model::Checkpoint;
 
 struct Reference {
@@ -72,7 +72,65 @@ fn rel_err(got: &Tensor, want: &Tensor) -> f64 {
 #[test]
 fn every_gradient_matches_pytorch_at_step_0() {
     let Some(dir) = fixture() else { return };
-    let r = reference(&dir);
+    gradients_match_pytorch(&dir);
+}
+
+/// Qwen3.5: every text parameter's gradient (the Gated DeltaNet's A_log, dt_bias, conv and
+/// projections, the gated attention, the zero-centred norms) and 8 AdamW steps against
+/// PyTorch; the trainer's export keeps the vision tower byte for byte.
+#[test]
+fn qwen3_5_gradients_and_adamw_steps_match_pytorch() {
+    let Some(dir) = fixture_named("tiny-qwen3_5") else {
+        return;
+    };
+    gradients_match_pytorch(&dir);
+    adamw_steps_match_pytorch(&dir);
+}
+
+#[test]
+fn qwen3_5_trainer_exports_the_multimodal_layout() {
+    let Some(dir) = fixture_named("tiny-qwen3_5") else {
+        return;
+    };
+    let (_tmp, job) = trainer_matches_pytorch(&dir);
+    let base = Checkpoint::open(dir.to_str().unwrap()).unwrap();
+    let back = Checkpoint::open(job.output.to_str().unwrap()).unwrap();
+    assert_eq!(
+        back.config, base.config,
+        "the same config, in the same layout"
+    );
+    let read =
+        |ck: &Checkpoint| candle_core::safetensors::load(&ck.weights[0], &Device::Cpu).unwrap();
+    let (old, new) = (read(&base), read(&back));
+    let vision: Vec<&String> = old
+        .keys()
+        .filter(|n| n.starts_with("model.visual."))
+        .collect();
+    assert!(!vision.is_empty());
+    for name in vision {
+        let (a, b) = (&old[name], &new[name]);
+        assert_eq!(a.dtype(), b.dtype(), "{name}");
+        let bits = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(
+            bits(a)
+                .iter()
+                .zip(bits(b))
+                .all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{name} changed"
+        );
+    }
+    assert_eq!(
+        old.len(),
+        new.len(),
+        "every tensor of the base is in the export"
+    );
+    for f in ["chat_template.jinja", "tokenizer_config.json"] {
+        assert!(job.output.join(f).exists(), "export lacks {f}");
+    }
+}
+
+fn gradients_match_pytorch(dir: &std::path::Path) {
+    let r = reference(dir);
     let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
     let t = Trainable::load(&ck, &Device::Cpu).unwrap();
     let l = loss(&t, &r.rows);
@@ -94,7 +152,14 @@ fn every_gradient_matches_pytorch_at_step_0() {
             .unwrap_or_else(|| panic!("{name} has no gradient"));
         let w = &want[name];
         let err = rel_err(g, w);
-        assert!(err <= 1e-4, "{name}: relative gradient error {err}");
+        // A gradient that is tiny next to the others (a Qwen3.5 layer's A_log at 5e-5, where
+        // others reach 0.1) carries f32 summation noise of ~1e-7: there the absolute difference
+        // is what is checked.
+        let abs = crate::model::tests::max_abs_diff(g, w);
+        assert!(
+            err <= 1e-4 || abs <= 1e-6,
+            "{name}: relative gradient error {err}, absolute {abs}"
+        );
         let norm = w
             .abs()
             .unwrap()
@@ -109,7 +174,27 @@ fn every_gradient_matches_pytorch_at_step_0() {
 #[test]
 fn eight_adamw_steps_match_pytorch() {
     let Some(dir) = fixture() else { return };
-    let r = reference(&dir);
+    adamw_steps_match_pytorch(&dir);
+}
+
+/// How close a run of AdamW steps must come to PyTorch's, relative: (losses, grad norms, each
+/// parameter at the end). Qwen3 holds 1e-4 throughout. Qwen3.5's smallest gradients (a layer's
+/// A_log and dt_bias near 1e-6, next to 0.1 elsewhere) carry f32 noise of a few percent, which
+/// Adam's normalised update turns into updates of the learning rate's size: measured, the losses
+/// stay within 1e-5, the grad norms 1.2e-3 and the parameters 2.5e-4 (the issue's bounds: 1e-3
+/// for the losses, 1e-2 for the parameters).
+fn tolerance(dir: &std::path::Path) -> (f64, f64, f64) {
+    if dir.ends_with("tiny-qwen3_5") {
+        (1e-4, 2e-3, 1e-3)
+    } else {
+        (1e-4, 1e-4, 1e-4)
+    }
+}
+
+fn adamw_steps_match_pytorch(dir: &std::path::Path) {
+    let (tol, norm_tol, param_tol) = tolerance(dir);
+    let mut worst = (0f64, 0f64);
+    let r = reference(dir);
     let hp = &r.json["hyperparameters"];
     let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
     let t = Trainable::load(&ck, &Device::Cpu).unwrap();
@@ -128,8 +213,9 @@ fn eight_adamw_steps_match_pytorch() {
         let l = loss(&t, &r.rows);
         let got = l.to_scalar::<f32>().unwrap() as f64;
         let expect = want["loss"].as_f64().unwrap();
+        worst.0 = worst.0.max((got - expect).abs() / expect);
         assert!(
-            (got - expect).abs() < 1e-4,
+            (got - expect).abs() < tol * expect,
             "step {step}: loss {got} vs {expect}"
         );
         let store = l.backward().unwrap();
@@ -140,8 +226,9 @@ fn eight_adamw_steps_match_pytorch() {
             .collect();
         let stats = opt.step(&grads, lr, Some(clip)).unwrap();
         let gn = want["grad_norm_before_clip"].as_f64().unwrap();
+        worst.1 = worst.1.max((stats.grad_norm - gn).abs() / gn);
         assert!(
-            (stats.grad_norm - gn).abs() < 1e-4 * gn,
+            (stats.grad_norm - gn).abs() < norm_tol * gn,
             "step {step}: grad norm {} vs {gn}",
             stats.grad_norm
         );
@@ -152,11 +239,24 @@ fn eight_adamw_steps_match_pytorch() {
     )
     .unwrap();
     let got = t.tensors();
-    assert_eq!(got.len(), want.len());
-    for (name, w) in &want {
-        let err = rel_err(&got[name], w);
-        assert!(err <= 1e-4, "{name}: relative error after 8 steps {err}");
+    // every parameter the model trains (the reference also holds the untouched vision tower)
+    assert_eq!(got.len() + t.carried.len(), want.len());
+    let mut worst_param = 0f64;
+    for (name, g) in &got {
+        let err = rel_err(g, &want[name]);
+        worst_param = worst_param.max(err);
+        assert!(
+            err <= param_tol,
+            "{name}: relative error after 8 steps {err}"
+        );
     }
+    eprintln!(
+        "{}: worst relative error of the losses {:.1e}, grad norms {:.1e}, parameters {:.1e}",
+        dir.display(),
+        worst.0,
+        worst.1,
+        worst_param
+    );
 }
 
 #[test]
@@ -294,9 +394,17 @@ fn metrics(dir: &std::path::Path) -> Vec<Metrics> {
 #[test]
 fn the_trainer_reproduces_the_pytorch_run_and_exports_a_loadable_model() {
     let Some(dir) = fixture() else { return };
-    let r = reference(&dir);
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("sft.parquet");
+    trainer_matches_pytorch(&dir);
+}
+
+/// The whole trainer with the reference's hyperparameters (see the test above); returns the job
+/// (its output in a temporary folder kept for the caller's checks).
+fn trainer_matches_pytorch(dir: &std::path::Path) -> (tempfile::TempDir, TrainJob) {
+    let (tol, norm_tol, param_tol) = tolerance(dir);
+    let r = reference(dir);
+    let dir_guard = tempfile::tempdir().unwrap();
+    let tmp = dir_guard.path();
+    let data = tmp.join("sft.parquet");
     write_sft(&r.rows, &data);
     let settings: TrainSettings = toml::from_str(
         "lr = 0.001\nbetas = [0.9, 0.95]\neps = 1e-8\nweight_decay = 0.1\nno_decay = []\n\
@@ -309,8 +417,8 @@ fn the_trainer_reproduces_the_pytorch_run_and_exports_a_loadable_model() {
         settings,
         model: dir.display().to_string(),
         data,
-        output: tmp.path().join("model"),
-        state_dir: tmp.path().join("state"),
+        output: tmp.join("model"),
+        state_dir: tmp.join("state"),
         stop_after: None,
         progress_file: None,
     };
@@ -325,12 +433,16 @@ fn the_trainer_reproduces_the_pytorch_run_and_exports_a_loadable_model() {
             want["grad_norm_before_clip"].as_f64().unwrap(),
         );
         assert!(
-            (got.loss - l).abs() < 1e-4,
+            (got.loss - l).abs() < tol * l,
             "step {}: {} vs {l}",
             got.step,
             got.loss
         );
-        assert!((got.grad_norm - g).abs() < 1e-4 * g, "step {}", got.step);
+        assert!(
+            (got.grad_norm - g).abs() < norm_tol * g,
+            "step {}",
+            got.step
+        );
         assert!(
             got.changed_share > 0.99,
             "f32 AdamW moves (nearly) every weight"
@@ -343,9 +455,9 @@ fn the_trainer_reproduces_the_pytorch_run_and_exports_a_loadable_model() {
     .unwrap();
     let back = Checkpoint::open(job.output.to_str().unwrap()).unwrap();
     let got = Trainable::load(&back, &Device::Cpu).unwrap().tensors();
-    for (name, w) in &want {
-        let err = rel_err(&got[name], w);
-        assert!(err <= 1e-4, "{name}: exported parameter error {err}");
+    for (name, g) in &got {
+        let err = rel_err(g, &want[name]);
+        assert!(err <= param_tol, "{name}: exported parameter error {err}");
     }
     for f in ["config.json", "tokenizer.json", "generation_config.json"] {
         assert!(job.output.join(f).exists(), "export lacks {f}");
@@ -358,6 +470,7 @@ fn the_trainer_reproduces_the_pytorch_run_and_exports_a_loadable_model() {
         .map(|(s, _)| s)
         .collect();
     assert_eq!(kept, vec![6, 8]);
+    (dir_guard, job)
 }
 
 /// A run stopped at step k and resumed ends with bit-identical weights (and the same losses)
