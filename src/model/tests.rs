@@ -2,6 +2,7 @@
 //! (made by `make_fixtures.py` with transformers 5.23, PyTorch 2.15, fp32 on CPU): tokenization,
 //! chat renderings, full logits and greedy tokens.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
@@ -288,4 +289,95 @@ fn qwen3_5_logits_and_greedy_tokens_match_transformers() {
     }
     let batched = logits_of(&model, &batch);
     assert_eq!(alone, batched[other.len()..other.len() + p.len()]);
+}
+
+/// The Qwen3.5 loader on the layouts real checkpoints ship and the fixture does not: bf16
+/// weights, sharded with an index, an untied LM head, and the text-only `qwen3_5_text` layout
+/// (weights under `model.`, no vision tower). Each gives the logits of the fixture's weights
+/// rounded to bf16 (written here as a tied, single-file f32 checkpoint).
+#[test]
+fn qwen3_5_loads_bf16_shards_untied_and_text_only_layouts() {
+    let Some(dir) = fixture_named("tiny-qwen3_5") else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let weights =
+        candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).unwrap();
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let rounded = |t: &Tensor| {
+        t.to_dtype(DType::BF16)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+    };
+    let write = |name: &str, config: &Value, shards: Vec<HashMap<String, Tensor>>| {
+        let out = tmp.path().join(name);
+        std::fs::create_dir_all(&out).unwrap();
+        for f in [
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+        ] {
+            std::fs::copy(dir.join(f), out.join(f)).unwrap();
+        }
+        std::fs::write(out.join("config.json"), config.to_string()).unwrap();
+        if shards.len() == 1 {
+            candle_core::safetensors::save(&shards[0], out.join("model.safetensors")).unwrap();
+        } else {
+            let mut map = serde_json::Map::new();
+            for (i, shard) in shards.iter().enumerate() {
+                let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, shards.len());
+                candle_core::safetensors::save(shard, out.join(&file)).unwrap();
+                for n in shard.keys() {
+                    map.insert(n.clone(), file.clone().into());
+                }
+            }
+            let index = serde_json::json!({"metadata": {}, "weight_map": map});
+            std::fs::write(out.join("model.safetensors.index.json"), index.to_string()).unwrap();
+        }
+        let ck = Checkpoint::open(out.to_str().unwrap()).unwrap();
+        ck.load_transformer(&Device::Cpu, DType::F32).unwrap()
+    };
+    // the reference: f32 values rounded to bf16, tied, one file
+    let reference: HashMap<String, Tensor> = weights
+        .iter()
+        .map(|(n, t)| (n.clone(), rounded(t)))
+        .collect();
+    let want = write("reference", &config, vec![reference]);
+    // bf16, untied (a separate lm_head.weight), in three shards
+    let mut untied = config.clone();
+    untied["tie_word_embeddings"] = false.into();
+    untied["text_config"]["tie_word_embeddings"] = false.into();
+    untied["dtype"] = "bfloat16".into();
+    let mut bf16: Vec<(String, Tensor)> = weights
+        .iter()
+        .map(|(n, t)| (n.clone(), t.to_dtype(DType::BF16).unwrap()))
+        .collect();
+    let embed = weights["model.language_model.embed_tokens.weight"].to_dtype(DType::BF16);
+    bf16.push(("lm_head.weight".into(), embed.unwrap()));
+    bf16.sort_by(|a, b| a.0.cmp(&b.0));
+    let shards: Vec<HashMap<String, Tensor>> = bf16
+        .chunks(bf16.len().div_ceil(3))
+        .map(|c| c.iter().cloned().collect())
+        .collect();
+    assert_eq!(shards.len(), 3);
+    let sharded = write("sharded", &untied, shards);
+    assert!(!sharded.config().tie_word_embeddings);
+    // text only: Qwen3_5ForCausalLM's flat config, weights under `model.`, no vision tower
+    let mut text = config["text_config"].clone();
+    text["model_type"] = "qwen3_5_text".into();
+    let flat: HashMap<String, Tensor> = weights
+        .iter()
+        .filter(|(n, _)| n.starts_with("model.language_model."))
+        .map(|(n, t)| (n.replace("model.language_model.", "model."), rounded(t)))
+        .collect();
+    let text_only = write("text-only", &text, vec![flat]);
+    assert_eq!(text_only.config().weights_prefix, "model");
+    let prompt = [41u32, 273, 317, 435, 295, 82, 220, 16, 21];
+    let expect = full_logits(&want, &prompt);
+    for (what, m) in [("bf16 shards, untied", &sharded), ("text only", &text_only)] {
+        let d = max_abs_diff(&full_logits(m, &prompt), &expect);
+        assert!(d < 1e-5, "{what}: max |logit diff| {d}");
+    }
 }
