@@ -238,6 +238,8 @@ fn run_gpu(a: &AttentionBenchArgs) -> Result<()> {
     );
     for &variant in variants {
         let mut att = GpuPagedAttention {
+            seq_lens: Vec::new(),
+            states: None,
             cache: &mut cache,
             step: &step,
             sync_timing: false,

@@ -20,9 +20,41 @@ const QWEN3: &[(&str, usize, usize, usize, usize, usize, bool)] = &[
     ("Qwen/Qwen3-8B", 4096, 12288, 36, 32, 8, false),
 ];
 
+/// (hub id, hidden, intermediate, layers, query heads, KV heads, linear-attention value heads,
+/// tied embeddings).
+type Qwen35Card = (&'static str, usize, usize, usize, usize, usize, usize, bool);
+
+/// The Qwen3.5 cards: every one a Qwen3.5 in the multimodal layout with head_dim 256, 16
+/// linear-attention key heads of 128 (values 128), a full-attention layer every 4th, vocab
+/// 248,320, a 262,144-token context, RoPE theta 1e7 on a quarter of each head, bf16 weights.
+const QWEN3_5: &[Qwen35Card] = &[
+    ("Qwen/Qwen3.5-0.8B", 1024, 3584, 24, 8, 2, 16, true),
+    ("Qwen/Qwen3.5-2B", 2048, 6144, 24, 8, 2, 16, true),
+    ("Qwen/Qwen3.5-4B", 2560, 9216, 32, 16, 4, 32, true),
+    ("Qwen/Qwen3.5-9B", 4096, 12288, 32, 16, 4, 32, false),
+];
+
 /// The config of a known hub id (`hf://` prefix allowed), or `None`.
 pub fn card(id: &str) -> Option<Result<ModelConfig>> {
     let id = id.strip_prefix("hf://").unwrap_or(id);
+    if let Some(&(_, h, i, l, q, kv, nv, tied)) = QWEN3_5.iter().find(|c| c.0 == id) {
+        let json = format!(
+            r#"{{"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "tie_word_embeddings": {tied}, "dtype": "bfloat16",
+            "text_config": {{"model_type": "qwen3_5_text", "hidden_size": {h},
+            "intermediate_size": {i}, "num_hidden_layers": {l}, "num_attention_heads": {q},
+            "num_key_value_heads": {kv}, "head_dim": 256, "linear_num_key_heads": 16,
+            "linear_num_value_heads": {nv}, "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+            "full_attention_interval": 4, "vocab_size": 248320, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 262144, "tie_word_embeddings": {tied},
+            "hidden_act": "silu", "attention_bias": false, "eos_token_id": 248044,
+            "rope_parameters": {{"rope_type": "default", "rope_theta": 10000000,
+            "partial_rotary_factor": 0.25, "mrope_section": [11, 11, 10],
+            "mrope_interleaved": true}}}}}}"#
+        );
+        return Some(ModelConfig::parse(&json));
+    }
     let &(_, h, i, l, q, kv, tied) = QWEN3.iter().find(|c| c.0 == id)?;
     let json = format!(
         r#"{{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": {h},
@@ -37,7 +69,11 @@ pub fn card(id: &str) -> Option<Result<ModelConfig>> {
 
 /// The hub ids with a card.
 pub fn known() -> Vec<&'static str> {
-    QWEN3.iter().map(|c| c.0).collect()
+    QWEN3
+        .iter()
+        .map(|c| c.0)
+        .chain(QWEN3_5.iter().map(|c| c.0))
+        .collect()
 }
 
 #[cfg(test)]
@@ -59,5 +95,29 @@ mod tests {
             assert_eq!(cfg.dtype, "bfloat16");
         }
         assert!(card("Qwen/Qwen3-5B").is_none());
+    }
+
+    #[test]
+    fn qwen3_5_cards_are_hybrid_text_models() {
+        for (id, layers, nominal) in [
+            ("Qwen/Qwen3.5-0.8B", 24, 0.8),
+            ("Qwen/Qwen3.5-2B", 24, 2.0),
+            ("Qwen/Qwen3.5-4B", 32, 4.0),
+            ("Qwen/Qwen3.5-9B", 32, 9.0),
+        ] {
+            let cfg = card(id).unwrap().unwrap();
+            assert_eq!(cfg.num_layers(), layers, "{id}");
+            // a full-attention layer every 4th: keys and values only there
+            let kv: Vec<usize> = (0..layers / 4).map(|i| 4 * i + 3).collect();
+            assert_eq!(cfg.kv_layers(), kv, "{id}");
+            assert_eq!(
+                (cfg.rotary_dim, cfg.weights_prefix.as_str()),
+                (64, "model.language_model")
+            );
+            // the text model is near the nominal size (which is rounded, and counts the vision
+            // tower too)
+            let billions = cfg.num_params() as f64 / 1e9;
+            assert!((billions / nominal - 1.0).abs() < 0.15, "{id}: {billions}");
+        }
     }
 }

@@ -269,13 +269,6 @@ impl<'m> Engine<'m> {
             bail!("sampling parameters: {e}");
         }
         let states = StateSlots::new(model.config(), cfg.scheduler.max_num_seqs);
-        if states.is_used() && !model.device().is_cpu() {
-            bail!(
-                "{:?} has recurrent (Gated DeltaNet) layers, whose state the CUDA sampler does \
-                 not keep yet: sample it on the CPU",
-                model.config().family
-            );
-        }
         let cache = Cache::new(model, &cfg)?;
         let sched = Scheduler::new(cfg.scheduler, cfg.num_blocks);
         Ok(Engine {
@@ -539,6 +532,8 @@ impl<'m> Engine<'m> {
                     sync_timing: self.sync_timing,
                     variant: None,
                     seconds: 0.0,
+                    seq_lens: step.scheduled.iter().map(|&(_, n)| n).collect(),
+                    states: slots.map(|s| (&mut self.states, s)),
                 };
                 let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
                 Ok((h, attn.seconds))

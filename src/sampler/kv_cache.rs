@@ -169,30 +169,20 @@ impl AttentionBackend for PagedAttention<'_> {
         let Some((states, slots)) = &self.states else {
             candle_core::bail!("layer {layer} is recurrent, and this step was given no state slots")
         };
-        let Some(rows) = states.gather(layer, slots) else {
-            candle_core::bail!("layer {layer} has no state slots")
-        };
-        if rows.len() != slots.len() * values {
-            candle_core::bail!("layer {layer}: state slots of another size than {values} values")
-        }
-        let state = Tensor::from_vec(rows, (slots.len(), values), &candle_core::Device::Cpu)?;
-        Ok(crate::model::attention::RecurrentStep {
-            seq_lens: self.seq_lens.clone(),
-            state: Some(state),
-        })
+        states.step_state(
+            layer,
+            values,
+            slots,
+            &self.seq_lens,
+            &candle_core::Device::Cpu,
+        )
     }
 
     fn store_recurrent_state(&mut self, layer: usize, state: Tensor) -> Result<()> {
         let Some((states, slots)) = &mut self.states else {
             candle_core::bail!("layer {layer} is recurrent, and this step was given no state slots")
         };
-        let values = state
-            .flatten_all()?
-            .to_dtype(DType::F32)?
-            .to_vec1::<f32>()?;
-        states
-            .scatter(layer, slots, &values)
-            .map_err(candle_core::Error::Msg)
+        states.store_step_state(layer, slots, &state)
     }
 
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {

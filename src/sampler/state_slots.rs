@@ -6,8 +6,13 @@
 //! Unlike blocks, a state cannot be shared copy-on-write: the n samples of a prompt each copy
 //! the prompt's state into a slot of their own ([`StateSlots::read`], [`StateSlots::write`]).
 //! A sequence preempted by recompute gives its slot back and starts from zeros when it is
-//! scheduled again. On the host (the CPU sampler). Knows nothing of scheduling.
+//! scheduled again. The slots live on the host; a step's states cross to the model's device and
+//! back (a device-resident store with a decode kernel is the GPU work still to come). Knows
+//! nothing of scheduling.
 
+use candle_core::{DType, Device, Tensor};
+
+use crate::model::attention::RecurrentStep;
 use crate::model::{LayerCache, ModelConfig};
 
 #[derive(Debug)]
@@ -118,5 +123,45 @@ impl StateSlots {
             l[s * v..(s + 1) * v].copy_from_slice(st);
         }
         Ok(())
+    }
+
+    /// What recurrent layer `layer` needs of a step whose sequences (of `seq_lens` tokens) own
+    /// `slots`: their states as a (sequences, `values`) f32 tensor on `device`. The attention
+    /// backends of the CPU and the GPU both hand it out.
+    pub fn step_state(
+        &self,
+        layer: usize,
+        values: usize,
+        slots: &[usize],
+        seq_lens: &[usize],
+        device: &Device,
+    ) -> candle_core::Result<RecurrentStep> {
+        let Some(rows) = self.gather(layer, slots) else {
+            candle_core::bail!("layer {layer} has no state slots")
+        };
+        if rows.len() != slots.len() * values {
+            candle_core::bail!("layer {layer}: state slots of another size than {values} values")
+        }
+        let state = Tensor::from_vec(rows, (slots.len(), values), &Device::Cpu)?;
+        Ok(RecurrentStep {
+            seq_lens: seq_lens.to_vec(),
+            state: Some(state.to_device(device)?),
+        })
+    }
+
+    /// Keeps the states a step's sequences end with (from any device) in their `slots`.
+    pub fn store_step_state(
+        &mut self,
+        layer: usize,
+        slots: &[usize],
+        state: &Tensor,
+    ) -> candle_core::Result<()> {
+        let values = state
+            .flatten_all()?
+            .to_dtype(DType::F32)?
+            .to_device(&Device::Cpu)?
+            .to_vec1::<f32>()?;
+        self.scatter(layer, slots, &values)
+            .map_err(candle_core::Error::Msg)
     }
 }

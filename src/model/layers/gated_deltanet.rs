@@ -119,7 +119,7 @@ impl GatedDeltaNet {
         let dtype = h.dtype();
         let f32 = |x: Tensor| x.to_dtype(DType::F32);
         let qkv = f32(project(&self.in_proj_qkv, h)?)?;
-        let z = f32(project(&self.in_proj_z, h)?)?;
+        let z = project(&self.in_proj_z, h)?; // the gate stays in the model's dtype
         let beta = candle_nn::ops::sigmoid(&f32(project(&self.in_proj_b, h)?)?)?;
         let a = f32(project(&self.in_proj_a, h)?)?;
         let rate = f32(self.a_log.clone())?.exp()?.neg()?; // -exp(A_log)
@@ -160,8 +160,8 @@ impl GatedDeltaNet {
             } else {
                 delta_rule_chunked(&q, &k, &v, &g_s, &beta_s, s0.as_ref())?
             };
-            // (Hv, L, dv) -> (L, Hv, dv); the gated norm per head
-            let o = o.transpose(0, 1)?.contiguous()?;
+            // (Hv, L, dv) -> (L, Hv, dv) in the model's dtype; the gated norm per head
+            let o = o.transpose(0, 1)?.contiguous()?.to_dtype(dtype)?;
             let z_s =
                 z.narrow(0, start, len)?
                     .reshape((len, l.num_value_heads, l.value_head_dim))?;
@@ -172,7 +172,7 @@ impl GatedDeltaNet {
             states.push(Tensor::cat(&[&conv1, &s1.flatten_all()?], 0)?);
             start += len;
         }
-        let y = Tensor::cat(&outs, 0)?.to_dtype(dtype)?;
+        let y = Tensor::cat(&outs, 0)?;
         backend.store_recurrent_state(index, Tensor::stack(&states, 0)?)?;
         project(&self.out_proj, &y)
     }

@@ -298,20 +298,31 @@ pub struct GpuPagedAttention<'a> {
     /// benchmark; `None` runs the default kernel.
     pub variant: Option<&'static str>,
     pub seconds: f64,
+    /// Tokens each sequence brings to the step, and the recurrent layers' state slots with
+    /// each sequence's slot (models with recurrent layers only).
+    pub seq_lens: Vec<usize>,
+    pub states: Option<(&'a mut crate::sampler::state_slots::StateSlots, Vec<usize>)>,
 }
 
 impl AttentionBackend for GpuPagedAttention<'_> {
-    /// Refused: the engine does not take models with recurrent layers yet (see `Engine::new`).
+    /// The sequences' states from their slots (on the host), moved to the device.
     fn recurrent_state(
         &mut self,
         layer: usize,
-        _values: usize,
+        values: usize,
     ) -> Result<crate::model::attention::RecurrentStep> {
-        candle_core::bail!("layer {layer} is recurrent; the paged cache keeps no recurrent state")
+        let Some((states, slots)) = &self.states else {
+            bail!("layer {layer} is recurrent, and this step was given no state slots")
+        };
+        let dev = Device::Cuda(self.cache.dev.clone());
+        states.step_state(layer, values, slots, &self.seq_lens, &dev)
     }
 
-    fn store_recurrent_state(&mut self, layer: usize, _state: Tensor) -> Result<()> {
-        candle_core::bail!("layer {layer} is recurrent; the paged cache keeps no recurrent state")
+    fn store_recurrent_state(&mut self, layer: usize, state: Tensor) -> Result<()> {
+        let Some((states, slots)) = &mut self.states else {
+            bail!("layer {layer} is recurrent, and this step was given no state slots")
+        };
+        states.store_step_state(layer, slots, &state)
     }
 
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
