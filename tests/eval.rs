@@ -315,3 +315,92 @@ fn run_all_killed_in_every_stage_then_rerun_gives_the_same_report() {
         );
     }
 }
+
+/// `pipeline run all` on the hybrid Qwen3.5 fixture: data -> sample (chat template, state slots)
+/// -> filter -> train (the multimodal layout in and out) -> eval of the base and trained models.
+#[test]
+fn qwen3_5_runs_the_whole_pipeline() {
+    let Some(model) = shared("fixtures/tiny-qwen3_5") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // sums of small numbers: the random fixture gets a few right by chance (seeded, so always
+    // the same few)
+    let rows: Vec<String> = (0..12)
+        .map(|i| {
+            let (a, b) = (i % 5, (i * 3) % 4);
+            format!("{{\"q\": \"What is {a} + {b}?\", \"a\": \"{}\"}}", a + b)
+        })
+        .collect();
+    std::fs::write(dir.path().join("toy.jsonl"), rows.join("\n") + "\n").unwrap();
+    std::fs::write(
+        dir.path().join("toy.toml"),
+        "[source]\nname = \"toy\"\nformat = \"mapped\"\npath = \"toy.jsonl\"\n\
+         problem_field = \"q\"\nanswer_field = \"a\"\n\
+         [sample]\nprompt_template = \"chat\"\nenable_thinking = false\nn = 2\n\
+         temperature = 0.8\nmax_new_tokens = 8\nseed = 5\n",
+    )
+    .unwrap();
+    let cfg = format!(
+        r#"[run]
+workdir = "work"
+[[data.sources]]
+name = "toy"
+format = "mapped"
+path = "toy.jsonl"
+problem_field = "q"
+answer_field = "a"
+[sample]
+model = "{}"
+prompt_template = "chat"
+enable_thinking = false
+n = 8
+temperature = 1.0
+max_new_tokens = 12
+seed = 1
+[filter]
+last_number_fallback = true
+[train]
+lr = 0.003
+max_seq_len = 256
+micro_batch_tokens = 1024
+peak_tflops = 1.0
+[eval]
+sets = ["toy.toml"]
+"#,
+        model.display()
+    );
+    std::fs::write(dir.path().join("q.toml"), cfg).unwrap();
+    let o = run(&["run", "all", "--config", "q.toml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    for want in [
+        "recurrent state: 64 slots",
+        "12 problems (0 resumed), 96 samples",
+        "==> filter",
+        "trained 1 steps on 1 rows",
+        "==> eval",
+    ] {
+        assert!(out.contains(want), "{want} missing:\n{out}");
+    }
+    let report = std::fs::read_to_string(dir.path().join("work/report/report.md")).unwrap();
+    assert!(
+        report.contains("| toy | base (") && report.contains("| toy | trained ("),
+        "{report}"
+    );
+    // the trained model keeps the multimodal layout: the vision tower is still there
+    let trained = std::fs::read_dir(dir.path().join("work/stages"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("train-")
+        })
+        .unwrap()
+        .join("model");
+    let config = std::fs::read_to_string(trained.join("config.json")).unwrap();
+    assert!(config.contains("Qwen3_5ForConditionalGeneration") && config.contains("vision_config"));
+}
