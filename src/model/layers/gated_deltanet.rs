@@ -322,7 +322,6 @@ impl HostGatedDeltaNet {
         let width = cd + vd + 2 * nv;
         let (window, s) = state.split_at_mut(cd * (k - 1));
         let mut u = vec![0f32; cd];
-        let mut remembered = vec![0f32; dv];
         let q_scale = 1.0 / (dk as f32).sqrt();
         for (row, y) in rows.chunks(width).zip(y.chunks_mut(vd)) {
             let (x, rest) = row.split_at(cd);
@@ -354,29 +353,27 @@ impl HostGatedDeltaNet {
                     .recip();
                 head.iter_mut().for_each(|x| *x *= r);
             }
-            for hv in 0..nv {
+            // each value head on its own slice of the state and of the output: in parallel
+            // when the heads' states are large (a real model's: 16 KiB and up each)
+            let head = |(hv, (sh, o)): (usize, (&mut [f32], &mut [f32]))| {
                 let kh = hv / per_key;
                 let (qh, kh) = (&q[kh * dk..][..dk], &keys[kh * dk..][..dk]);
                 let vh = &v[hv * dv..][..dv];
                 let beta = 1.0 / (1.0 + (-bs[hv]).exp());
                 let decay = (self.rate[hv] * softplus_f32(as_[hv] + self.dt_bias[hv])).exp();
-                let sh = &mut s[hv * dk * dv..][..dk * dv];
-                // S *= exp(g); remembered = S^T k
-                remembered.fill(0.0);
+                // S *= exp(g); o = S^T k for now (what the state remembers of k)
+                o.fill(0.0);
                 for (srow, &ki) in sh.chunks_mut(dv).zip(kh) {
-                    for (sv, m) in srow.iter_mut().zip(remembered.iter_mut()) {
+                    for (sv, m) in srow.iter_mut().zip(o.iter_mut()) {
                         *sv *= decay;
                         *m += *sv * ki;
                     }
                 }
                 // delta = beta (v - S^T k); S += k delta^T; o = S^T q
-                for (m, vj) in remembered.iter_mut().zip(vh) {
-                    *m = (vj - *m) * beta;
-                }
-                let o = &mut y[hv * dv..][..dv];
+                let delta: Vec<f32> = o.iter().zip(vh).map(|(m, vj)| (vj - m) * beta).collect();
                 o.fill(0.0);
                 for ((srow, &ki), &qi) in sh.chunks_mut(dv).zip(kh).zip(qh) {
-                    for ((sv, d), o) in srow.iter_mut().zip(&remembered).zip(o.iter_mut()) {
+                    for ((sv, d), o) in srow.iter_mut().zip(&delta).zip(o.iter_mut()) {
                         *sv += ki * d;
                         *o += *sv * qi;
                     }
@@ -386,10 +383,19 @@ impl HostGatedDeltaNet {
                 for ((o, w), z) in o.iter_mut().zip(&self.norm).zip(&z[hv * dv..][..dv]) {
                     *o = *o * r * w * (z / (1.0 + (-z).exp()));
                 }
+            };
+            let heads = s.par_chunks_mut(dk * dv).zip(y.par_chunks_mut(dv));
+            if dk * dv >= PARALLEL_HEAD_STATE {
+                heads.enumerate().for_each(head);
+            } else {
+                heads.enumerate().with_min_len(nv).for_each(head);
             }
         }
     }
 }
+
+/// A value head's state (values) from which the heads of one token run in parallel.
+const PARALLEL_HEAD_STATE: usize = 4096;
 
 /// `log(1 + exp(x))` on a value (PyTorch's threshold: `x` above 20).
 fn softplus_f32(x: f32) -> f32 {
