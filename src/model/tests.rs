@@ -274,13 +274,49 @@ fn qwen3_5_logits_and_greedy_tokens_match_transformers() {
         .map(|(_, s, _)| s.iter().product::<usize>())
         .sum();
     assert_eq!(c.num_params(), text);
+    qwen3_5_matches_transformers(&dir);
+}
+
+/// The held-out Qwen3.5 variant (`tests/fixtures/qwen3_5-q35b`, in the repository): untied, bf16
+/// shards, a full-attention layer every 3rd, one KV head, 1 key head for 3 value heads, dk != dv,
+/// half the head rotated.
+#[test]
+fn qwen3_5_held_out_variant_matches_transformers() {
+    let dir = q35b();
+    let c = Checkpoint::open(dir.to_str().unwrap()).unwrap().config;
+    assert!(!c.tie_word_embeddings);
+    assert_eq!(c.kv_layers(), vec![2, 5]);
+    assert_eq!((c.num_kv_heads, c.rotary_dim, c.head_dim), (1, 12, 24));
+    let l = c.linear.unwrap();
+    assert_eq!(
+        (
+            l.num_key_heads,
+            l.num_value_heads,
+            l.key_head_dim,
+            l.value_head_dim
+        ),
+        (1, 3, 8, 12)
+    );
+    qwen3_5_matches_transformers(&dir);
+}
+
+/// The held-out Qwen3.5 fixture's folder (in the repository).
+pub(crate) fn q35b() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_5-q35b")
+}
+
+/// A Qwen3.5 fixture's logits and greedy tokens against transformers', on the candle path and
+/// the host path (which is also batch-invariant).
+fn qwen3_5_matches_transformers(dir: &Path) {
+    let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
     let mut model = ck.load_transformer(&Device::Cpu, DType::F32).unwrap();
-    assert_logits_match_transformers(&model, &dir);
-    assert_greedy_matches_transformers(&model, &dir);
+    let dir = &dir.to_path_buf();
+    assert_logits_match_transformers(&model, dir);
+    assert_greedy_matches_transformers(&model, dir);
     // the host path (packed weights, the recurrent form token by token): the same logits, and
     // a sequence's rows bit-identical alone and batched with others
     model.set_fused_inference(true).unwrap();
-    let prompts = assert_logits_match_transformers(&model, &dir);
+    let prompts = assert_logits_match_transformers(&model, dir);
     let (p, other) = (&prompts[2], &prompts[0]);
     let alone = logits_of(&model, &[p]);
     let mut batch: Vec<&[u32]> = vec![other, p];
