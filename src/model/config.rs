@@ -301,6 +301,21 @@ fn read_llama(v: &Value) -> Result<ModelConfig> {
     read_decoder(serde_json::from_value(v.clone())?, Family::Llama)
 }
 
+/// The attention layers' KV heads (all query heads when unset, which must divide them) and
+/// head size (`hidden / heads` when unset).
+fn attention_heads(
+    hidden: usize,
+    heads: usize,
+    kv_heads: Option<usize>,
+    head_dim: Option<usize>,
+) -> Result<(usize, usize)> {
+    let kv = kv_heads.unwrap_or(heads);
+    if kv == 0 || !heads.is_multiple_of(kv) {
+        bail!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}");
+    }
+    Ok((kv, head_dim.unwrap_or(hidden / heads.max(1))))
+}
+
 /// Qwen3 and Llama: every layer attention, Qwen3's with q/k norms.
 fn read_decoder(raw: RawHfConfig, family: Family) -> Result<ModelConfig> {
     if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "silu") {
@@ -309,16 +324,12 @@ fn read_decoder(raw: RawHfConfig, family: Family) -> Result<ModelConfig> {
     if raw.use_sliding_window == Some(true) {
         bail!("sliding-window attention (use_sliding_window = true) is not supported");
     }
-    let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
-    if num_kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
-        bail!(
-            "num_attention_heads {} is not a multiple of num_key_value_heads {num_kv_heads}",
-            raw.num_attention_heads
-        );
-    }
-    let head_dim = raw
-        .head_dim
-        .unwrap_or(raw.hidden_size / raw.num_attention_heads.max(1));
+    let (num_kv_heads, head_dim) = attention_heads(
+        raw.hidden_size,
+        raw.num_attention_heads,
+        raw.num_key_value_heads,
+        raw.head_dim,
+    )?;
     if !head_dim.is_multiple_of(2) {
         bail!("head_dim {head_dim} is odd; RoPE needs an even head_dim");
     }
@@ -441,16 +452,12 @@ fn read_qwen3_5(v: &Value) -> Result<ModelConfig> {
                 .collect()
         }
     };
-    let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
-    if num_kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
-        bail!(
-            "num_attention_heads {} is not a multiple of num_key_value_heads {num_kv_heads}",
-            raw.num_attention_heads
-        );
-    }
-    let head_dim = raw
-        .head_dim
-        .unwrap_or(raw.hidden_size / raw.num_attention_heads.max(1));
+    let (num_kv_heads, head_dim) = attention_heads(
+        raw.hidden_size,
+        raw.num_attention_heads,
+        raw.num_key_value_heads,
+        raw.head_dim,
+    )?;
     let params = raw.rope_parameters.as_ref();
     let param = |k: &str| params.and_then(|p| p.get(k)).and_then(Value::as_f64);
     if let Some(kind) = params

@@ -370,10 +370,20 @@ impl HostGatedDeltaNet {
                     }
                 }
                 // delta = beta (v - S^T k); S += k delta^T; o = S^T q
-                let delta: Vec<f32> = o.iter().zip(vh).map(|(m, vj)| (vj - m) * beta).collect();
+                // (on the stack for a real model's head size: this runs per token and head)
+                let (mut stack, mut heap) = ([0f32; 256], Vec::new());
+                let delta: &mut [f32] = if dv <= stack.len() {
+                    &mut stack[..dv]
+                } else {
+                    heap.resize(dv, 0.0);
+                    &mut heap
+                };
+                for ((d, m), vj) in delta.iter_mut().zip(o.iter()).zip(vh) {
+                    *d = (vj - m) * beta;
+                }
                 o.fill(0.0);
                 for ((srow, &ki), &qi) in sh.chunks_mut(dv).zip(kh).zip(qh) {
-                    for ((sv, d), o) in srow.iter_mut().zip(&delta).zip(o.iter_mut()) {
+                    for ((sv, d), o) in srow.iter_mut().zip(delta.iter()).zip(o.iter_mut()) {
                         *sv += ki * d;
                         *o += *sv * qi;
                     }
