@@ -28,6 +28,27 @@ pub trait AttentionBackend {
     /// sequence's next step, or dropped by a backend that keeps none.
     fn store_recurrent_state(&mut self, layer: usize, state: Tensor) -> Result<()>;
 
+    /// [`Self::recurrent_state`] and [`Self::store_recurrent_state`] on host values, for the
+    /// CPU's packed layers: `f` gets the step's sequence lengths and each sequence's state to
+    /// update in place. A backend whose states are on the host overrides it to lend them without
+    /// copies; this default goes through the tensors.
+    fn with_recurrent_host(
+        &mut self,
+        layer: usize,
+        values: usize,
+        f: &mut RecurrentHostFn<'_>,
+    ) -> Result<()> {
+        let step = self.recurrent_state(layer, values)?;
+        let n = step.seq_lens.len();
+        let mut flat = match &step.state {
+            Some(s) => s.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?,
+            None => vec![0f32; n * values],
+        };
+        let mut parts: Vec<&mut [f32]> = flat.chunks_mut(values.max(1)).collect();
+        f(&step.seq_lens, &mut parts)?;
+        self.store_recurrent_state(layer, Tensor::from_vec(flat, (n, values), &Device::Cpu)?)
+    }
+
     /// [`Self::attend`] on host values (f32, row-major), for the CPU's packed layers: `q`
     /// (T x Hq x D), `k` and `v` (T x Hkv x D) into `out` (T x Hq x D). A backend whose cache is
     /// on the host overrides it to skip the tensors; this default builds them.
@@ -56,6 +77,10 @@ pub trait AttentionBackend {
         Ok(())
     }
 }
+
+/// What [`AttentionBackend::with_recurrent_host`] runs: the step's sequence lengths, and each
+/// sequence's state (f32) to update in place.
+pub type RecurrentHostFn<'a> = dyn FnMut(&[usize], &mut [&mut [f32]]) -> Result<()> + 'a;
 
 /// What a recurrent layer needs of a step.
 #[derive(Debug, Clone)]

@@ -185,6 +185,25 @@ impl AttentionBackend for PagedAttention<'_> {
         states.store_step_state(layer, slots, &state)
     }
 
+    /// The slots themselves, lent in place (no copies on the CPU's decode path).
+    fn with_recurrent_host(
+        &mut self,
+        layer: usize,
+        values: usize,
+        f: &mut crate::model::attention::RecurrentHostFn<'_>,
+    ) -> Result<()> {
+        let Some((states, slots)) = &mut self.states else {
+            candle_core::bail!("layer {layer} is recurrent, and this step was given no state slots")
+        };
+        let Some(mut parts) = states.lend(layer, slots) else {
+            candle_core::bail!("layer {layer}: no state slots, or a slot given twice")
+        };
+        if parts.iter().any(|p| p.len() != values) {
+            candle_core::bail!("layer {layer}: state slots of another size than {values} values")
+        }
+        f(&self.seq_lens, &mut parts)
+    }
+
     fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         let (t, hq, d) = q.dims3()?;
         let hkv = k.dim(1)?;

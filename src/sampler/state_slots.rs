@@ -108,6 +108,14 @@ impl StateSlots {
         )
     }
 
+    /// Layer `layer`'s states of `slots` (distinct), in place, in their order; `None` for a
+    /// layer without state or a slot given twice.
+    pub fn lend(&mut self, layer: usize, slots: &[usize]) -> Option<Vec<&mut [f32]>> {
+        let v = *self.values.get(layer).filter(|&&v| v > 0)?;
+        let mut all: Vec<Option<&mut [f32]>> = self.layers[layer].chunks_mut(v).map(Some).collect();
+        slots.iter().map(|&s| all.get_mut(s)?.take()).collect()
+    }
+
     /// Writes [`Self::gather`]'s layout back into `slots`.
     pub fn scatter(&mut self, layer: usize, slots: &[usize], states: &[f32]) -> Result<(), String> {
         let v = self.values.get(layer).copied().unwrap_or(0);

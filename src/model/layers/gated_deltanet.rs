@@ -273,39 +273,36 @@ impl HostGatedDeltaNet {
         backend: &mut dyn AttentionBackend,
     ) -> Result<()> {
         let l = self.shape;
-        let values = l.state_values();
-        let step = backend.recurrent_state(index, values)?;
-        if step.seq_lens.iter().sum::<usize>() != t {
-            candle_core::bail!(
-                "layer {index}: {t} tokens, but the step's sequences bring {:?}",
-                step.seq_lens
-            )
-        }
         let Buffers { h, qkv, a, out, .. } = b;
         let width = l.conv_dim() + l.value_dim() + 2 * l.num_value_heads;
         let rows = sized(qkv, t * width);
         self.proj.apply_into(h, t, rows);
-        let mut states = match &step.state {
-            Some(s) => s.flatten_all()?.to_vec1::<f32>()?,
-            None => vec![0f32; step.seq_lens.len() * values],
-        };
         let y = sized(a, t * l.value_dim());
-        // the sequences' rows, outputs and states, apart
-        let mut parts = Vec::with_capacity(step.seq_lens.len());
-        let (mut rows_left, mut y_left) = (&*rows, &mut *y);
-        for (&len, state) in step.seq_lens.iter().zip(states.chunks_mut(values)) {
-            let (r, rest) = rows_left.split_at(len * width);
-            let (o, rest_y) = std::mem::take(&mut y_left).split_at_mut(len * l.value_dim());
-            parts.push((r, o, state));
-            (rows_left, y_left) = (rest, rest_y);
-        }
-        parts
-            .into_par_iter()
-            .for_each(|(r, o, state)| self.sequence(r, o, state));
+        // each sequence's state, lent in place where the backend keeps it on the host
+        let mut run = |seq_lens: &[usize], states: &mut [&mut [f32]]| -> Result<()> {
+            if seq_lens.iter().sum::<usize>() != t || states.len() != seq_lens.len() {
+                candle_core::bail!(
+                    "layer {index}: {t} tokens, but the step's sequences bring {seq_lens:?}"
+                )
+            }
+            // the sequences' rows, outputs and states, apart
+            let mut parts = Vec::with_capacity(seq_lens.len());
+            let (mut rows_left, mut y_left) = (&*rows, &mut *y);
+            for (&len, state) in seq_lens.iter().zip(states.iter_mut()) {
+                let (r, rest) = rows_left.split_at(len * width);
+                let (o, rest_y) = std::mem::take(&mut y_left).split_at_mut(len * l.value_dim());
+                parts.push((r, o, &mut **state));
+                (rows_left, y_left) = (rest, rest_y);
+            }
+            parts
+                .into_par_iter()
+                .for_each(|(r, o, state)| self.sequence(r, o, state));
+            Ok(())
+        };
+        backend.with_recurrent_host(index, l.state_values(), &mut run)?;
         let o = sized(out, h.len());
         self.out.apply_into(y, t, o);
-        let s = Tensor::from_vec(states, (step.seq_lens.len(), values), &Device::Cpu)?;
-        backend.store_recurrent_state(index, s)
+        Ok(())
     }
 
     /// One sequence's tokens: `rows` of the stacked projections in, `y` (tokens x value_dim)
