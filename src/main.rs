@@ -66,6 +66,10 @@ enum Command {
         /// estimates with this machine's free disk and memory (`run.disk_budget` still applies).
         #[arg(long)]
         plan_only: bool,
+        /// With --plan-only: the GPU the GPU stages are planned for (h100, h200, b200, a100,
+        /// or its memory, e.g. 80GB); their memory is checked against it.
+        #[arg(long, requires = "plan_only")]
+        gpu: Option<String>,
     },
     /// Sample completions for the problems of a file and write the completions Parquet.
     Sample(Box<cmd::sample::SampleArgs>),
@@ -186,7 +190,9 @@ fn main() -> ExitCode {
             config,
             workdir,
             plan_only,
-        } => load_config(config, workdir).and_then(|cfg| cmd::preflight::run(&cfg, plan_only)),
+            gpu,
+        } => load_config(config, workdir)
+            .and_then(|cfg| cmd::preflight::run(&cfg, plan_only, gpu.as_deref())),
         Command::Grade(args) => cmd::grade::run(&args),
         Command::Sample(args) => cmd::sample::run(&args),
         Command::Eval(args) => cmd::eval::run(&args),

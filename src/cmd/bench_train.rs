@@ -6,13 +6,17 @@
 //! `--rows` rows of `--seq-len` tokens (the first quarter of each row is prompt, masked from the
 //! loss), then AdamW. Peak memory is the process's peak RSS during the steps (reset through
 //! `/proc/self/clear_refs` before each configuration), minus the RSS before them: what the step
-//! itself adds on top of weights and optimizer state. `benches/torch_train.py` runs the same
-//! steps in PyTorch eager. A benchmark that prints figures, never a timed test.
+//! itself adds on top of weights and optimizer state. On a GPU it is the device's used memory
+//! (total less free, as the driver reports it, sampled after the forward, the backward and the
+//! update) less what was used before the step. `benches/torch_train.py` runs the same steps in
+//! PyTorch eager. A benchmark that prints figures, never a timed test.
 
 use std::time::Instant;
 
 use anyhow::Result;
 use candle_core::Device;
+
+use crate::train::settings::{ComputeDtype, TrainOps};
 
 use crate::train::adamw::{AdamW, AdamWConfig};
 use crate::train::grads::{GradOptions, GradSums};
@@ -23,7 +27,8 @@ use crate::train::Trainable;
 
 #[derive(Debug, clap::Args)]
 pub struct TrainBenchArgs {
-    /// `tiny` (the fixture's shapes), `20m`, `50m` (a ~48M-parameter Qwen3) or `qwen3-0.6b`.
+    /// `tiny` (the fixture's shapes), `20m`, `50m` (a ~48M-parameter Qwen3), `qwen3-0.6b`,
+    /// `qwen3-4b`, `hybrid-20m` or `qwen3.5-0.8b`.
     #[arg(long, default_value = "50m")]
     pub shape: String,
     /// Rows per step.
@@ -40,6 +45,47 @@ pub struct TrainBenchArgs {
     /// Only the default configuration (no recompute, chunked loss).
     #[arg(long)]
     pub quick: bool,
+    /// Only the configuration with recompute and the chunked loss (what a large model needs).
+    #[arg(long, conflicts_with = "quick")]
+    pub recompute_only: bool,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// auto (bf16 on a GPU, f32 on the CPU), f32 or bf16.
+    #[arg(long, default_value = "auto", value_parser = parse_compute)]
+    pub compute_dtype: ComputeDtype,
+    /// auto, or generic: the device-generic ops on the CPU too.
+    #[arg(long, default_value = "auto", value_parser = parse_ops)]
+    pub ops: TrainOps,
+}
+
+fn parse_compute(s: &str) -> Result<ComputeDtype, String> {
+    match s {
+        "auto" => Ok(ComputeDtype::Auto),
+        "f32" => Ok(ComputeDtype::F32),
+        "bf16" => Ok(ComputeDtype::Bf16),
+        _ => Err(format!("`{s}`: use auto, f32 or bf16")),
+    }
+}
+
+fn parse_ops(s: &str) -> Result<TrainOps, String> {
+    match s {
+        "auto" => Ok(TrainOps::Auto),
+        "generic" => Ok(TrainOps::Generic),
+        _ => Err(format!("`{s}`: use auto or generic")),
+    }
+}
+
+/// Bytes in use on `dev`: the process's RSS on the CPU, the device's used memory on a GPU.
+fn used_bytes(dev: &Device) -> u64 {
+    match dev {
+        Device::Cpu => status_bytes("VmRSS").unwrap_or(0),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(_) => crate::cuda::memory_info(dev)
+            .map(|(free, total)| total - free)
+            .unwrap_or(0),
+        _ => 0,
+    }
 }
 
 /// `VmHWM` / `VmRSS` of this process in bytes (Linux).
@@ -56,9 +102,20 @@ fn reset_peak() {
 
 pub fn run(a: &TrainBenchArgs) -> Result<()> {
     let cfg = crate::model::init::shape(&a.shape)?;
+    let base = TrainSettings {
+        device: a.device.clone(),
+        compute_dtype: a.compute_dtype,
+        ops: a.ops,
+        ..TrainSettings::default()
+    };
+    base.validate().map_err(|e| anyhow::anyhow!("--{e}"))?;
+    let dev = crate::model::parse_device(&a.device)?;
+    let compute = base.compute();
     let weights = crate::model::init::random_weights(&cfg)?;
-    let t = Trainable::from_tensors(&cfg, &weights, &Device::Cpu)?;
+    let mut t = Trainable::from_tensors(&cfg, &weights, &dev, compute)?;
     drop(weights);
+    t.model.set_composed(a.ops == TrainOps::Generic)?;
+    let composed = t.model.composed();
     let params = t.num_params();
     let prompt = a.seq_len / 4;
     let rows: Vec<(Vec<u32>, Vec<u32>)> = (0..a.rows)
@@ -77,21 +134,26 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
     let batch = PackedBatch::pack(&refs);
     let tokens = batch.tokens.len();
     let scale = 1.0 / batch.loss_tokens() as f64;
-    let mut opt = AdamW::new(t.named_vars().to_vec(), AdamWConfig::default(), |_| true)?;
-    let ceiling = crate::machine::cpu_matmul_ceiling()?;
+    let mut opt = AdamW::new(t.masters().to_vec(), AdamWConfig::default(), |_| true)?;
+    opt.set_working(t.named_vars())?;
+    opt.set_host(!composed);
+    let ceiling = crate::train::memory::peak_flops(&dev, compute)?;
     println!(
-        "train bench: shape {} ({:.1}M parameters, f32, {} threads), {} rows x {} tokens per \
-         step ({} prompt), AdamW; matmul ceiling {:.1} GFLOP/s",
+        "train bench: shape {} ({:.1}M parameters, {compute:?} compute over f32 master weights, \
+         {}{}), {} rows x {} tokens per step ({} prompt), AdamW; peak {:.1} TFLOP/s",
         a.shape,
         params as f64 / 1e6,
-        rayon::current_num_threads(),
+        crate::train::memory::device_name(&dev),
+        if composed { ", device-generic ops" } else { "" },
         a.rows,
         a.seq_len,
         prompt,
-        ceiling / 1e9
+        ceiling / 1e12
     );
     let configs: &[(bool, bool)] = if a.quick {
         &[(false, true)]
+    } else if a.recompute_only {
+        &[(true, true)]
     } else {
         &[(false, false), (false, true), (true, false), (true, true)]
     };
@@ -117,40 +179,60 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
     let mut peaks = Vec::new();
     for &(recompute, chunked) in configs {
         let g = gopt(recompute, chunked);
-        let before = status_bytes("VmRSS").unwrap_or(0);
-        reset_peak();
-        step(&mut opt, g)?;
-        let peak = status_bytes("VmHWM").unwrap_or(0).saturating_sub(before);
-        peaks.push(peak);
+        let before = used_bytes(&dev);
+        let peak = if dev.is_cpu() {
+            reset_peak();
+            step(&mut opt, g)?;
+            status_bytes("VmHWM").unwrap_or(0)
+        } else {
+            // the driver's used memory after each phase (a GPU has no high-water mark to read)
+            let mut sums = GradSums::new(t.named_vars().len());
+            t.accumulate(&batch, scale, g, &mut sums)?;
+            dev.synchronize()?;
+            let after_backward = used_bytes(&dev);
+            let grads = sums.finish(t.named_vars())?;
+            opt.step(&grads, 1e-5, Some(1.0))?;
+            dev.synchronize()?;
+            after_backward.max(used_bytes(&dev))
+        };
+        peaks.push(peak.saturating_sub(before));
     }
     // Then speed, with the allocator as the trainer runs it.
     crate::train::tune_allocator();
     let mut speed = Vec::new();
     for &(recompute, chunked) in configs {
         step(&mut opt, gopt(recompute, chunked))?; // warm-up
+        dev.synchronize()?;
         let t0 = Instant::now();
         for _ in 0..a.steps {
             step(&mut opt, gopt(recompute, chunked))?;
         }
+        dev.synchronize()?;
         speed.push(tokens as f64 * a.steps as f64 / t0.elapsed().as_secs_f64());
     }
-    // Where a step's time goes (default configuration).
+    // Where a step's time goes (the last configuration).
     {
-        let dev = Device::Cpu;
+        let (recompute, chunked) = configs[configs.len() - 1];
         let toks = candle_core::Tensor::new(batch.tokens.as_slice(), &dev)?;
         let pos = candle_core::Tensor::new(batch.positions.as_slice(), &dev)?;
-        let mut attn = crate::model::attention::CausalAttention::new(batch.seq_lens.clone());
+        let mut attn = crate::model::attention::CausalAttention::with_composed(
+            batch.seq_lens.clone(),
+            composed,
+        );
         let t0 = Instant::now();
         let h = t.model.forward_hidden(&toks, &pos, &mut attn)?;
+        dev.synchronize()?;
         let fwd = t0.elapsed().as_secs_f64();
         drop(h);
         let t0 = Instant::now();
         let mut sums = GradSums::new(t.named_vars().len());
-        t.accumulate(&batch, scale, gopt(false, true), &mut sums)?;
+        t.accumulate(&batch, scale, gopt(recompute, chunked), &mut sums)?;
+        dev.synchronize()?;
         let fwd_bwd = t0.elapsed().as_secs_f64();
         let grads = sums.finish(t.named_vars())?;
         let t0 = Instant::now();
         opt.step(&grads, 1e-5, Some(1.0))?;
+        dev.synchronize()?;
         let adam = t0.elapsed().as_secs_f64();
         println!(
             "time split of a step: forward {fwd:.2}s, forward + head + backward {fwd_bwd:.2}s, \
@@ -168,10 +250,10 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
             max_seq_len: a.seq_len,
             recompute,
             loss_chunk_tokens: g.loss_chunk_tokens,
-            ..TrainSettings::default()
+            ..base.clone()
         };
         let b = memory::budget(&cfg, params as u64, &s);
-        let transient = b.total(&s) - b.weights - b.optimizer;
+        let transient = b.total(&s) - b.master - b.working - b.optimizer;
         println!(
             "{:>9} {:>8} {:>10.0} {:>6.1}% {:>14} {:>14}",
             recompute,
@@ -183,8 +265,21 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
         );
     }
     println!(
-        "step peak: peak RSS during the steps minus RSS before them; budget: the trainer's \
-         printed budget less weights and optimizer state (gradients, activations, logits)"
+        "step peak: peak RSS (CPU) or used GPU memory after each phase (GPU) during a step, minus \
+         before it; budget: the trainer's printed budget less weights and optimizer state \
+         (gradient sums and fresh gradients, activations, logits or the update's temporaries)"
+    );
+    let s = TrainSettings {
+        micro_batch_tokens: tokens,
+        max_seq_len: a.seq_len,
+        ..base
+    };
+    let b = memory::budget(&cfg, params as u64, &s);
+    println!(
+        "resident: master weights {}, working copy {}, AdamW moments {}",
+        crate::bytes::format_bytes(b.master),
+        crate::bytes::format_bytes(b.working),
+        crate::bytes::format_bytes(b.optimizer)
     );
     Ok(())
 }

@@ -12,8 +12,12 @@ use crate::config::Config;
 use crate::machine::{available_memory_bytes, free_disk_bytes};
 use crate::stages::{stage_state, Plan, Resolve, StageState};
 
-/// `plan_only`: skip the comparison with this machine's free disk and memory.
-pub fn run(cfg: &Config, plan_only: bool) -> Result<()> {
+/// `plan_only`: skip the comparison with this machine's free disk and memory; `gpu` (with it):
+/// the GPU the GPU stages are checked against (a name of `train::memory::GPUS` or a size).
+/// Without `plan_only`, a GPU stage is checked against its device's memory when this binary
+/// can open it.
+pub fn run(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
+    let gpu = gpu.map(crate::train::memory::parse_gpu).transpose()?;
     println!("config {}: valid", cfg.origin);
     // a hub model that is not downloaded is planned from its built-in card (config only)
     let plan = Plan::build_with(cfg, &cfg.workdir, Resolve { preflight: true })?;
@@ -34,9 +38,10 @@ pub fn run(cfg: &Config, plan_only: bool) -> Result<()> {
     );
     let mut disk = 0u64;
     let mut peak_mem = 0u64;
+    let mut gpu_stages: Vec<(String, u64)> = Vec::new();
     println!(
-        "{:<11} {:<12} {:>12} {:>12}",
-        "stage", "state", "disk", "memory"
+        "{:<11} {:<12} {:>12} {:>12} {:>12}",
+        "stage", "state", "disk", "memory", "GPU memory"
     );
     for s in &plan.stages {
         let done = matches!(stage_state(&s.dir)?, StageState::Done(_));
@@ -47,12 +52,17 @@ pub fn run(cfg: &Config, plan_only: bool) -> Result<()> {
         };
         disk += d;
         peak_mem = peak_mem.max(m);
+        let g = if done { 0 } else { s.estimate.gpu_bytes };
+        if g > 0 {
+            gpu_stages.push((s.name.clone(), g));
+        }
         println!(
-            "{:<11} {:<12} {:>12} {:>12}",
+            "{:<11} {:<12} {:>12} {:>12} {:>12}",
             s.name,
             if done { "cached" } else { "to run" },
             format_bytes(d),
-            format_bytes(m)
+            format_bytes(m),
+            if g > 0 { format_bytes(g) } else { "-".into() }
         );
     }
     let free_disk = free_disk_bytes(&cfg.workdir)?;
@@ -92,6 +102,29 @@ pub fn run(cfg: &Config, plan_only: bool) -> Result<()> {
             ));
         }
     }
+    if !gpu_stages.is_empty() {
+        match gpu_memory(plan_only, gpu)? {
+            Some((what, have)) => {
+                println!("GPU memory: {what}: {}", format_bytes(have));
+                for (name, need) in &gpu_stages {
+                    if *need > have {
+                        problems.push(format!(
+                            "the {name} stage needs about {} of GPU memory but {what} has {} \
+                             (see its budget: `pipeline train` prints it line by line; \
+                             recompute = true, a smaller micro_batch_tokens or \
+                             loss_chunk_tokens, or a larger GPU)",
+                            format_bytes(*need),
+                            format_bytes(have)
+                        ));
+                    }
+                }
+            }
+            None => println!(
+                "GPU memory: not checked (name the GPU with --plan-only --gpu h100|h200|b200, \
+                 or run preflight on the GPU machine)"
+            ),
+        }
+    }
     if !problems.is_empty() {
         bail!("preflight failed:\n  - {}", problems.join("\n  - "));
     }
@@ -101,4 +134,26 @@ pub fn run(cfg: &Config, plan_only: bool) -> Result<()> {
         println!("preflight ok");
     }
     Ok(())
+}
+
+/// The GPU memory GPU stages are checked against, and what it is: the named GPU, or (not
+/// planning for another machine) the first device's total memory when this binary opens it.
+fn gpu_memory(
+    plan_only: bool,
+    gpu: Option<crate::train::memory::Gpu>,
+) -> Result<Option<(String, u64)>> {
+    if let Some(g) = gpu {
+        return Ok(Some((g.name.to_string(), g.memory)));
+    }
+    if plan_only {
+        return Ok(None);
+    }
+    #[cfg(feature = "cuda")]
+    {
+        if let Ok(dev) = crate::cuda::sampler_device(0) {
+            let (_, total) = crate::cuda::memory_info(&dev)?;
+            return Ok(Some((crate::train::memory::device_name(&dev), total)));
+        }
+    }
+    Ok(None)
 }

@@ -39,6 +39,15 @@ pub struct TrainArgs {
     /// Stop after this step with a checkpoint; the same command later continues from it.
     #[arg(long)]
     pub stop_after: Option<u64>,
+    /// Overrides `device`: cpu, cuda or cuda:N.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Overrides `compute_dtype`: auto (bf16 on a GPU, f32 on the CPU), f32 or bf16.
+    #[arg(long)]
+    pub compute_dtype: Option<String>,
+    /// Overrides `ops`: auto, or generic (the device-generic ops on the CPU too).
+    #[arg(long)]
+    pub ops: Option<String>,
 }
 
 /// Reads train settings from `path`: its `[train]` table, or the whole file.
@@ -70,6 +79,20 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     }
     if let Some(lr) = a.lr {
         s.lr = lr;
+    }
+    if let Some(d) = &a.device {
+        s.device = d.clone();
+    }
+    let value = |v: &str| toml::Value::String(v.to_string());
+    if let Some(c) = &a.compute_dtype {
+        s.compute_dtype = value(c)
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("--compute-dtype `{c}`: use auto, f32 or bf16"))?;
+    }
+    if let Some(o) = &a.ops {
+        s.ops = value(o)
+            .try_into()
+            .map_err(|_| anyhow::anyhow!("--ops `{o}`: use auto or generic"))?;
     }
     s.model = None;
     s.validate().map_err(|e| anyhow::anyhow!("--{e}"))?;

@@ -87,3 +87,12 @@ pub fn memory_info(dev: &candle_core::Device) -> Result<(u64, u64)> {
         .map_err(|e| candle_core::Error::Msg(format!("memory info: {e:?}")))?;
     Ok((free as u64, total as u64))
 }
+
+/// The CUDA device's name as the driver gives it (`NVIDIA H100 80GB HBM3`).
+pub fn device_name(dev: &candle_core::Device) -> Result<String> {
+    dev.as_cuda_device()?
+        .cuda_stream()
+        .context()
+        .name()
+        .map_err(|e| candle_core::Error::Msg(format!("device name: {e:?}")))
+}

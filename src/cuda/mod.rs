@@ -6,4 +6,4 @@
 
 pub mod kernels;
 
-pub use kernels::sampler_device;
+pub use kernels::{device_name, memory_info, sampler_device};

@@ -7,7 +7,9 @@
 //! (Gated DeltaNet) asks the backend instead for each sequence's state at the start of the step
 //! and hands back the state at its end ([`AttentionBackend::recurrent_state`]). Differentiable: f32 on the
 //! CPU runs the fused op of [`super::fused_attention`] (its own backward pass, no score tensors);
-//! other devices and dtypes compose candle ops ([`attend_one`]). Knows nothing of weights.
+//! other devices and dtypes, and the device-generic path on the CPU, run FlashAttention's
+//! algorithm in query blocks of candle ops ([`super::block_attention`]); [`attend_one`] is the
+//! plain composed reference. Knows nothing of weights.
 
 use candle_core::{DType, Device, Result, Tensor, D};
 
@@ -100,17 +102,28 @@ pub type AttnShape = (usize, usize, usize, usize);
 pub struct CausalAttention {
     /// Lengths of the sequences laid end to end in the step.
     pub seq_lens: Vec<usize>,
+    /// Elementary candle ops on every device (the device-generic training path), not the fused
+    /// CPU kernel.
+    pub composed: bool,
 }
 
 impl CausalAttention {
     pub fn new(seq_lens: Vec<usize>) -> Self {
-        CausalAttention { seq_lens }
+        CausalAttention {
+            seq_lens,
+            composed: false,
+        }
+    }
+
+    /// [`CausalAttention::new`] on the device-generic path (`composed`) or not.
+    pub fn with_composed(seq_lens: Vec<usize>, composed: bool) -> Self {
+        CausalAttention { seq_lens, composed }
     }
 }
 
 impl AttentionBackend for CausalAttention {
     fn attend(&mut self, _layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-        if super::diff_ops::supported(q) {
+        if !self.composed && super::diff_ops::supported(q) {
             return super::fused_attention::fused_causal(q, k, v, &self.seq_lens);
         }
         let mut outs = Vec::with_capacity(self.seq_lens.len());
@@ -119,8 +132,8 @@ impl AttentionBackend for CausalAttention {
             let q = q.narrow(0, start, len)?;
             let k = k.narrow(0, start, len)?;
             let v = v.narrow(0, start, len)?;
-            let mask = causal_mask(len, len, 0, q.device())?;
-            outs.push(attend_one(&q, &k, &v, Some(&mask))?);
+            let block = super::block_attention::BLOCK;
+            outs.push(super::block_attention::causal(&q, &k, &v, block)?);
             start += len;
         }
         Tensor::cat(&outs, 0)
@@ -140,8 +153,10 @@ impl AttentionBackend for CausalAttention {
     }
 }
 
-/// Attention of `q` (Lq, Hq, D) over `k`, `v` (Lk, Hkv, D) with an additive `mask` (Lq, Lk).
-/// Grouped-query heads share their KV head. Returns (Lq, Hq, D).
+/// Attention of `q` (Lq, Hq, D) over `k`, `v` (Lk, Hkv, D) with an additive `mask` (Lq, Lk,
+/// f32). Grouped-query heads share their KV head. Returns (Lq, Hq, D). Below f32 the scores are
+/// masked and normalised in f32, as transformers' eager attention does, and the probabilities
+/// multiply `v` in the inputs' dtype.
 pub fn attend_one(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
     let (_, hq, d) = q.dims3()?;
     let (_, hkv, _) = k.dims3()?;
@@ -151,11 +166,12 @@ pub fn attend_one(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> 
     let v = repeat_kv(&v.transpose(0, 1)?.contiguous()?, hq / hkv)?;
     let scale = 1.0 / (d as f64).sqrt();
     // (H, Lq, D) x (H, D, Lk) -> (H, Lq, Lk)
-    let mut scores = (q.matmul(&k.t()?)? * scale)?;
+    let dtype = q.dtype();
+    let mut scores = (q.matmul(&k.t()?)? * scale)?.to_dtype(DType::F32)?;
     if let Some(m) = mask {
         scores = scores.broadcast_add(m)?;
     }
-    let probs = softmax_last(&scores)?;
+    let probs = softmax_last(&scores)?.to_dtype(dtype)?;
     // (H, Lq, Lk) x (H, Lk, D) -> (H, Lq, D) -> (Lq, H, D)
     probs.matmul(&v)?.transpose(0, 1)?.contiguous()
 }

@@ -268,6 +268,12 @@ impl ModelConfig {
         layers + embed + h
     }
 
+    /// Parameters of layer `i` (its mixer, MLP and two norms).
+    pub fn layer_params(&self, i: usize) -> usize {
+        let h = self.hidden_size;
+        3 * h * self.intermediate_size + 2 * h + self.mixer_params(self.layer_kinds[i])
+    }
+
     /// Parameters of a layer's token mixer (its attention), without the MLP and norms.
     fn mixer_params(&self, kind: LayerKind) -> usize {
         match kind {

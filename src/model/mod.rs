@@ -6,6 +6,7 @@
 //! nothing of scheduling or config files.
 
 pub mod attention;
+pub mod block_attention;
 pub mod cards;
 pub mod config;
 pub mod cpu_op;

@@ -6,6 +6,9 @@
 //!   against. f32 on the CPU runs the single ops with hand-written backward passes of
 //!   [`super::diff_ops`] and [`super::host_linear`]; other devices and dtypes compose candle ops,
 //!   each of which records its backward.
+//! - **composed** ([`Exec::Composed`]): the device-generic differentiable path, elementary candle
+//!   ops everywhere, on the CPU too: what a GPU trains through, run on the CPU behind
+//!   `[train] ops = "generic"` so that the tests check the GPU's code against PyTorch.
 //! - **sampling on a device** ([`Exec::Sampling`]): candle's fused kernels, which record no
 //!   backward pass (a model trained through them would get zero gradients upstream, silently).
 //! - **sampling on the CPU host path**: the packed layers of `model::layers::*_host` over plain
@@ -21,8 +24,10 @@ use super::config::ModelConfig;
 /// How the candle path computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exec {
-    /// Every op records a backward pass.
+    /// Every op records a backward pass; our CPU ops where they exist (f32 on the CPU).
     Differentiable,
+    /// Every op records a backward pass, composed from candle's elementary ops on every device.
+    Composed,
     /// candle's fused kernels (no backward pass): sampling.
     Sampling,
 }
@@ -42,7 +47,7 @@ fn path(x: &Tensor, exec: Exec) -> OpPath {
     match exec {
         Exec::Sampling => OpPath::Fused,
         Exec::Differentiable if super::diff_ops::supported(x) => OpPath::HostDifferentiable,
-        Exec::Differentiable => OpPath::Composed,
+        Exec::Differentiable | Exec::Composed => OpPath::Composed,
     }
 }
 
@@ -80,9 +85,12 @@ impl RmsNorm {
             OpPath::Fused => candle_nn::ops::rms_norm(x, &w, self.eps as f32),
             OpPath::HostDifferentiable => super::diff_ops::rms_norm(x, &w, self.eps),
             OpPath::Composed => {
+                // in f32 whatever the input's dtype, as transformers computes it
+                let dtype = x.dtype();
+                let x = x.to_dtype(DType::F32)?;
                 let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
                 let x = x.broadcast_div(&(ms + self.eps)?.sqrt()?)?;
-                x.broadcast_mul(&w)
+                x.to_dtype(dtype)?.broadcast_mul(&w)
             }
         }
     }
@@ -211,17 +219,40 @@ pub(super) fn swiglu(g: &Tensor, u: &Tensor, exec: Exec) -> Result<Tensor> {
     }
 }
 
-/// `l(x)`: on the packed CPU gemm (with its backward) for f32 on the CPU at enough rows, else
-/// candle's.
-pub(super) fn project(l: &Linear, x: &Tensor) -> Result<Tensor> {
-    if !super::host_linear::supported(x) {
+/// `l(x)`: on the packed CPU gemm (with its backward) for f32 on the CPU on the differentiable
+/// path, else candle's.
+pub(super) fn project(l: &Linear, x: &Tensor, exec: Exec) -> Result<Tensor> {
+    if exec == Exec::Sampling {
         return l.forward(x);
+    }
+    if exec == Exec::Composed || !super::host_linear::supported(x) {
+        let y = match x.rank() {
+            2 => matmul(x, &l.weight().t()?)?,
+            _ => return l.forward(x),
+        };
+        return match l.bias() {
+            Some(b) => y.broadcast_add(b),
+            None => Ok(y),
+        };
     }
     let y = super::host_linear::linear(x, l.weight())?;
     match l.bias() {
         Some(b) => y.broadcast_add(b),
         None => Ok(y),
     }
+}
+
+/// `a @ b`, differentiable. bf16 on the CPU (whose gemm has none) computes as a GPU's bf16 GEMM
+/// does: exact f32 products of the bf16 inputs, summed in f32, the result rounded to bf16; so
+/// the device-generic path runs in bf16 on the CPU too, and its tests check the GPU's recipe.
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if a.device().is_cpu() && a.dtype() == DType::BF16 {
+        return a
+            .to_dtype(DType::F32)?
+            .matmul(&b.to_dtype(DType::F32)?)?
+            .to_dtype(DType::BF16);
+    }
+    a.matmul(b)
 }
 
 pub(super) fn linear(i: usize, o: usize, bias: bool, vb: VarBuilder) -> Result<Linear> {

@@ -122,6 +122,26 @@ impl Transformer {
         Ok(())
     }
 
+    /// Trains through elementary candle ops on every device ([`Exec::Composed`]), the CPU too:
+    /// the device-generic path a GPU runs, which the CPU tests check against PyTorch. Off, f32 on
+    /// the CPU uses our ops with hand-written backward passes.
+    pub fn set_composed(&mut self, on: bool) -> Result<()> {
+        if self.exec == Exec::Sampling {
+            candle_core::bail!("the model is set up for sampling; load it again to train")
+        }
+        self.exec = if on {
+            Exec::Composed
+        } else {
+            Exec::Differentiable
+        };
+        Ok(())
+    }
+
+    /// Whether the model computes through [`Exec::Composed`].
+    pub fn composed(&self) -> bool {
+        self.exec == Exec::Composed
+    }
+
     /// Final hidden states (T, hidden) for `tokens` (T,) u32 at `positions` (T,) u32.
     pub fn forward_hidden(
         &self,

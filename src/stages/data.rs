@@ -45,6 +45,7 @@ pub fn plan(cfg: &DataConfig, workdir: &Path, resolve: &super::Resolve) -> Resul
     st.estimate = Estimate {
         disk_bytes: bytes,
         memory_bytes: bytes * 3,
+        ..Estimate::default()
     };
     Ok(st)
 }

@@ -88,6 +88,7 @@ pub fn plan(
     st.estimate = Estimate {
         disk_bytes: 0,
         memory_bytes,
+        ..Estimate::default()
     };
     Ok(st)
 }

@@ -87,6 +87,7 @@ pub fn plan(
     st.estimate = Estimate {
         disk_bytes: bytes * 2,
         memory_bytes: bytes * 4,
+        ..Estimate::default()
     };
     Ok(st)
 }

@@ -117,7 +117,11 @@ pub struct PlannedStage {
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct Estimate {
     pub disk_bytes: u64,
+    /// Host memory.
     pub memory_bytes: u64,
+    /// GPU memory, for a stage that runs on one (0: none).
+    #[serde(default)]
+    pub gpu_bytes: u64,
 }
 
 #[derive(Debug, Clone)]

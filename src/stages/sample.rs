@@ -48,6 +48,7 @@ pub fn plan(
     st.estimate = Estimate {
         disk_bytes: 64 << 20,
         memory_bytes,
+        ..Estimate::default()
     };
     Ok(st)
 }

@@ -50,9 +50,27 @@ pub fn plan(
     );
     st.estimate = Estimate {
         disk_bytes: crate::train::memory::disk_bytes(params, dtype_bytes, s),
-        memory_bytes: budget.total(s),
+        ..train_memory(s, &budget)
     };
     Ok(st)
+}
+
+/// Where a training run's memory goes: all of it on the host on the CPU; on a GPU, the budget
+/// there, and on the host one tensor of the checkpoint or export at a time (the largest, in
+/// f32) beside the data.
+pub fn train_memory(s: &TrainSettings, budget: &crate::train::memory::Budget) -> Estimate {
+    if s.on_gpu() {
+        Estimate {
+            memory_bytes: 2 * budget.largest_tensor,
+            gpu_bytes: budget.total(s),
+            ..Estimate::default()
+        }
+    } else {
+        Estimate {
+            memory_bytes: budget.total(s),
+            ..Estimate::default()
+        }
+    }
 }
 
 pub fn run(s: &TrainSettings, plan: &Plan, stage: &PlannedStage) -> Result<StageOutput> {

@@ -8,6 +8,14 @@
 //! norm, the update/parameter RMS ratio and the share of weights whose *stored* value (in the
 //! model's dtype) changed, which is what catches updates lost below the dtype's quantum.
 //!
+//! With a working copy (training in bf16), the variables here are the f32 master weights and
+//! each update ends by writing the new master, rounded, into the model's bf16 variable.
+//!
+//! On f32 CPU data the update runs as three parallel passes in place; elsewhere (a GPU, or the
+//! device-generic path on the CPU) it runs as candle ops over slices of at most [`SLICE`]
+//! elements written back in place, so that its temporaries stay small next to the largest
+//! tensor (Qwen3-4B's embedding is 1.6 GB in f32). Both give the same bits.
+//!
 //! Knows nothing of models or data: it sees named variables and gradients in the same order.
 
 use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Result, Tensor, Var};
@@ -45,13 +53,15 @@ pub enum StateRounding {
     Bf16Stochastic { seed: u64 },
 }
 
-/// One parameter: the variable, its moments, whether weight decay applies.
+/// One parameter: the (master) variable, its moments, whether weight decay applies, and the
+/// model's working copy when it computes in another dtype.
 struct Slot {
     name: String,
     var: Var,
     m: Tensor,
     v: Tensor,
     decay: bool,
+    working: Option<Var>,
 }
 
 pub struct AdamW {
@@ -60,9 +70,16 @@ pub struct AdamW {
     rounding: StateRounding,
     /// The dtype the model is stored in: "changed" is judged there.
     stored: DType,
+    /// f32 CPU data may take the in-place host passes (off: candle ops everywhere).
+    host: bool,
     /// Steps taken.
     pub step: u64,
 }
+
+/// Elements per slice of the candle-op update: a multiple of 4 (the stochastic rounding draws
+/// 64 random bits per 4 values) small enough that the update's temporaries stay a few hundred
+/// MB.
+pub const SLICE: usize = 1 << 24;
 
 /// What a step did, for the metrics.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -102,10 +119,11 @@ impl AdamW {
             .map(|(name, var)| {
                 Ok(Slot {
                     decay: decay(&name),
-                    m: var.zeros_like()?.to_dtype(state_dtype)?,
-                    v: var.zeros_like()?.to_dtype(state_dtype)?,
+                    m: Tensor::zeros(var.shape(), state_dtype, var.device())?,
+                    v: Tensor::zeros(var.shape(), state_dtype, var.device())?,
                     name,
                     var,
+                    working: None,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -114,33 +132,47 @@ impl AdamW {
             slots,
             rounding,
             stored,
+            host: true,
             step: 0,
         };
         if rounding != StateRounding::F32 {
             // the master weights start on the bf16 grid
             for i in 0..opt.slots.len() {
-                let p = opt.round(opt.slots[i].var.as_tensor(), i, 0)?;
+                let p = opt.round(opt.slots[i].var.as_tensor(), i, 0, 0)?;
                 opt.slots[i].var.set(&p)?;
             }
         }
         Ok(opt)
     }
 
+    /// The model's working copies, in the parameters' order: after each update, the new master
+    /// weight in the copy's dtype is written into any that is not the master itself.
+    pub fn set_working(&mut self, working: &[(String, Var)]) -> Result<()> {
+        if working.len() != self.slots.len() {
+            candle_core::bail!("{} working copies for {} parameters", working.len(), self.slots.len())
+        }
+        for (s, (name, w)) in self.slots.iter_mut().zip(working) {
+            if *name != s.name || w.shape() != s.var.shape() {
+                candle_core::bail!("working copy {name} does not match parameter {}", s.name)
+            }
+            s.working = (w.as_tensor().id() != s.var.as_tensor().id()).then(|| w.clone());
+        }
+        Ok(())
+    }
+
+    /// Off: no in-place host passes, candle ops on every device (the device-generic path).
+    pub fn set_host(&mut self, on: bool) {
+        self.host = on;
+    }
+
     /// Global L2 norm of `grads` (f64 sum of per-tensor squares).
     pub fn grad_norm(grads: &[Tensor]) -> Result<f64> {
-        let mut sq = 0f64;
-        for g in grads {
-            let g = &g.contiguous()?;
-            sq += match host_view(g) {
-                Some(view) => chunked(view.get()?, |c| {
-                    c.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>()
-                })
-                .into_iter()
-                .sum::<f64>(),
-                None => f64::from(g.sqr()?.sum_all()?.to_scalar::<f32>()?),
-            };
-        }
-        Ok(sq.sqrt())
+        norm(grads, true)
+    }
+
+    /// [`AdamW::grad_norm`] as this optimizer computes it (on the host passes or candle ops).
+    pub fn norm_of(&self, grads: &[Tensor]) -> Result<f64> {
+        norm(grads, self.host)
     }
 
     /// Clips to `max_norm` (if given) and applies one AdamW update at learning rate `lr`.
@@ -153,7 +185,7 @@ impl AdamW {
                 self.slots.len()
             );
         }
-        let grad_norm = AdamW::grad_norm(grads)?;
+        let grad_norm = self.norm_of(grads)?;
         // torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1, always multiplied
         let clip = max_norm.map_or(1.0, |m| (m / (grad_norm + 1e-6)).min(1.0));
         self.step += 1;
@@ -180,8 +212,11 @@ impl AdamW {
                     .then_some((1.0 - lr * self.cfg.weight_decay) as f32),
                 ..host
             };
-            if self.rounding == StateRounding::F32 {
+            if self.rounding == StateRounding::F32 && self.host {
                 if let Some(stats) = host.apply(s, grad, self.stored)? {
+                    if let Some(w) = &s.working {
+                        w.set(&s.var.as_tensor().to_dtype(w.dtype())?)?;
+                    }
                     upd_sq += stats.upd_sq;
                     par_sq += stats.par_sq;
                     changed += stats.changed as f64;
@@ -189,40 +224,11 @@ impl AdamW {
                     continue;
                 }
             }
-            let g = if max_norm.is_some() {
-                (grad * clip)?
-            } else {
-                grad.clone()
-            };
-            let s = &self.slots[i];
-            let old = s.var.as_tensor().clone();
-            let mut p = old.clone();
-            if s.decay && self.cfg.weight_decay != 0.0 {
-                p = (p * (1.0 - lr * self.cfg.weight_decay))?;
-            }
-            let m = ((s.m.to_dtype(DType::F32)? * b1)? + (&g * (1.0 - b1))?)?;
-            let v = ((s.v.to_dtype(DType::F32)? * b2)? + (g.sqr()? * (1.0 - b2))?)?;
-            let denom = ((v.sqrt()? / bias2_sqrt)? + self.cfg.eps)?;
-            let update = (m.broadcast_div(&denom)? * (lr / bias1))?;
-            let new = self.round(&(p - update)?, i, 0)?;
-            let m = self.round(&m, i, 1)?;
-            let v = self.round(&v, i, 2)?;
-            let state_dtype = self.slots[i].m.dtype();
-            let s = &mut self.slots[i];
-            s.m = m.to_dtype(state_dtype)?;
-            s.v = v.to_dtype(state_dtype)?;
-            let diff = (&new - &old)?;
-            upd_sq += f64::from(diff.sqr()?.sum_all()?.to_scalar::<f32>()?);
-            par_sq += f64::from(old.sqr()?.sum_all()?.to_scalar::<f32>()?);
-            let ne = new
-                .to_dtype(self.stored)?
-                .ne(&old.to_dtype(self.stored)?)?
-                .to_dtype(DType::F32)?
-                .sum_all()?
-                .to_scalar::<f32>()?;
-            changed += f64::from(ne);
-            total += old.elem_count();
-            s.var.set(&new)?;
+            let stats = self.update_slices(i, grad, lr, max_norm.map(|_| clip))?;
+            upd_sq += stats.upd_sq;
+            par_sq += stats.par_sq;
+            changed += stats.changed as f64;
+            total += grad.elem_count();
         }
         Ok(StepStats {
             grad_norm,
@@ -231,17 +237,90 @@ impl AdamW {
         })
     }
 
+    /// One parameter's update by candle ops (any device), slice by slice of [`SLICE`] elements
+    /// of the flattened tensors, each written back in place (the master, the moments, the
+    /// working copy). `clip`: the gradient's multiplier when clipping is on.
+    fn update_slices(
+        &self,
+        i: usize,
+        grad: &Tensor,
+        lr: f64,
+        clip: Option<f64>,
+    ) -> Result<HostStats> {
+        let s = &self.slots[i];
+        let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
+        let t = self.step as i32;
+        let bias1 = 1.0 - b1.powi(t);
+        let bias2_sqrt = (1.0 - b2.powi(t)).sqrt();
+        let n = s.var.elem_count();
+        if grad.elem_count() != n {
+            candle_core::bail!("{}: {} gradient values for {n}", s.name, grad.elem_count())
+        }
+        let (var, m_all, v_all) = (s.var.flatten_all()?, s.m.flatten_all()?, s.v.flatten_all()?);
+        let working = s.working.as_ref().map(|w| w.flatten_all()).transpose()?;
+        let grad = grad.to_dtype(DType::F32)?.flatten_all()?;
+        let state_dtype = s.m.dtype();
+        let mut stats = HostStats::default();
+        let mut start = 0;
+        while start < n {
+            let len = SLICE.min(n - start);
+            let g = grad.narrow(0, start, len)?;
+            let g = match clip {
+                Some(c) => (g * c)?,
+                None => g,
+            };
+            let old = var.narrow(0, start, len)?;
+            let mut p = old.clone();
+            if s.decay && self.cfg.weight_decay != 0.0 {
+                p = (p * (1.0 - lr * self.cfg.weight_decay))?;
+            }
+            let m_old = m_all.narrow(0, start, len)?.to_dtype(DType::F32)?;
+            let v_old = v_all.narrow(0, start, len)?.to_dtype(DType::F32)?;
+            let m = ((m_old * b1)? + (&g * (1.0 - b1))?)?;
+            let v = ((v_old * b2)? + (g.sqr()? * (1.0 - b2))?)?;
+            let denom = ((v.sqrt()? / bias2_sqrt)? + self.cfg.eps)?;
+            let update = (m.broadcast_div(&denom)? * (lr / bias1))?;
+            let new = self.round(&(p - update)?, i, 0, start)?;
+            let m = self.round(&m, i, 1, start)?;
+            let v = self.round(&v, i, 2, start)?;
+            let diff = (&new - &old)?;
+            stats.upd_sq += f64::from(diff.sqr()?.sum_all()?.to_scalar::<f32>()?);
+            stats.par_sq += f64::from(old.sqr()?.sum_all()?.to_scalar::<f32>()?);
+            let ne = new
+                .to_dtype(self.stored)?
+                .ne(&old.to_dtype(self.stored)?)?
+                .to_dtype(DType::F32)?
+                .sum_all()?
+                .to_scalar::<f32>()?;
+            stats.changed += ne as usize;
+            drop(old);
+            var.slice_set(&new, 0, start)?;
+            m_all.slice_set(&m.to_dtype(state_dtype)?, 0, start)?;
+            v_all.slice_set(&v.to_dtype(state_dtype)?, 0, start)?;
+            if let Some(w) = &working {
+                w.slice_set(&new.to_dtype(w.dtype())?, 0, start)?;
+            }
+            start += len;
+        }
+        Ok(stats)
+    }
+
     /// `x` (f32) on the state's grid: unchanged for f32 state, else bf16 values (as f32).
-    /// `which` separates the weights (0) and the two moments (1, 2) in the rounding stream.
-    fn round(&self, x: &Tensor, slot: usize, which: u64) -> Result<Tensor> {
+    /// `which` separates the weights (0) and the two moments (1, 2) in the rounding stream;
+    /// `offset` (a multiple of 4) is where `x` starts in its tensor, so that a tensor rounded in
+    /// slices draws the same bits as one rounded whole.
+    fn round(&self, x: &Tensor, slot: usize, which: u64, offset: usize) -> Result<Tensor> {
         match self.rounding {
             StateRounding::F32 => Ok(x.clone()),
             StateRounding::Bf16Nearest => x.to_dtype(DType::BF16)?.to_dtype(DType::F32),
             StateRounding::Bf16Stochastic { seed } => {
+                debug_assert_eq!(offset % 4, 0);
                 let mut rng = SplitMix(
-                    seed ^ self.step.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    (seed
+                        ^ self.step.wrapping_mul(0x9E37_79B9_7F4A_7C15)
                         ^ ((slot as u64) << 20)
-                        ^ (which << 60),
+                        ^ (which << 60))
+                        .wrapping_add((offset as u64 / 4).wrapping_mul(0x9E37_79B9_7F4A_7C15)),
                 );
                 let vals = x.flatten_all()?.to_vec1::<f32>()?;
                 let mut out = Vec::with_capacity(vals.len());
@@ -271,27 +350,60 @@ impl AdamW {
             .collect()
     }
 
-    /// Restores what [`AdamW::state_tensors`] saved, and the step count.
+    /// Restores what [`AdamW::state_tensors`] saved, and the step count: `get(name)` gives a
+    /// saved tensor (on any device: it is moved to the parameter's), one at a time.
     pub fn load_state(
         &mut self,
-        state: &std::collections::HashMap<String, Tensor>,
+        mut get: impl FnMut(&str) -> Result<Option<Tensor>>,
         step: u64,
     ) -> Result<()> {
         for s in &mut self.slots {
+            let dev = s.var.device().clone();
             for (key, slot) in [("exp_avg", &mut s.m), ("exp_avg_sq", &mut s.v)] {
                 let name = format!("{key}.{}", s.name);
-                let t = state.get(&name).ok_or_else(|| {
+                let t = get(&name)?.ok_or_else(|| {
                     candle_core::Error::Msg(format!("optimizer state has no {name}"))
                 })?;
                 if t.shape() != slot.shape() {
                     candle_core::bail!("optimizer state {name}: shape {:?}", t.shape());
                 }
-                *slot = t.to_dtype(slot.dtype())?;
+                *slot = t.to_dtype(slot.dtype())?.to_device(&dev)?;
             }
         }
         self.step = step;
         Ok(())
     }
+}
+
+/// Global L2 norm of `grads`: f64 sums of f32 CPU data on the host (`host`), else per slice of
+/// candle ops.
+fn norm(grads: &[Tensor], host: bool) -> Result<f64> {
+    let mut sq = 0f64;
+    for g in grads {
+        let g = &g.contiguous()?;
+        let view = host_view(g).filter(|_| host);
+        match view {
+            Some(view) => {
+                sq += chunked(view.get()?, |c| {
+                    c.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>()
+                })
+                .into_iter()
+                .sum::<f64>()
+            }
+            None => {
+                let flat = g.flatten_all()?;
+                let n = flat.elem_count();
+                let mut start = 0;
+                while start < n {
+                    let len = SLICE.min(n - start);
+                    let part = flat.narrow(0, start, len)?.to_dtype(DType::F32)?;
+                    sq += f64::from(part.sqr()?.sum_all()?.to_scalar::<f32>()?);
+                    start += len;
+                }
+            }
+        };
+    }
+    Ok(sq.sqrt())
 }
 
 /// Elements per parallel chunk of the host update.

@@ -119,22 +119,39 @@ pub fn latest(root: &Path) -> Result<Option<(PathBuf, TrainState)>> {
     Ok(Some((dir, state)))
 }
 
-/// Loads the weights and moments of checkpoint `dir` into `t` and `opt`.
+/// Loads the weights and moments of checkpoint `dir` into `t` and `opt`, one tensor at a time
+/// from the mapped files onto the model's device (no second copy of the state in host memory),
+/// then refreshes the model's working copy from the restored master weights.
 pub fn restore(dir: &Path, state: &TrainState, t: &Trainable, opt: &mut AdamW) -> Result<()> {
-    let dev = Device::Cpu;
-    let w = candle_core::safetensors::load(dir.join(WEIGHTS), &dev)
-        .with_context(|| format!("cannot read {}", dir.join(WEIGHTS).display()))?;
-    for (name, var) in t.named_vars() {
+    let map = |name: &str| {
+        let p = dir.join(name);
+        // SAFETY: read-only maps of files this run wrote and renamed into place.
+        unsafe { candle_core::safetensors::MmapedSafetensors::new(&p) }
+            .with_context(|| format!("cannot read {}", p.display()))
+    };
+    let w = map(WEIGHTS)?;
+    for (name, var) in t.masters() {
         let v = w
-            .get(name)
-            .with_context(|| format!("{}: no tensor {name}", dir.display()))?;
-        var.set(&v.to_device(var.device())?)
+            .load(name, var.device())
+            .with_context(|| format!("{}: tensor {name}", dir.display()))?;
+        var.set(&v.to_dtype(var.dtype())?)
             .with_context(|| format!("{}: tensor {name}", dir.display()))?;
     }
-    let o = candle_core::safetensors::load(dir.join(OPTIMIZER), &dev)
-        .with_context(|| format!("cannot read {}", dir.join(OPTIMIZER).display()))?;
-    opt.load_state(&o, state.step)
-        .with_context(|| format!("{}: optimizer state", dir.display()))?;
+    t.refresh_working()?;
+    let o = map(OPTIMIZER)?;
+    let names: std::collections::HashSet<String> =
+        o.tensors().into_iter().map(|(n, _)| n).collect();
+    let dev = t.device().clone();
+    opt.load_state(
+        |name| {
+            if !names.contains(name) {
+                return Ok(None);
+            }
+            o.load(name, &dev).map(Some)
+        },
+        state.step,
+    )
+    .with_context(|| format!("{}: optimizer state", dir.display()))?;
     Ok(())
 }
 
@@ -188,31 +205,48 @@ pub fn export(t: &Trainable, base: &Checkpoint, dtype: DType, out: &Path) -> Res
         }
     }
     // weights, in name order, cut into shards: the trained ones in `dtype`, and the tensors
-    // the text model does not use (a vision tower) as they were, byte for byte
-    let mut tensors: Vec<(String, Tensor)> = t
-        .named_vars()
+    // the text model does not use (a vision tower) as they were, byte for byte. Each tensor is
+    // brought to the host and written on its own: no second copy of the model in memory.
+    // SAFETY: read-only maps of the base checkpoint (see Checkpoint::load_transformer).
+    let base_st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&base.weights) }
+        .with_context(|| format!("cannot map the weights of {}", base.dir.display()))?;
+    let mut entries: Vec<Entry> = t
+        .masters()
         .iter()
-        .map(|(n, v)| Ok((n.clone(), v.as_tensor().to_dtype(dtype)?)))
-        .collect::<Result<_>>()?;
-    if !t.carried.is_empty() {
-        // SAFETY: read-only maps of the base checkpoint (see Checkpoint::load_transformer).
-        let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&base.weights) }
-            .with_context(|| format!("cannot map the weights of {}", base.dir.display()))?;
-        for name in &t.carried {
-            tensors.push((name.clone(), st.load(name, &candle_core::Device::Cpu)?));
-        }
+        .map(|(n, v)| Entry {
+            name: n.clone(),
+            dtype: safetensors_dtype(dtype),
+            shape: v.dims().to_vec(),
+            bytes: (v.elem_count() * dtype.size_in_bytes()) as u64,
+        })
+        .collect();
+    for name in &t.carried {
+        let view = base_st.get(name)?;
+        entries.push(Entry {
+            name: name.clone(),
+            dtype: format!("{:?}", view.dtype()),
+            shape: view.shape().to_vec(),
+            bytes: view.data().len() as u64,
+        });
     }
-    tensors.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut shards: Vec<Vec<(String, Tensor)>> = vec![Vec::new()];
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    let masters: HashMap<&str, &candle_core::Var> =
+        t.masters().iter().map(|(n, v)| (n.as_str(), v)).collect();
+    let bytes_of = |name: &str| -> Result<Vec<u8>> {
+        match masters.get(name) {
+            Some(v) => tensor_bytes(&v.as_tensor().to_dtype(dtype)?),
+            None => Ok(base_st.get(name)?.data().to_vec()),
+        }
+    };
+    let mut shards: Vec<Vec<Entry>> = vec![Vec::new()];
     let mut bytes = 0u64;
-    for (n, x) in tensors {
-        let b = (x.elem_count() * x.dtype().size_in_bytes()) as u64;
-        if bytes + b > MAX_SHARD_BYTES && !shards.last().is_some_and(Vec::is_empty) {
+    for e in entries {
+        if bytes + e.bytes > MAX_SHARD_BYTES && !shards.last().is_some_and(Vec::is_empty) {
             shards.push(Vec::new());
             bytes = 0;
         }
-        bytes += b;
-        shards.last_mut().expect("a shard").push((n, x));
+        bytes += e.bytes;
+        shards.last_mut().expect("a shard").push(e);
     }
     let n = shards.len();
     // a previous export's weights must not survive beside this one's
@@ -228,15 +262,14 @@ pub fn export(t: &Trainable, base: &Checkpoint, dtype: DType, out: &Path) -> Res
         } else {
             format!("model-{:05}-of-{n:05}.safetensors", i + 1)
         };
-        let map: HashMap<String, Tensor> = shard.iter().cloned().collect();
         crate::store::commit_file(&out.join(&name), |tmp| {
-            candle_core::safetensors::save(&map, tmp)?;
+            write_safetensors(tmp, shard, &bytes_of)?;
             std::fs::File::open(tmp)?.sync_all()?;
             Ok(())
         })?;
-        for (t_name, x) in shard {
-            weight_map.insert(t_name.clone(), name.clone().into());
-            total += (x.elem_count() * x.dtype().size_in_bytes()) as u64;
+        for e in shard {
+            weight_map.insert(e.name.clone(), name.clone().into());
+            total += e.bytes;
         }
     }
     if n > 1 {
@@ -250,6 +283,91 @@ pub fn export(t: &Trainable, base: &Checkpoint, dtype: DType, out: &Path) -> Res
     verify_export(t, out, dtype)
 }
 
+/// One tensor of a safetensors file being written.
+struct Entry {
+    name: String,
+    /// The format's name of the dtype (`F32`, `BF16`, ...).
+    dtype: String,
+    shape: Vec<usize>,
+    bytes: u64,
+}
+
+/// safetensors' name of `d`.
+fn safetensors_dtype(d: DType) -> String {
+    match d {
+        DType::F32 => "F32",
+        DType::BF16 => "BF16",
+        DType::F16 => "F16",
+        DType::F64 => "F64",
+        DType::U8 => "U8",
+        DType::U32 => "U32",
+        DType::I64 => "I64",
+        _ => "F32",
+    }
+    .into()
+}
+
+/// The little-endian bytes of `t` (any device), as safetensors stores them.
+fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
+    let t = t.flatten_all()?.to_device(&Device::Cpu)?;
+    Ok(match t.dtype() {
+        DType::F32 => t.to_vec1::<f32>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::BF16 => t
+            .to_vec1::<half::bf16>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+        DType::F16 => t
+            .to_vec1::<half::f16>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
+        other => bail!("export: tensors in {other:?} are not written"),
+    })
+}
+
+/// Writes a safetensors file of `entries` (in their order), asking `bytes_of(name)` for each
+/// tensor's data while it writes: one tensor in memory at a time.
+fn write_safetensors(
+    path: &Path,
+    entries: &[Entry],
+    bytes_of: &dyn Fn(&str) -> Result<Vec<u8>>,
+) -> Result<()> {
+    use std::io::Write;
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
+    let mut offset = 0u64;
+    for e in entries {
+        header.insert(
+            e.name.clone(),
+            serde_json::json!({
+                "dtype": e.dtype,
+                "shape": e.shape,
+                "data_offsets": [offset, offset + e.bytes],
+            }),
+        );
+        offset += e.bytes;
+    }
+    let mut json = serde_json::to_vec(&serde_json::Value::Object(header))?;
+    // the data starts 8-byte aligned
+    while json.len() % 8 != 0 {
+        json.push(b' ');
+    }
+    let f = std::fs::File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
+    let mut w = std::io::BufWriter::with_capacity(1 << 22, f);
+    w.write_all(&(json.len() as u64).to_le_bytes())?;
+    w.write_all(&json)?;
+    for e in entries {
+        let data = bytes_of(&e.name)?;
+        if data.len() as u64 != e.bytes {
+            bail!("export: {} has {} bytes, not {}", e.name, data.len(), e.bytes);
+        }
+        w.write_all(&data)?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
 /// Sets a config object's dtype field (`dtype` where it has one, else `torch_dtype`).
 fn set_dtype(obj: &mut serde_json::Map<String, serde_json::Value>, dtype: DType) {
     let key = if obj.contains_key("dtype") {
@@ -260,24 +378,40 @@ fn set_dtype(obj: &mut serde_json::Map<String, serde_json::Value>, dtype: DType)
     obj.insert(key.into(), dtype_name(dtype).into());
 }
 
-/// Reloads an export with our loader and compares every tensor with the trained values.
+/// Reopens an export with our loader (config, tokenizer files, shard index) and compares every
+/// tensor, read back one at a time, with the trained values in `dtype`: the same names, shapes
+/// and bits.
 fn verify_export(t: &Trainable, out: &Path, dtype: DType) -> Result<()> {
     let ck = Checkpoint::open(&out.display().to_string())
         .with_context(|| format!("the exported model in {} does not open", out.display()))?;
-    let back = Trainable::load(&ck, &Device::Cpu)
+    // SAFETY: read-only maps of the files just written.
+    let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&ck.weights) }
         .with_context(|| format!("the exported model in {} does not load", out.display()))?;
-    let got = back.tensors();
-    for (name, var) in t.named_vars() {
-        let want = var.as_tensor().to_dtype(dtype)?.to_dtype(DType::F32)?;
-        let g = got
-            .get(name)
-            .with_context(|| format!("the export lost {name}"))?;
-        let diff = (g - want.to_device(g.device())?)?
-            .abs()?
-            .max_all()?
+    let names: std::collections::HashSet<String> =
+        st.tensors().into_iter().map(|(n, _)| n).collect();
+    if names.len() != t.masters().len() + t.carried.len() {
+        bail!(
+            "the export holds {} tensors, not {}",
+            names.len(),
+            t.masters().len() + t.carried.len()
+        );
+    }
+    for (name, var) in t.masters() {
+        if !names.contains(name) {
+            bail!("the export lost {name}");
+        }
+        let want = var.as_tensor().to_dtype(dtype)?;
+        let g = st.load(name, want.device())?;
+        if g.dims() != want.dims() || g.dtype() != dtype {
+            bail!("the exported {name} reloads as {:?} {:?}", g.dtype(), g.dims());
+        }
+        let differ = g
+            .ne(&want)?
+            .to_dtype(DType::F32)?
+            .sum_all()?
             .to_scalar::<f32>()?;
-        if diff != 0.0 {
-            bail!("the exported {name} reloads with a difference of {diff}");
+        if differ != 0.0 {
+            bail!("the exported {name} reloads with {differ} values changed");
         }
     }
     Ok(())
@@ -293,19 +427,20 @@ pub struct TensorChange {
     pub changed_share: f64,
 }
 
-/// Every tensor's change from `base` (f32 master values of the base model) in `dtype`.
-pub fn change_report(
-    base: &HashMap<String, Tensor>,
-    t: &Trainable,
-    dtype: DType,
-) -> Result<Vec<TensorChange>> {
+/// Every tensor's change from the base checkpoint `base` (read one tensor at a time, as the
+/// master weights started: upcast to f32) in `dtype`.
+pub fn change_report(base: &Checkpoint, t: &Trainable, dtype: DType) -> Result<Vec<TensorChange>> {
+    // SAFETY: read-only maps of the base checkpoint (see Checkpoint::load_transformer).
+    let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&base.weights) }
+        .with_context(|| format!("cannot map the weights of {}", base.dir.display()))?;
     let mut out = Vec::new();
-    for (name, var) in t.named_vars() {
-        let b = base
-            .get(name)
-            .with_context(|| format!("no base tensor {name}"))?;
+    for (name, var) in t.masters() {
         let now = var.as_tensor();
-        let d = (now - b)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+        let b = st
+            .load(name, now.device())
+            .with_context(|| format!("no base tensor {name}"))?
+            .to_dtype(DType::F32)?;
+        let d = (now - &b)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
         let n = b.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
         let ne = now
             .to_dtype(dtype)?

@@ -17,6 +17,7 @@ use candle_core::{DType, Tensor, Var};
 use super::loss::PackedBatch;
 use super::Trainable;
 use crate::model::attention::CausalAttention;
+use crate::model::ops::matmul;
 
 /// How gradients are computed (the result is the same either way, up to float order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,7 +27,8 @@ pub struct GradOptions {
     pub recompute: bool,
 }
 
-/// A step's gradient sums, in [`Trainable::named_vars`] order (`None`: nothing added yet).
+/// A step's gradient sums, in [`Trainable::named_vars`] order (`None`: nothing added yet), f32
+/// whatever the compute dtype (the optimizer's input).
 pub struct GradSums(pub Vec<Option<Tensor>>);
 
 impl GradSums {
@@ -35,9 +37,10 @@ impl GradSums {
     }
 
     fn add(&mut self, i: usize, g: &Tensor) -> candle_core::Result<()> {
+        let g = g.to_dtype(DType::F32)?;
         self.0[i] = Some(match self.0[i].take() {
             Some(acc) => (acc + g)?,
-            None => g.clone(),
+            None => g,
         });
         Ok(())
     }
@@ -53,13 +56,16 @@ impl GradSums {
 }
 
 /// The head and loss of `hidden` (T, H) (no graph) against `w` (V, H): returns the loss sum
-/// (`sum weight * -log p(target)`), `d(scale * loss)/d hidden` (T, H) and `.../d w` (V, H).
+/// (`sum weight * -log p(target)`), `d(scale * loss)/d hidden` (T, H, in the hidden states'
+/// dtype) and `.../d w` (V, H, f32). `host`: f32 CPU data may take the packed gemm (else, and
+/// on other devices, candle ops).
 pub fn head_grads(
     hidden: &Tensor,
     w: &Tensor,
     b: &PackedBatch,
     scale: f64,
     chunk: usize,
+    host: bool,
 ) -> candle_core::Result<(f64, Tensor, Tensor)> {
     let dev = hidden.device();
     let (t, _) = hidden.dims2()?;
@@ -70,10 +76,11 @@ pub fn head_grads(
         return Ok((0.0, hidden.zeros_like()?, w.zeros_like()?));
     }
     let chunk = if chunk == 0 { sel.len() } else { chunk };
-    if let (Some(hv), Some(wv)) = (
+    let views = (
         crate::model::cpu_op::host_view(hidden),
         crate::model::cpu_op::host_view(w),
-    ) {
+    );
+    if let (true, Some(hv), Some(wv)) = (host, views.0, views.1) {
         let (v, h) = w.dims2()?;
         let (loss, gh, gw) = head_grads_host(hv.get()?, wv.get()?, (v, h), &sel, b, scale, chunk)?;
         return Ok((
@@ -85,7 +92,9 @@ pub fn head_grads(
     head_grads_tensors(hidden, w, b, scale, &sel, chunk)
 }
 
-/// [`head_grads`] from candle ops (any device and dtype), over the positions `sel` in chunks.
+/// [`head_grads`] from candle ops (any device and dtype), over the positions `sel` in chunks:
+/// the logits in the compute dtype, the log-sum-exp and the logits' gradient in f32, the two
+/// products back in the compute dtype, the head's gradient summed over chunks in f32.
 fn head_grads_tensors(
     hidden: &Tensor,
     w: &Tensor,
@@ -103,11 +112,12 @@ fn head_grads_tensors(
         let targets: Vec<u32> = c.iter().map(|&i| b.targets[i as usize]).collect();
         let weights: Vec<f32> = c.iter().map(|&i| b.weights[i as usize]).collect();
         let hc = hidden.index_select(&idx, 0)?; // (c, H)
-        let logits = hc.matmul(&w.t()?)?; // (c, V)
+        let logits = matmul(&hc, &w.t()?)?.to_dtype(DType::F32)?; // (c, V)
         let (l, g) = ce_grad_tensors(logits, &targets, &weights, scale)?;
+        let g = g.to_dtype(w.dtype())?;
         loss += l;
-        gh_parts.push(g.matmul(w)?); // (c, H)
-        let part = g.t()?.matmul(&hc)?; // (V, H)
+        gh_parts.push(matmul(&g, w)?); // (c, H)
+        let part = matmul(&g.t()?, &hc)?.to_dtype(DType::F32)?; // (V, H)
         gw = match gw {
             None => Some(part),
             Some(acc) => Some((acc + part)?),
@@ -254,12 +264,13 @@ impl Trainable {
         let dev = self.vars[0].1.device().clone();
         let tokens = Tensor::new(b.tokens.as_slice(), &dev)?;
         let positions = Tensor::new(b.positions.as_slice(), &dev)?;
-        let mut attn = CausalAttention::new(b.seq_lens.clone());
         let m = &self.model;
+        let mut attn = CausalAttention::with_composed(b.seq_lens.clone(), m.composed());
         let w = m.lm_head_weight().detach();
+        let (chunk, host) = (opt.loss_chunk_tokens, !m.composed());
         if !opt.recompute {
             let hidden = m.forward_hidden(&tokens, &positions, &mut attn)?;
-            let (loss, gh, gw) = head_grads(&hidden.detach(), &w, b, scale, opt.loss_chunk_tokens)?;
+            let (loss, gh, gw) = head_grads(&hidden.detach(), &w, b, scale, chunk, host)?;
             let store = (hidden * gh)?.sum_all()?.backward()?;
             self.take(&store, sums)?;
             sums.add(self.head, &gw)?;
@@ -277,7 +288,7 @@ impl Trainable {
         // The norm and the head.
         let x = Var::from_tensor(&xs.pop().expect("layers + 1 inputs"))?;
         let hidden = m.final_norm(x.as_tensor())?;
-        let (loss, gh, gw) = head_grads(&hidden.detach(), &w, b, scale, opt.loss_chunk_tokens)?;
+        let (loss, gh, gw) = head_grads(&hidden.detach(), &w, b, scale, chunk, host)?;
         sums.add(self.head, &gw)?;
         let mut gx = self.drive(&(hidden * gh)?, &x, sums)?;
         // Each layer again, last to first.
@@ -369,7 +380,7 @@ mod tests {
             weights: (0..t).map(|i| if i % 5 == 1 { 0.0 } else { 1.0 }).collect(),
         };
         for chunk in [0, 7, 16] {
-            let (la, gha, gwa) = head_grads(&hidden, &w, &b, 0.25, chunk).unwrap();
+            let (la, gha, gwa) = head_grads(&hidden, &w, &b, 0.25, chunk, true).unwrap();
             let sel: Vec<u32> = (0..t as u32)
                 .filter(|&i| b.weights[i as usize] > 0.0)
                 .collect();

@@ -36,6 +36,30 @@ pub enum TrainDtype {
     Float16,
 }
 
+/// The dtype the forward and backward passes compute in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ComputeDtype {
+    /// bf16 on a GPU, f32 on the CPU.
+    Auto,
+    F32,
+    /// A bf16 working copy of the fp32 master weights; the loss's log-sum-exp, the gradient sums
+    /// and AdamW stay f32.
+    Bf16,
+}
+
+/// Which implementation of the differentiable ops runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainOps {
+    /// Our CPU ops with hand-written backward passes for f32 on the CPU; elementary candle ops
+    /// (and the query-blocked attention) on other devices and dtypes.
+    Auto,
+    /// The device-generic ops everywhere, the CPU too: what a GPU runs, so that it can be checked
+    /// on a machine without one.
+    Generic,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainSettings {
@@ -90,6 +114,15 @@ pub struct TrainSettings {
     pub seed: u64,
     #[serde(default = "d_dtype")]
     pub dtype: TrainDtype,
+    /// Where the model trains: `cpu`, `cuda` or `cuda:N`.
+    #[serde(default = "d_device")]
+    pub device: String,
+    /// The forward and backward passes' dtype (the master weights and AdamW are f32 either way).
+    #[serde(default = "d_compute")]
+    pub compute_dtype: ComputeDtype,
+    /// The ops' implementation: `auto`, or `generic` for the device-generic path everywhere.
+    #[serde(default = "d_ops")]
+    pub ops: TrainOps,
     #[serde(default = "d_state")]
     pub optimizer_state: OptimizerState,
     /// With `optimizer_state = "bf16"`: round updates stochastically (unbiased, so small updates
@@ -117,8 +150,8 @@ pub struct TrainSettings {
     /// ... for this many consecutive steps.
     #[serde(default = "d_stall_steps")]
     pub stall_steps: u64,
-    /// The device's peak FLOP/s for MFU; default: the CPU's f32 matmul rate, measured at start
-    /// (the trainer runs on the CPU).
+    /// The device's peak FLOP/s for MFU; default: the GPU's dense bf16 (or f32) peak from a table
+    /// of known GPUs, or the CPU's matmul rate in the compute dtype, measured at start.
     #[serde(default)]
     pub peak_tflops: Option<f64>,
 }
@@ -155,6 +188,15 @@ fn d_true() -> bool {
 }
 fn d_dtype() -> TrainDtype {
     TrainDtype::Auto
+}
+pub fn d_device() -> String {
+    "cpu".into()
+}
+fn d_compute() -> ComputeDtype {
+    ComputeDtype::Auto
+}
+fn d_ops() -> TrainOps {
+    TrainOps::Auto
 }
 fn d_state() -> OptimizerState {
     OptimizerState::F32
@@ -252,6 +294,7 @@ impl TrainSettings {
         if let Some(p) = self.peak_tflops {
             pos("peak_tflops", p)?;
         }
+        check_device(&self.device).map_err(|e| format!("device {e}"))?;
         if self.optimizer_state == OptimizerState::Bf16
             && !self.stochastic_rounding
             && !self.allow_lossy_state
@@ -275,9 +318,36 @@ impl TrainSettings {
         }
     }
 
+    /// Whether the run computes on a GPU.
+    pub fn on_gpu(&self) -> bool {
+        self.device != "cpu"
+    }
+
+    /// The compute dtype `auto` resolves to: bf16 on a GPU, f32 on the CPU.
+    pub fn compute(&self) -> candle_core::DType {
+        match (self.compute_dtype, self.on_gpu()) {
+            (ComputeDtype::F32, _) | (ComputeDtype::Auto, false) => candle_core::DType::F32,
+            (ComputeDtype::Bf16, _) | (ComputeDtype::Auto, true) => candle_core::DType::BF16,
+        }
+    }
+
     /// Whether a tensor gets weight decay.
     pub fn decays(&self, name: &str) -> bool {
         !self.no_decay.iter().any(|p| name.contains(p.as_str()))
+    }
+}
+
+/// `cpu`, `cuda` or `cuda:N`; the error says what was given.
+pub fn check_device(d: &str) -> Result<(), String> {
+    let ok = d == "cpu"
+        || d == "cuda"
+        || d
+            .strip_prefix("cuda:")
+            .is_some_and(|n| n.parse::<usize>().is_ok());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("must be cpu, cuda or cuda:N, got `{d}`"))
     }
 }
 
@@ -315,6 +385,16 @@ mod tests {
             .unwrap_err()
             .starts_with("micro_batch_tokens"));
         assert!(toml::from_str::<TrainSettings>("learning_rate = 1e-5").is_err());
+        let bad: TrainSettings = toml::from_str("device = \"gpu\"").unwrap();
+        assert_eq!(
+            bad.validate().unwrap_err(),
+            "device must be cpu, cuda or cuda:N, got `gpu`"
+        );
+        assert!(toml::from_str::<TrainSettings>("compute_dtype = \"fp8\"").is_err());
+        let gpu: TrainSettings = toml::from_str("device = \"cuda:1\"").unwrap();
+        gpu.validate().unwrap();
+        assert_eq!(gpu.compute(), candle_core::DType::BF16);
+        assert_eq!(s.compute(), candle_core::DType::F32);
     }
 
     /// `pipelines/reference.toml` documents every key, and its commented example parses.

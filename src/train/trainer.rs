@@ -8,13 +8,12 @@
 //! checkpoint (no update is applied); a share of changed weights below `stall_share` for
 //! `stall_steps` steps warns loudly. Knows nothing of stages or the CLI.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use candle_core::{DType, Device};
+use candle_core::DType;
 use serde::Serialize;
 
 use super::adamw::{AdamW, AdamWConfig, StateRounding};
@@ -23,7 +22,7 @@ use super::data::{micro_batches, plan_steps, read_sft, LoadReport};
 use super::grads::{GradOptions, GradSums};
 use super::loss::PackedBatch;
 use super::schedule::Schedule;
-use super::settings::{OptimizerState, TrainDtype, TrainSettings};
+use super::settings::{OptimizerState, TrainDtype, TrainOps, TrainSettings};
 use super::Trainable;
 use crate::model::Checkpoint;
 
@@ -141,6 +140,9 @@ fn fingerprint(s: &TrainSettings, ck: &Checkpoint, data: &Path) -> Result<String
             "stall_share",
             "stall_steps",
             "peak_tflops",
+            // a run may continue on another device, or through the other ops' implementation
+            "device",
+            "ops",
         ] {
             o.remove(k);
         }
@@ -243,8 +245,6 @@ struct Prepared<'a> {
     /// The dtype the model is stored and exported in.
     dtype: DType,
     t: Trainable,
-    /// The base weights, to report how far each tensor moved.
-    base: HashMap<String, candle_core::Tensor>,
     params: u64,
     opt: AdamW,
     sched: Schedule,
@@ -298,13 +298,10 @@ impl<'a> Prepared<'a> {
         let plan = plan_steps(&rows, s);
         let total = plan.len() as u64;
         let dtype = model_dtype(s, &ck);
-        let t = Trainable::load(&ck, &Device::Cpu)?;
-        // copies: the variables are updated in place
-        let base: HashMap<String, candle_core::Tensor> = t
-            .tensors()
-            .into_iter()
-            .map(|(k, v)| Ok((k, v.copy()?)))
-            .collect::<Result<_>>()?;
+        let device = crate::model::parse_device(&s.device)
+            .with_context(|| format!("train.device = \"{}\"", s.device))?;
+        let mut t = Trainable::load_as(&ck, &device, s.compute())?;
+        t.model.set_composed(s.ops == TrainOps::Generic)?;
         let params = t.num_params() as u64;
         let opt = optimizer(s, &t, dtype)?;
         let sched = Schedule {
@@ -316,7 +313,7 @@ impl<'a> Prepared<'a> {
         };
         let peak = match s.peak_tflops {
             Some(tf) => tf * 1e12,
-            None => crate::machine::cpu_matmul_ceiling()?,
+            None => super::memory::peak_flops(&device, s.compute())?,
         };
         let fingerprint = fingerprint(s, &ck, &job.data)?;
         Ok(Prepared {
@@ -328,7 +325,6 @@ impl<'a> Prepared<'a> {
             total,
             dtype,
             t,
-            base,
             params,
             opt,
             sched,
@@ -348,10 +344,25 @@ impl<'a> Prepared<'a> {
             self.total,
             s.epochs
         );
+        println!(
+            "device {} ({}), computing in {:?} over f32 master weights{}; MFU against {:.1} \
+             TFLOP/s",
+            s.device,
+            super::memory::device_name(self.t.device()),
+            s.compute(),
+            if self.t.model.composed() {
+                ", device-generic ops"
+            } else {
+                ""
+            },
+            self.peak / 1e12
+        );
         let budget = super::memory::budget(&self.ck.config, self.params, s);
         println!(
-            "memory budget (micro_batch_tokens {}, max_seq_len {}):",
-            s.micro_batch_tokens, s.max_seq_len
+            "memory budget on the {} (micro_batch_tokens {}, max_seq_len {}):",
+            if s.on_gpu() { "GPU" } else { "host" },
+            s.micro_batch_tokens,
+            s.max_seq_len
         );
         for l in budget.lines(s) {
             println!("{l}");
@@ -401,7 +412,7 @@ impl<'a> Prepared<'a> {
             );
         }
         let grads = sums.finish(self.t.named_vars())?;
-        let gn = AdamW::grad_norm(&grads)?;
+        let gn = self.opt.norm_of(&grads)?;
         if !gn.is_finite() {
             bail!(
                 "step {}: the gradient norm is {gn}; stopped without applying the update ({})",
@@ -519,7 +530,7 @@ impl<'a> Prepared<'a> {
     fn export(&self) -> Result<Change> {
         let (job, dtype) = (self.job, self.dtype);
         checkpoint::export(&self.t, &self.ck, dtype, &job.output)?;
-        let report = checkpoint::change_report(&self.base, &self.t, dtype)?;
+        let report = checkpoint::change_report(&self.ck, &self.t, dtype)?;
         crate::store::write_json_atomic(&job.state_dir.join(CHANGE_REPORT), &report)?;
         let unchanged: Vec<&str> = report
             .iter()
@@ -628,13 +639,20 @@ fn optimizer(s: &TrainSettings, t: &Trainable, dtype: DType) -> Result<AdamW> {
         eps: s.eps,
         weight_decay: s.weight_decay,
     };
-    Ok(AdamW::with_state(
-        t.named_vars().to_vec(),
+    let mut opt = AdamW::with_state(
+        t.masters().to_vec(),
         cfg,
         |n| s.decays(n),
         rounding,
         dtype,
-    )?)
+    )?;
+    opt.set_working(t.named_vars())?;
+    opt.set_host(s.ops != TrainOps::Generic);
+    if rounding != StateRounding::F32 {
+        // the master weights start on the bf16 grid: so does the working copy
+        t.refresh_working()?;
+    }
+    Ok(opt)
 }
 
 fn print_load(path: &Path, r: &LoadReport) {

@@ -161,9 +161,9 @@ impl Attention {
                 )
             }
             _ => (
-                project(&self.q_proj, h)?,
-                project(&self.k_proj, h)?,
-                project(&self.v_proj, h)?,
+                project(&self.q_proj, h, exec)?,
+                project(&self.k_proj, h, exec)?,
+                project(&self.v_proj, h, exec)?,
             ),
         };
         let k = k.reshape((t, hkv, d))?;
@@ -201,7 +201,7 @@ impl Attention {
         if let Some(g) = gate {
             a = (a * candle_nn::ops::sigmoid(&g)?)?;
         }
-        project(&self.o_proj, &a)
+        project(&self.o_proj, &a, exec)
     }
 }
 

@@ -118,10 +118,10 @@ impl GatedDeltaNet {
         }
         let dtype = h.dtype();
         let f32 = |x: Tensor| x.to_dtype(DType::F32);
-        let qkv = f32(project(&self.in_proj_qkv, h)?)?;
-        let z = project(&self.in_proj_z, h)?; // the gate stays in the model's dtype
-        let beta = candle_nn::ops::sigmoid(&f32(project(&self.in_proj_b, h)?)?)?;
-        let a = f32(project(&self.in_proj_a, h)?)?;
+        let qkv = f32(project(&self.in_proj_qkv, h, exec)?)?;
+        let z = project(&self.in_proj_z, h, exec)?; // the gate stays in the model's dtype
+        let beta = candle_nn::ops::sigmoid(&f32(project(&self.in_proj_b, h, exec)?)?)?;
+        let a = f32(project(&self.in_proj_a, h, exec)?)?;
         let rate = f32(self.a_log.clone())?.exp()?.neg()?; // -exp(A_log)
         let g = softplus(&a.broadcast_add(&f32(self.dt_bias.clone())?)?)?.broadcast_mul(&rate)?;
         let conv_w = f32(self.conv.squeeze(1)?)?.t()?; // (K, conv_dim)
@@ -174,7 +174,7 @@ impl GatedDeltaNet {
         }
         let y = Tensor::cat(&outs, 0)?;
         backend.store_recurrent_state(index, Tensor::stack(&states, 0)?)?;
-        project(&self.out_proj, &y)
+        project(&self.out_proj, &y, exec)
     }
 
     /// The conv's output (L, conv_dim) as heads-first f32 q, k (Hv, L, dk), l2-normalised, q

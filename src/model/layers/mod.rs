@@ -117,9 +117,9 @@ impl Mlp {
                 let i = y.dim(1)? / 2;
                 (y.narrow(1, 0, i)?, y.narrow(1, i, i)?)
             }
-            _ => (project(&self.gate_proj, h)?, project(&self.up_proj, h)?),
+            _ => (project(&self.gate_proj, h, exec)?, project(&self.up_proj, h, exec)?),
         };
-        project(&self.down_proj, &swiglu(&g, &u, exec)?)
+        project(&self.down_proj, &swiglu(&g, &u, exec)?, exec)
     }
 }
 

@@ -1,0 +1,239 @@
+//! Causal attention for training on any device without the `(heads, L, L)` tensors:
+//! FlashAttention's algorithm at the granularity of candle ops. Queries go in blocks of
+//! [`BLOCK`] rows; a block's scores `(heads, B, keys so far)` exist only while the block is
+//! computed. The forward keeps the output and each row's log-sum-exp; the backward recomputes
+//! each block's probabilities from them (FlashAttention-2's backward), so what training keeps per
+//! layer is the inputs, the output and one f32 per head and row.
+//!
+//! Every product is a candle matmul in the inputs' dtype (cuBLAS on a GPU, gemm on the CPU);
+//! scores, softmax and their gradients are f32. The op records its own backward (a candle
+//! [`CustomOp3`] whose forward hands back the output computed outside it), so it is the same code
+//! on every device, and the CPU tests check it against PyTorch through the whole model. The fused
+//! CPU kernel ([`super::fused_attention`]) stays the CPU's fast path. Knows nothing of layers.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor, D};
+
+use super::attention::repeat_kv;
+use super::ops::matmul;
+
+/// Query rows per block: a block's f32 scores are `heads * BLOCK * L * 4` bytes (32 heads at
+/// L = 4,096: 128 MiB).
+pub const BLOCK: usize = 256;
+
+/// Causal attention of `q` (L, Hq, D) over `k`, `v` (L, Hkv, D) of one sequence, in query
+/// blocks of `block` rows; differentiable in `q`, `k` and `v`. Returns (L, Hq, D).
+pub fn causal(q: &Tensor, k: &Tensor, v: &Tensor, block: usize) -> Result<Tensor> {
+    let (l, hq, d) = q.dims3()?;
+    let hkv = k.dim(1)?;
+    if hq % hkv != 0 {
+        candle_core::bail!("{hq} query heads over {hkv} KV heads")
+    }
+    let (qh, kh, vh) = heads_first(q, k, v)?;
+    let scale = 1.0 / (d as f64).sqrt();
+    let block = block.max(1);
+    let mut outs = Vec::new();
+    let mut lses = Vec::new();
+    let mut s = 0;
+    while s < l {
+        let e = (s + block).min(l);
+        let qb = qh.narrow(1, s, e - s)?;
+        let scores = block_scores(&qb, &kh, s, e, scale)?; // (H, B, e) f32
+        let max = scores.max_keepdim(D::Minus1)?;
+        let p = scores.broadcast_sub(&max)?.exp()?;
+        let sum = p.sum_keepdim(D::Minus1)?;
+        let probs = p.broadcast_div(&sum)?.to_dtype(q.dtype())?;
+        outs.push(matmul(&probs, &vh.narrow(1, 0, e)?)?); // (H, B, D)
+        lses.push((max + sum.log()?)?); // (H, B, 1)
+        s = e;
+    }
+    let out = Tensor::cat(&outs, 1)?.transpose(0, 1)?.contiguous()?; // (L, H, D)
+    let op = Attach {
+        out,
+        lse: Tensor::cat(&lses, 1)?,
+        block,
+        scale,
+        shape: (l, hq, hkv, d),
+    };
+    q.apply_op3_arc(k, v, std::sync::Arc::new(Box::new(op)))
+}
+
+/// (L, H, D) inputs as heads-first (H, L, D), the KV heads repeated for their query heads; no
+/// graph.
+fn heads_first(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    let n_rep = q.dim(1)? / k.dim(1)?;
+    let first = |x: &Tensor| x.detach().transpose(0, 1)?.contiguous();
+    Ok((
+        first(q)?,
+        repeat_kv(&first(k)?, n_rep)?.contiguous()?,
+        repeat_kv(&first(v)?, n_rep)?.contiguous()?,
+    ))
+}
+
+/// The f32 scores (H, e - s, e) of queries `s..e` over keys `0..e`, scaled and causally masked.
+fn block_scores(qb: &Tensor, kh: &Tensor, s: usize, e: usize, scale: f64) -> Result<Tensor> {
+    let kb = kh.narrow(1, 0, e)?;
+    let scores = (matmul(qb, &kb.t()?)?.to_dtype(DType::F32)? * scale)?;
+    if e - s == 1 {
+        return Ok(scores); // one query row, the last key: it sees every key
+    }
+    let mask = super::attention::causal_mask(e - s, e, s, qb.device())?;
+    scores.broadcast_add(&mask)
+}
+
+/// The op that gives the forward's output a backward pass: its forward returns `out` (computed
+/// outside, with no graph), its backward recomputes each block from `lse`.
+struct Attach {
+    /// (L, Hq, D), contiguous.
+    out: Tensor,
+    /// (Hq, L, 1) f32: each row's log-sum-exp of the scaled scores.
+    lse: Tensor,
+    block: usize,
+    scale: f64,
+    /// (L, Hq, Hkv, D)
+    shape: (usize, usize, usize, usize),
+}
+
+impl Attach {
+    fn out_shape(&self) -> Shape {
+        let (l, hq, _, d) = self.shape;
+        Shape::from((l, hq, d))
+    }
+}
+
+impl CustomOp3 for Attach {
+    fn name(&self) -> &'static str {
+        "block-causal-attention"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (st, layout) = self.out.storage_and_layout();
+        match &*st {
+            Storage::Cpu(c) => Ok((c.try_clone(layout)?, self.out_shape())),
+            _ => candle_core::bail!("block attention: the output is not on the CPU"),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+        _: &candle_core::CudaStorage,
+        _: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (st, layout) = self.out.storage_and_layout();
+        match &*st {
+            Storage::Cuda(c) => Ok((c.try_clone(layout)?, self.out_shape())),
+            _ => candle_core::bail!("block attention: the output is not on the GPU"),
+        }
+    }
+
+    fn bwd(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (l, hq, hkv, d) = self.shape;
+        let dtype = q.dtype();
+        let (qh, kh, vh) = heads_first(q, k, v)?;
+        let go = grad.detach().transpose(0, 1)?.contiguous()?; // (H, L, D)
+        let oh = self.out.transpose(0, 1)?.contiguous()?;
+        // D_i = rowsum(dO * O), f32 (H, L, 1)
+        let delta = (go.to_dtype(DType::F32)? * oh.to_dtype(DType::F32)?)?
+            .sum_keepdim(D::Minus1)?;
+        let mut dq = Vec::new();
+        let mut dk = Tensor::zeros((hq, l, d), DType::F32, q.device())?;
+        let mut dv = Tensor::zeros((hq, l, d), DType::F32, q.device())?;
+        let mut s = 0;
+        while s < l {
+            let e = (s + self.block).min(l);
+            let b = e - s;
+            let qb = qh.narrow(1, s, b)?;
+            let gb = go.narrow(1, s, b)?;
+            let scores = block_scores(&qb, &kh, s, e, self.scale)?;
+            let p = scores
+                .broadcast_sub(&self.lse.narrow(1, s, b)?)?
+                .exp()?; // (H, b, e) f32
+            let kb = kh.narrow(1, 0, e)?;
+            let vb = vh.narrow(1, 0, e)?;
+            // dV[:e] += P^T dO
+            let dv_b = matmul(&p.to_dtype(dtype)?.t()?, &gb)?.to_dtype(DType::F32)?;
+            dv = (dv + dv_b.pad_with_zeros(1, 0, l - e)?)?;
+            // dS = P * (dO V^T - D_i), times the scale
+            let dp = matmul(&gb, &vb.t()?)?.to_dtype(DType::F32)?;
+            let ds = (p * dp.broadcast_sub(&delta.narrow(1, s, b)?)?)?;
+            let ds = (ds * self.scale)?.to_dtype(dtype)?;
+            dq.push(matmul(&ds, &kb)?); // (H, b, D)
+            let dk_b = matmul(&ds.t()?, &qb)?.to_dtype(DType::F32)?; // (H, e, D)
+            dk = (dk + dk_b.pad_with_zeros(1, 0, l - e)?)?;
+            s = e;
+        }
+        // back to (L, H, D); a KV head's gradient sums over its query heads
+        let dq = Tensor::cat(&dq, 1)?.transpose(0, 1)?.contiguous()?;
+        let n_rep = hq / hkv;
+        let fold = |x: Tensor| -> Result<Tensor> {
+            x.reshape((hkv, n_rep, l, d))?
+                .sum(1)?
+                .to_dtype(dtype)?
+                .transpose(0, 1)?
+                .contiguous()
+        };
+        Ok((Some(dq), Some(fold(dk)?), Some(fold(dv)?)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device, Tensor, Var};
+
+    use crate::model::attention::{attend_one, causal_mask};
+    use crate::model::tests::max_abs_diff;
+
+    /// Output and the three gradients equal the composed attention's (which materialises the
+    /// scores), for blocks that divide the length and blocks that do not, with grouped heads.
+    #[test]
+    fn block_attention_equals_the_composed_attention() {
+        let dev = Device::Cpu;
+        let (l, hq, hkv, d) = (37, 4, 2, 8);
+        let var = |shape: (usize, usize, usize), s: u64| {
+            let t = Tensor::randn(0f32, 1.0, shape, &dev).unwrap();
+            Var::from_tensor(&(t * (1.0 + s as f64 * 0.1)).unwrap()).unwrap()
+        };
+        let (q, k, v) = (var((l, hq, d), 0), var((l, hkv, d), 1), var((l, hkv, d), 2));
+        let up = Tensor::randn(0f32, 1.0, (l, hq, d), &dev).unwrap();
+        let grads = |out: &Tensor| {
+            let g = (out * &up).unwrap().sum_all().unwrap().backward().unwrap();
+            [&q, &k, &v].map(|x| g.get(x.as_tensor()).unwrap().clone())
+        };
+        let mask = causal_mask(l, l, 0, &dev).unwrap();
+        let want = attend_one(q.as_tensor(), k.as_tensor(), v.as_tensor(), Some(&mask)).unwrap();
+        let want_g = grads(&want);
+        for block in [1, 8, 16, 37, 64] {
+            let got = super::causal(q.as_tensor(), k.as_tensor(), v.as_tensor(), block).unwrap();
+            assert!(max_abs_diff(&got, &want) < 1e-5, "block {block}: output");
+            for (name, (g, w)) in ["q", "k", "v"].iter().zip(grads(&got).iter().zip(&want_g)) {
+                let diff = max_abs_diff(g, w);
+                assert!(diff < 1e-4, "block {block}: d{name} differs by {diff}");
+            }
+        }
+        // bf16 inputs: the same within bf16's resolution
+        let bf = |x: &Var| x.as_tensor().to_dtype(DType::BF16).unwrap();
+        let got = super::causal(&bf(&q), &bf(&k), &bf(&v), 8).unwrap();
+        let diff = max_abs_diff(&got.to_dtype(DType::F32).unwrap(), &want);
+        assert!(diff < 5e-2, "bf16 output differs by {diff}");
+    }
+}
