@@ -680,3 +680,47 @@ fn shipped_pipelines_pass_preflight_plan_only_offline_without_shared() {
         );
     }
 }
+
+/// `preflight --plan-only --gpu` checks a GPU train stage against the named GPU: the shipped
+/// Qwen3-4B run (bf16 compute, fp32 master weights and moments, recompute, 4,096 tokens per
+/// micro-batch) fits an H100; without recompute it does not, and the refusal names the stage,
+/// both sizes and the GPU; an unknown GPU name is an error that lists the known ones.
+#[test]
+fn preflight_checks_the_train_stage_against_a_named_gpu() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let toml = std::fs::read_to_string(root.join("pipelines/qwen3-4b-gsm8k.toml")).unwrap();
+    let fits = dir.path().join("fits.toml");
+    std::fs::write(&fits, &toml).unwrap();
+    let too_big = dir.path().join("too-big.toml");
+    std::fs::write(&too_big, toml.replace("recompute = true", "recompute = false")).unwrap();
+    let preflight = |cfg: &std::path::Path, gpu: &str| {
+        bin()
+            .args(["preflight", "--plan-only", "--gpu", gpu, "--config"])
+            .arg(cfg)
+            .current_dir(dir.path())
+            .env("HF_HUB_OFFLINE", "1")
+            .env("HF_HOME", dir.path().join("hf"))
+            .output()
+            .unwrap()
+    };
+    let o = preflight(&fits, "h100");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("GPU memory: NVIDIA H100 80GB: 74.5 GiB"),
+        "{}",
+        text(&o)
+    );
+    let o = preflight(&too_big, "h100");
+    assert!(!o.status.success());
+    let out = text(&o);
+    assert!(
+        out.contains("the train stage needs about") && out.contains("NVIDIA H100 80GB has 74.5 GiB"),
+        "{out}"
+    );
+    // a bigger GPU takes the same run
+    assert!(preflight(&too_big, "b200").status.success());
+    let o = preflight(&fits, "h1000");
+    assert!(!o.status.success());
+    assert!(text(&o).contains("h100, h200, b200"), "{}", text(&o));
+}
