@@ -693,7 +693,11 @@ fn preflight_checks_the_train_stage_against_a_named_gpu() {
     let fits = dir.path().join("fits.toml");
     std::fs::write(&fits, &toml).unwrap();
     let too_big = dir.path().join("too-big.toml");
-    std::fs::write(&too_big, toml.replace("recompute = true", "recompute = false")).unwrap();
+    std::fs::write(
+        &too_big,
+        toml.replace("recompute = true", "recompute = false"),
+    )
+    .unwrap();
     let preflight = |cfg: &std::path::Path, gpu: &str| {
         bin()
             .args(["preflight", "--plan-only", "--gpu", gpu, "--config"])
@@ -715,7 +719,8 @@ fn preflight_checks_the_train_stage_against_a_named_gpu() {
     assert!(!o.status.success());
     let out = text(&o);
     assert!(
-        out.contains("the train stage needs about") && out.contains("NVIDIA H100 80GB has 74.5 GiB"),
+        out.contains("the train stage needs about")
+            && out.contains("NVIDIA H100 80GB has 74.5 GiB"),
         "{out}"
     );
     // a bigger GPU takes the same run

@@ -543,7 +543,13 @@ fn run_train(dir: &std::path::Path, config: &std::path::Path, env: &[(&str, &str
     std::fs::read_dir(&stages)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .find(|p| p.file_name().unwrap().to_str().unwrap().starts_with("train"))
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("train")
+        })
         .unwrap_or_else(|| panic!("no train stage in {}: {text}", stages.display()))
 }
 
@@ -554,7 +560,10 @@ fn losses(stage: &std::path::Path) -> Vec<(f64, f64)> {
         .lines()
         .map(|l| {
             let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            (v["loss"].as_f64().unwrap(), v["grad_norm"].as_f64().unwrap())
+            (
+                v["loss"].as_f64().unwrap(),
+                v["grad_norm"].as_f64().unwrap(),
+            )
         })
         .collect()
 }
@@ -577,9 +586,24 @@ fn training_on_the_gpu_follows_the_cpu() {
     let (lc, lg, lb) = (losses(&cpu), losses(&gpu), losses(&bf16));
     assert_eq!(lc.len(), 8);
     for (i, ((c, g), b)) in lc.iter().zip(&lg).zip(&lb).enumerate() {
-        assert!((c.0 - g.0).abs() <= 1e-4 * c.0, "step {i}: loss {} vs {}", g.0, c.0);
-        assert!((c.1 - g.1).abs() <= 1e-4 * c.1, "step {i}: norm {} vs {}", g.1, c.1);
-        assert!((c.0 - b.0).abs() <= 0.02 * c.0, "step {i}: bf16 loss {} vs {}", b.0, c.0);
+        assert!(
+            (c.0 - g.0).abs() <= 1e-4 * c.0,
+            "step {i}: loss {} vs {}",
+            g.0,
+            c.0
+        );
+        assert!(
+            (c.1 - g.1).abs() <= 1e-4 * c.1,
+            "step {i}: norm {} vs {}",
+            g.1,
+            c.1
+        );
+        assert!(
+            (c.0 - b.0).abs() <= 0.02 * c.0,
+            "step {i}: bf16 loss {} vs {}",
+            b.0,
+            c.0
+        );
     }
     let (wc, wg) = (exported(&cpu), exported(&gpu));
     for (name, t) in &wc {

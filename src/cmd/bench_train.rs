@@ -133,6 +133,7 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
         .collect();
     let batch = PackedBatch::pack(&refs);
     let tokens = batch.tokens.len();
+    let share = batch.loss_tokens() as f64 / tokens as f64;
     let scale = 1.0 / batch.loss_tokens() as f64;
     let mut opt = AdamW::new(t.masters().to_vec(), AdamWConfig::default(), |_| true)?;
     opt.set_working(t.named_vars())?;
@@ -140,7 +141,7 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
     let ceiling = crate::train::memory::peak_flops(&dev, compute)?;
     println!(
         "train bench: shape {} ({:.1}M parameters, {compute:?} compute over f32 master weights, \
-         {}{}), {} rows x {} tokens per step ({} prompt), AdamW; peak {:.1} TFLOP/s",
+         {}{}), {} rows x {} tokens per step ({} prompt), AdamW; peak {:.1} GFLOP/s",
         a.shape,
         params as f64 / 1e6,
         crate::train::memory::device_name(&dev),
@@ -148,7 +149,7 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
         a.rows,
         a.seq_len,
         prompt,
-        ceiling / 1e12
+        ceiling / 1e9
     );
     let configs: &[(bool, bool)] = if a.quick {
         &[(false, true)]
@@ -248,12 +249,14 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
         let s = TrainSettings {
             micro_batch_tokens: tokens,
             max_seq_len: a.seq_len,
+            rows_per_step: Some(a.rows),
             recompute,
             loss_chunk_tokens: g.loss_chunk_tokens,
             ..base.clone()
         };
-        let b = memory::budget(&cfg, params as u64, &s);
-        let transient = b.total(&s) - b.master - b.working - b.optimizer;
+        let b = memory::budget_with(&cfg, params as u64, &s, share);
+        // what a step allocates: the gradient sums and the step's transient peak
+        let transient = b.grad_sums + b.transient(&s);
         println!(
             "{:>9} {:>8} {:>10.0} {:>6.1}% {:>14} {:>14}",
             recompute,
@@ -266,15 +269,17 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
     }
     println!(
         "step peak: peak RSS (CPU) or used GPU memory after each phase (GPU) during a step, minus \
-         before it; budget: the trainer's printed budget less weights and optimizer state \
-         (gradient sums and fresh gradients, activations, logits or the update's temporaries)"
+         before it; budget: what the trainer's printed budget says the step adds (the gradient \
+         sums and the step's peak: fresh gradients, activations, logits, or the update's \
+         temporaries)"
     );
     let s = TrainSettings {
         micro_batch_tokens: tokens,
         max_seq_len: a.seq_len,
+        rows_per_step: Some(a.rows),
         ..base
     };
-    let b = memory::budget(&cfg, params as u64, &s);
+    let b = memory::budget_with(&cfg, params as u64, &s, share);
     println!(
         "resident: master weights {}, working copy {}, AdamW moments {}",
         crate::bytes::format_bytes(b.master),

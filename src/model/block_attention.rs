@@ -153,8 +153,8 @@ impl CustomOp3 for Attach {
         let go = grad.detach().transpose(0, 1)?.contiguous()?; // (H, L, D)
         let oh = self.out.transpose(0, 1)?.contiguous()?;
         // D_i = rowsum(dO * O), f32 (H, L, 1)
-        let delta = (go.to_dtype(DType::F32)? * oh.to_dtype(DType::F32)?)?
-            .sum_keepdim(D::Minus1)?;
+        let delta =
+            (go.to_dtype(DType::F32)? * oh.to_dtype(DType::F32)?)?.sum_keepdim(D::Minus1)?;
         let mut dq = Vec::new();
         let mut dk = Tensor::zeros((hq, l, d), DType::F32, q.device())?;
         let mut dv = Tensor::zeros((hq, l, d), DType::F32, q.device())?;
@@ -165,9 +165,7 @@ impl CustomOp3 for Attach {
             let qb = qh.narrow(1, s, b)?;
             let gb = go.narrow(1, s, b)?;
             let scores = block_scores(&qb, &kh, s, e, self.scale)?;
-            let p = scores
-                .broadcast_sub(&self.lse.narrow(1, s, b)?)?
-                .exp()?; // (H, b, e) f32
+            let p = scores.broadcast_sub(&self.lse.narrow(1, s, b)?)?.exp()?; // (H, b, e) f32
             let kb = kh.narrow(1, 0, e)?;
             let vb = vh.narrow(1, 0, e)?;
             // dV[:e] += P^T dO

@@ -61,7 +61,7 @@ pub fn plan(
 pub fn train_memory(s: &TrainSettings, budget: &crate::train::memory::Budget) -> Estimate {
     if s.on_gpu() {
         Estimate {
-            memory_bytes: 2 * budget.largest_tensor,
+            memory_bytes: budget.host(),
             gpu_bytes: budget.total(s),
             ..Estimate::default()
         }

@@ -149,7 +149,11 @@ impl AdamW {
     /// weight in the copy's dtype is written into any that is not the master itself.
     pub fn set_working(&mut self, working: &[(String, Var)]) -> Result<()> {
         if working.len() != self.slots.len() {
-            candle_core::bail!("{} working copies for {} parameters", working.len(), self.slots.len())
+            candle_core::bail!(
+                "{} working copies for {} parameters",
+                working.len(),
+                self.slots.len()
+            )
         }
         for (s, (name, w)) in self.slots.iter_mut().zip(working) {
             if *name != s.name || w.shape() != s.var.shape() {
@@ -163,6 +167,22 @@ impl AdamW {
     /// Off: no in-place host passes, candle ops on every device (the device-generic path).
     pub fn set_host(&mut self, on: bool) {
         self.host = on;
+    }
+
+    /// Keeps the moments in host memory (on: moved there now) while the weights stay on their
+    /// device: each update brings a slice of them over and takes it back. For a GPU whose memory
+    /// does not hold the moments beside everything else; on the CPU it changes nothing.
+    pub fn set_offload(&mut self, on: bool) -> Result<()> {
+        for s in &mut self.slots {
+            let dev = if on {
+                candle_core::Device::Cpu
+            } else {
+                s.var.device().clone()
+            };
+            s.m = s.m.to_device(&dev)?;
+            s.v = s.v.to_device(&dev)?;
+        }
+        Ok(())
     }
 
     /// Global L2 norm of `grads` (f64 sum of per-tensor squares).
@@ -260,6 +280,7 @@ impl AdamW {
         let working = s.working.as_ref().map(|w| w.flatten_all()).transpose()?;
         let grad = grad.to_dtype(DType::F32)?.flatten_all()?;
         let state_dtype = s.m.dtype();
+        let (dev, state_dev) = (s.var.device(), s.m.device());
         let mut stats = HostStats::default();
         let mut start = 0;
         while start < n {
@@ -274,8 +295,14 @@ impl AdamW {
             if s.decay && self.cfg.weight_decay != 0.0 {
                 p = (p * (1.0 - lr * self.cfg.weight_decay))?;
             }
-            let m_old = m_all.narrow(0, start, len)?.to_dtype(DType::F32)?;
-            let v_old = v_all.narrow(0, start, len)?.to_dtype(DType::F32)?;
+            let m_old = m_all
+                .narrow(0, start, len)?
+                .to_device(dev)?
+                .to_dtype(DType::F32)?;
+            let v_old = v_all
+                .narrow(0, start, len)?
+                .to_device(dev)?
+                .to_dtype(DType::F32)?;
             let m = ((m_old * b1)? + (&g * (1.0 - b1))?)?;
             let v = ((v_old * b2)? + (g.sqr()? * (1.0 - b2))?)?;
             let denom = ((v.sqrt()? / bias2_sqrt)? + self.cfg.eps)?;
@@ -295,8 +322,8 @@ impl AdamW {
             stats.changed += ne as usize;
             drop(old);
             var.slice_set(&new, 0, start)?;
-            m_all.slice_set(&m.to_dtype(state_dtype)?, 0, start)?;
-            v_all.slice_set(&v.to_dtype(state_dtype)?, 0, start)?;
+            m_all.slice_set(&m.to_dtype(state_dtype)?.to_device(state_dev)?, 0, start)?;
+            v_all.slice_set(&v.to_dtype(state_dtype)?.to_device(state_dev)?, 0, start)?;
             if let Some(w) = &working {
                 w.slice_set(&new.to_dtype(w.dtype())?, 0, start)?;
             }
@@ -358,7 +385,7 @@ impl AdamW {
         step: u64,
     ) -> Result<()> {
         for s in &mut self.slots {
-            let dev = s.var.device().clone();
+            let dev = s.m.device().clone();
             for (key, slot) in [("exp_avg", &mut s.m), ("exp_avg_sq", &mut s.v)] {
                 let name = format!("{key}.{}", s.name);
                 let t = get(&name)?.ok_or_else(|| {

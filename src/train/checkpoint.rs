@@ -311,7 +311,11 @@ fn safetensors_dtype(d: DType) -> String {
 fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
     let t = t.flatten_all()?.to_device(&Device::Cpu)?;
     Ok(match t.dtype() {
-        DType::F32 => t.to_vec1::<f32>()?.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::F32 => t
+            .to_vec1::<f32>()?
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect(),
         DType::BF16 => t
             .to_vec1::<half::bf16>()?
             .iter()
@@ -353,14 +357,20 @@ fn write_safetensors(
     while json.len() % 8 != 0 {
         json.push(b' ');
     }
-    let f = std::fs::File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
+    let f =
+        std::fs::File::create(path).with_context(|| format!("cannot write {}", path.display()))?;
     let mut w = std::io::BufWriter::with_capacity(1 << 22, f);
     w.write_all(&(json.len() as u64).to_le_bytes())?;
     w.write_all(&json)?;
     for e in entries {
         let data = bytes_of(&e.name)?;
         if data.len() as u64 != e.bytes {
-            bail!("export: {} has {} bytes, not {}", e.name, data.len(), e.bytes);
+            bail!(
+                "export: {} has {} bytes, not {}",
+                e.name,
+                data.len(),
+                e.bytes
+            );
         }
         w.write_all(&data)?;
     }
@@ -403,7 +413,11 @@ fn verify_export(t: &Trainable, out: &Path, dtype: DType) -> Result<()> {
         let want = var.as_tensor().to_dtype(dtype)?;
         let g = st.load(name, want.device())?;
         if g.dims() != want.dims() || g.dtype() != dtype {
-            bail!("the exported {name} reloads as {:?} {:?}", g.dtype(), g.dims());
+            bail!(
+                "the exported {name} reloads as {:?} {:?}",
+                g.dtype(),
+                g.dims()
+            );
         }
         let differ = g
             .ne(&want)?

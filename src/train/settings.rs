@@ -125,6 +125,10 @@ pub struct TrainSettings {
     pub ops: TrainOps,
     #[serde(default = "d_state")]
     pub optimizer_state: OptimizerState,
+    /// Keep AdamW's moments in host memory (a GPU run whose device memory cannot hold them): each
+    /// update moves them over in slices and back. Same numbers, PCIe time per step.
+    #[serde(default)]
+    pub optimizer_offload: bool,
     /// With `optimizer_state = "bf16"`: round updates stochastically (unbiased, so small updates
     /// survive on average).
     #[serde(default)]
@@ -295,6 +299,13 @@ impl TrainSettings {
             pos("peak_tflops", p)?;
         }
         check_device(&self.device).map_err(|e| format!("device {e}"))?;
+        if self.optimizer_offload && !self.on_gpu() {
+            return Err(
+                "optimizer_offload moves the moments from a GPU to the host: the run is on the \
+                 CPU already (remove it, or set device = \"cuda\")"
+                    .into(),
+            );
+        }
         if self.optimizer_state == OptimizerState::Bf16
             && !self.stochastic_rounding
             && !self.allow_lossy_state
@@ -341,8 +352,7 @@ impl TrainSettings {
 pub fn check_device(d: &str) -> Result<(), String> {
     let ok = d == "cpu"
         || d == "cuda"
-        || d
-            .strip_prefix("cuda:")
+        || d.strip_prefix("cuda:")
             .is_some_and(|n| n.parse::<usize>().is_ok());
     if ok {
         Ok(())

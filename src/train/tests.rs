@@ -638,7 +638,11 @@ fn run_on_fixture(dir: &std::path::Path, settings: TrainSettings, ok: bool) -> V
 fn bf16_compute_follows_the_f32_run_and_lost_updates_are_reported() {
     let Some(dir) = fixture() else { return };
     let r = reference(&dir);
-    let m = run_on_fixture(&dir, reference_settings(1e-3, "compute_dtype = \"bf16\""), true);
+    let m = run_on_fixture(
+        &dir,
+        reference_settings(1e-3, "compute_dtype = \"bf16\""),
+        true,
+    );
     let traj = r.json["trajectory"].as_array().unwrap();
     assert_eq!(m.len(), traj.len());
     let mut worst = (0f64, 0f64);

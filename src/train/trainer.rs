@@ -357,7 +357,13 @@ impl<'a> Prepared<'a> {
             },
             self.peak / 1e12
         );
-        let budget = super::memory::budget(&self.ck.config, self.params, s);
+        let (loss, all): (usize, usize) = self
+            .rows
+            .iter()
+            .map(|r| (r.completion.len(), r.len()))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+        let share = loss as f64 / all.max(1) as f64;
+        let budget = super::memory::budget_with(&self.ck.config, self.params, s, share);
         println!(
             "memory budget on the {} (micro_batch_tokens {}, max_seq_len {}):",
             if s.on_gpu() { "GPU" } else { "host" },
@@ -639,15 +645,10 @@ fn optimizer(s: &TrainSettings, t: &Trainable, dtype: DType) -> Result<AdamW> {
         eps: s.eps,
         weight_decay: s.weight_decay,
     };
-    let mut opt = AdamW::with_state(
-        t.masters().to_vec(),
-        cfg,
-        |n| s.decays(n),
-        rounding,
-        dtype,
-    )?;
+    let mut opt = AdamW::with_state(t.masters().to_vec(), cfg, |n| s.decays(n), rounding, dtype)?;
     opt.set_working(t.named_vars())?;
     opt.set_host(s.ops != TrainOps::Generic);
+    opt.set_offload(s.optimizer_offload)?;
     if rounding != StateRounding::F32 {
         // the master weights start on the bf16 grid: so does the working copy
         t.refresh_working()?;

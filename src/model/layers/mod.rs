@@ -117,7 +117,10 @@ impl Mlp {
                 let i = y.dim(1)? / 2;
                 (y.narrow(1, 0, i)?, y.narrow(1, i, i)?)
             }
-            _ => (project(&self.gate_proj, h, exec)?, project(&self.up_proj, h, exec)?),
+            _ => (
+                project(&self.gate_proj, h, exec)?,
+                project(&self.up_proj, h, exec)?,
+            ),
         };
         project(&self.down_proj, &swiglu(&g, &u, exec)?, exec)
     }
