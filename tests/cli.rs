@@ -729,3 +729,48 @@ fn preflight_checks_the_train_stage_against_a_named_gpu() {
     assert!(!o.status.success());
     assert!(text(&o).contains("h100, h200, b200"), "{}", text(&o));
 }
+
+/// The trainer's printed memory budget against the peak a step measures (`bench train`, its
+/// own process: peak RSS over weights and moments) on a CPU shape, through our CPU ops and the
+/// device-generic ones: within 15% of the whole peak.
+#[test]
+fn the_train_memory_budget_is_within_15_percent_of_the_measured_peak() {
+    let dir = tempfile::tempdir().unwrap();
+    for ops in ["auto", "generic"] {
+        let o = run(
+            &[
+                "bench",
+                "train",
+                "--shape",
+                "20m",
+                "--rows",
+                "4",
+                "--seq-len",
+                "128",
+                "--steps",
+                "1",
+                "--quick",
+                "--ops",
+                ops,
+            ],
+            dir.path(),
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        let out = text(&o);
+        let row = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("false") && l.trim_end().ends_with('%'))
+            .unwrap_or_else(|| panic!("no result row: {out}"));
+        let ratio: f64 = row
+            .split_whitespace()
+            .last()
+            .unwrap()
+            .trim_end_matches('%')
+            .parse()
+            .unwrap();
+        assert!(
+            (85.0..=115.0).contains(&ratio),
+            "ops {ops}: the budget is {ratio}% of the measured peak: {row}"
+        );
+    }
+}

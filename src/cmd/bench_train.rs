@@ -241,8 +241,8 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
         );
     }
     println!(
-        "{:>9} {:>8} {:>10} {:>7} {:>14} {:>14}",
-        "recompute", "chunked", "tokens/s", "MFU", "step peak", "budget"
+        "{:>9} {:>8} {:>10} {:>7} {:>14} {:>14} {:>16}",
+        "recompute", "chunked", "tokens/s", "MFU", "step peak", "budget", "budget/measured"
     );
     for ((&(recompute, chunked), tps), peak) in configs.iter().zip(speed).zip(peaks) {
         let g = gopt(recompute, chunked);
@@ -257,21 +257,25 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
         let b = memory::budget_with(&cfg, params as u64, &s, share);
         // what a step allocates: the gradient sums and the step's transient peak
         let transient = b.grad_sums + b.transient(&s);
+        // the whole peak: weights and moments (their sizes are exact) plus the step's
+        let resident = b.master + b.working + b.optimizer;
         println!(
-            "{:>9} {:>8} {:>10.0} {:>6.1}% {:>14} {:>14}",
+            "{:>9} {:>8} {:>10.0} {:>6.1}% {:>14} {:>14} {:>15.0}%",
             recompute,
             chunked,
             tps,
             100.0 * 6.0 * params as f64 * tps / ceiling,
             crate::bytes::format_bytes(peak),
-            crate::bytes::format_bytes(transient)
+            crate::bytes::format_bytes(transient),
+            100.0 * (resident + transient) as f64 / (resident + peak).max(1) as f64
         );
     }
     println!(
         "step peak: peak RSS (CPU) or used GPU memory after each phase (GPU) during a step, minus \
          before it; budget: what the trainer's printed budget says the step adds (the gradient \
          sums and the step's peak: fresh gradients, activations, logits, or the update's \
-         temporaries)"
+         temporaries); budget/measured: the printed total over weights, moments and the step \
+         peak"
     );
     let s = TrainSettings {
         micro_batch_tokens: tokens,
