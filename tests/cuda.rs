@@ -7,6 +7,8 @@
 //! `$SELFDISTILL_SHARED/fixtures/tiny-qwen3` or `../shared/fixtures/tiny-qwen3`.
 #![cfg(feature = "cuda")]
 
+mod common;
+
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
@@ -482,26 +484,9 @@ fn qwen3_5_greedy_decode_on_the_gpu_matches_the_cpu_sampler() {
 /// A `[train]` config over the fixture's SFT reference rows (data + filter of 40 GSM8K problems,
 /// as `tests/train.rs`), 8 steps, on `device` in `compute`; written to `dir/NAME.toml`.
 fn train_config(dir: &std::path::Path, name: &str, device: &str, compute: &str) -> PathBuf {
-    let shared = fixture().join("../..");
-    let data = shared.join("data/gsm8k_train.jsonl");
-    let cfg = format!(
-        r#"[run]
-name = "{name}"
-workdir = "{name}"
-[[data.sources]]
-name = "gsm8k"
-format = "gsm8k"
-path = "{data}"
-limit = 40
-[filter]
-[filter.completions]
-path = "{data}"
-format = "gsm8k"
-completion_field = "answer"
-source = "gsm8k"
-[train]
-model = "{model}"
-lr = 0.003
+    let data = fixture().join("../../data/gsm8k_train.jsonl");
+    let train = format!(
+        "lr = 0.003
 rows_per_step = 8
 max_steps = 8
 warmup_steps = 1
@@ -510,12 +495,11 @@ micro_batch_tokens = 1024
 loss_chunk_tokens = 100
 checkpoint_every = 2
 peak_tflops = 1.0
-device = "{device}"
-compute_dtype = "{compute}"
-"#,
-        data = data.display(),
-        model = fixture().display()
+device = \"{device}\"
+compute_dtype = \"{compute}\"
+"
     );
+    let cfg = common::gsm8k_train_config(name, name, &data, &fixture(), &train);
     let p = dir.join(format!("{name}.toml"));
     std::fs::write(&p, cfg).unwrap();
     p

@@ -13,24 +13,12 @@ use common::*;
 fn setup(dir: &Path) -> Option<PathBuf> {
     let data = shared("data/gsm8k_train.jsonl")?;
     let model = shared("fixtures/tiny-qwen3")?;
-    let cfg = format!(
-        r#"[run]
-name = "t"
-workdir = "work"
-[[data.sources]]
-name = "gsm8k"
-format = "gsm8k"
-path = "{data}"
-limit = 40
-[filter]
-[filter.completions]
-path = "{data}"
-format = "gsm8k"
-completion_field = "answer"
-source = "gsm8k"
-[train]
-model = "{model}"
-lr = 0.003
+    let cfg = gsm8k_train_config(
+        "t",
+        "work",
+        &data,
+        &model,
+        "lr = 0.003
 rows_per_step = 8
 max_steps = 4
 warmup_steps = 1
@@ -39,9 +27,7 @@ micro_batch_tokens = 1024
 loss_chunk_tokens = 100
 checkpoint_every = 1
 peak_tflops = 1.0
-"#,
-        data = data.display(),
-        model = model.display()
+",
     );
     let p = dir.join("t.toml");
     std::fs::write(&p, cfg).unwrap();

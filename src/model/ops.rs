@@ -225,17 +225,14 @@ pub(super) fn project(l: &Linear, x: &Tensor, exec: Exec) -> Result<Tensor> {
     if exec == Exec::Sampling {
         return l.forward(x);
     }
-    if exec == Exec::Composed || !super::host_linear::supported(x) {
-        let y = match x.rank() {
-            2 => matmul(x, &l.weight().t()?)?,
-            _ => return l.forward(x),
-        };
-        return match l.bias() {
-            Some(b) => y.broadcast_add(b),
-            None => Ok(y),
-        };
-    }
-    let y = super::host_linear::linear(x, l.weight())?;
+    let y = if exec == Exec::Composed || !super::host_linear::supported(x) {
+        if x.rank() != 2 {
+            return l.forward(x);
+        }
+        matmul(x, &l.weight().t()?)?
+    } else {
+        super::host_linear::linear(x, l.weight())?
+    };
     match l.bias() {
         Some(b) => y.broadcast_add(b),
         None => Ok(y),

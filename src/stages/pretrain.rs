@@ -67,11 +67,12 @@ pub fn plan(
         inputs,
     );
     st.files = files;
+    let train = super::train::train_memory(&p.train, &budget);
     st.estimate = Estimate {
         // the initial and trained weights, the trainer's checkpoints, the rows
         disk_bytes: crate::train::memory::disk_bytes(params, 4, &p.train) + params * 4 + bytes,
-        memory_bytes: super::train::train_memory(&p.train, &budget).memory_bytes + bytes * 4,
-        gpu_bytes: super::train::train_memory(&p.train, &budget).gpu_bytes,
+        memory_bytes: train.memory_bytes + bytes * 4,
+        gpu_bytes: train.gpu_bytes,
     };
     let facts = ModelFacts {
         input: st.model_input(),

@@ -198,6 +198,19 @@ impl AdamW {
     /// Clips to `max_norm` (if given) and applies one AdamW update at learning rate `lr`.
     /// `grads` are in the order of the parameters given to [`AdamW::new`].
     pub fn step(&mut self, grads: &[Tensor], lr: f64, max_norm: Option<f64>) -> Result<StepStats> {
+        let grad_norm = self.norm_of(grads)?;
+        self.step_with_norm(grads, grad_norm, lr, max_norm)
+    }
+
+    /// [`AdamW::step`] with the gradients' global norm already computed by
+    /// [`AdamW::norm_of`] (the trainer checks it before the update: one pass, not two).
+    pub fn step_with_norm(
+        &mut self,
+        grads: &[Tensor],
+        grad_norm: f64,
+        lr: f64,
+        max_norm: Option<f64>,
+    ) -> Result<StepStats> {
         if grads.len() != self.slots.len() {
             candle_core::bail!(
                 "{} gradients for {} parameters",
@@ -205,7 +218,6 @@ impl AdamW {
                 self.slots.len()
             );
         }
-        let grad_norm = self.norm_of(grads)?;
         // torch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1, always multiplied
         let clip = max_norm.map_or(1.0, |m| (m / (grad_norm + 1e-6)).min(1.0));
         self.step += 1;

@@ -428,7 +428,7 @@ impl<'a> Prepared<'a> {
         }
         let lr = self.sched.lr(step);
         let clip = (s.clip_grad_norm > 0.0).then_some(s.clip_grad_norm);
-        let st = self.opt.step(&grads, lr, clip)?;
+        let st = self.opt.step_with_norm(&grads, gn, lr, clip)?;
         drop(grads);
         let secs = t0.elapsed().as_secs_f64();
         let elapsed = loop_start.elapsed().as_secs_f64();

@@ -123,3 +123,36 @@ pub fn run_killed_at(dir: &Path, config: &str, points: &[&str]) {
         );
     }
 }
+
+/// A config that trains the fixture `model` on the graded reference solutions of the first 40
+/// GSM8K problems of `data` (data + filter stages, no sampling), with `train` as the `[train]`
+/// keys beside `model`.
+pub fn gsm8k_train_config(
+    name: &str,
+    workdir: &str,
+    data: &Path,
+    model: &Path,
+    train: &str,
+) -> String {
+    format!(
+        r#"[run]
+name = "{name}"
+workdir = "{workdir}"
+[[data.sources]]
+name = "gsm8k"
+format = "gsm8k"
+path = "{data}"
+limit = 40
+[filter]
+[filter.completions]
+path = "{data}"
+format = "gsm8k"
+completion_field = "answer"
+source = "gsm8k"
+[train]
+model = "{model}"
+{train}"#,
+        data = data.display(),
+        model = model.display()
+    )
+}
