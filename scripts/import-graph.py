@@ -19,8 +19,8 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 
 # Lowest first. A module not listed is placed with `data`.
 LAYERS = [
-    ["simd", "gemm", "cuda", "bytes", "rng", "fault", "machine"],
-    ["store", "digest", "verify", "data", "arith"],
+    ["simd", "gemm", "cuda", "bytes", "rng", "fault", "machine", "logging"],
+    ["store", "digest", "verify", "data", "arith", "progress"],
     ["model"],
     ["sampler", "train"],
     ["jobs", "eval", "pretrain"],

@@ -136,8 +136,16 @@ pub fn files_digest(what: &str, files: &[PathBuf]) -> Result<FilesDigest> {
     let start = Instant::now();
     let mut all = blake3::Hasher::new();
     let (mut hashed_files, mut hashed_bytes, mut memo_hits) = (0, 0, 0);
+    let size = |f: &PathBuf| fs::metadata(f).map(|m| m.len()).unwrap_or(0);
+    let total: u64 = files.iter().map(size).sum();
+    // a bar (or lines) only where hashing can take a while: the first run over big weights
+    let mut tracker = (total > 256 << 20)
+        .then(|| crate::progress::Tracker::new(format!("hash {what}"), "MB", Some(total >> 20)));
     for f in files {
         let (hex, hashed) = file_digest(f)?;
+        if let Some(t) = tracker.as_mut() {
+            t.inc(size(f) >> 20);
+        }
         if hashed {
             hashed_files += 1;
             hashed_bytes += fs::metadata(f).map(|m| m.len()).unwrap_or(0);
@@ -153,9 +161,12 @@ pub fn files_digest(what: &str, files: &[PathBuf]) -> Result<FilesDigest> {
         all.update(hex.as_bytes());
         all.update(b"\n");
     }
+    if let Some(t) = tracker {
+        t.finish();
+    }
     let seconds = start.elapsed().as_secs_f64();
     if seconds > 1.0 {
-        eprintln!(
+        tracing::info!(
             "hashed {what}: {hashed_files} files, {:.2} GB in {seconds:.1} s ({:.2} GB/s; remembered until they change)",
             hashed_bytes as f64 / 1e9,
             hashed_bytes as f64 / 1e9 / seconds

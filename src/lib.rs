@@ -12,8 +12,10 @@
 //!   train       differentiable model, losses, AdamW, checkpoints
 //!   model       Hugging Face checkpoints, config readers, the decoder over layer kinds
 //!               (model/layers: attention, Gated DeltaNet), ops and their paths, weight init
-//!   data verify store digest arith        loaders and schemas, the verifier, the work dir
-//!   gemm simd cuda machine bytes rng fault the CPU kernels, our CUDA kernels, machine facts
+//!   data verify store digest arith progress loaders and schemas, the verifier, the work dir,
+//!                                          progress bars and progress.json
+//!   gemm simd cuda machine bytes rng fault logging  the CPU kernels, our CUDA kernels, machine
+//!                                          facts, logs
 //! ```
 //! The binary (`main.rs`) only parses arguments and prints errors.
 
@@ -29,9 +31,11 @@ pub mod eval;
 pub mod fault;
 pub mod gemm;
 pub mod jobs;
+pub mod logging;
 pub mod machine;
 pub mod model;
 pub mod pretrain;
+pub mod progress;
 pub mod report;
 pub mod rng;
 pub mod sampler;

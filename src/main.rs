@@ -20,6 +20,12 @@ use selfdistill::stages::{self, Target};
     about = "Math self-distillation: sample, verify, filter, train, evaluate"
 )]
 struct Cli {
+    /// More log detail (-v debug, -vv trace); RUST_LOG, when set, decides instead.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Less: -q warnings and errors only (and no progress bars), -qq errors only.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    quiet: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -39,15 +45,18 @@ enum Command {
         /// Re-run this stage and every stage after it, even if cached (repeatable).
         #[arg(long)]
         force: Vec<String>,
-    },
-    /// Show each stage of a work dir: done / partial / not started, rows, bytes, time.
-    Status {
+        /// Run one shard of the sample stage, I/N, and stop (also from SLURM_ARRAY_TASK_ID /
+        /// SLURM_ARRAY_TASK_COUNT, or JOB_COMPLETION_INDEX with --num-shards or
+        /// SELFDISTILL_NUM_SHARDS); a later run without a shard joins the shards and goes on.
         #[arg(long)]
-        workdir: Option<PathBuf>,
-        /// Take the work dir from this config (`run.workdir`, or `runs/<name>`).
+        shard: Option<String>,
+        /// Shard count with JOB_COMPLETION_INDEX (Kubernetes indexed Jobs).
         #[arg(long)]
-        config: Option<PathBuf>,
+        num_shards: Option<usize>,
     },
+    /// Show each stage of a work dir: done / running / stalled / stopped / not started, with its
+    /// progress, rate and ETA, rows, bytes and time (--watch, --json).
+    Status(cmd::status::StatusArgs),
     /// Rebuild a work dir's report (report/report.md and its charts) from its stages.
     Report {
         #[arg(long)]
@@ -146,19 +155,25 @@ fn load_config(path: Option<PathBuf>, workdir: Option<PathBuf>) -> Result<Config
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    selfdistill::logging::init(cli.verbose.min(2) as i8 - cli.quiet.min(2) as i8);
     let result = match cli.command {
         Command::Run {
             stage,
             config,
             workdir,
             force,
+            shard,
+            num_shards,
         } => load_config(config, workdir).and_then(|cfg| {
             let target = if stage == "all" {
                 Target::All
             } else {
                 Target::Stage(stage)
             };
-            stages::run(&cfg, &target, &force)?;
+            let shard = selfdistill::jobs::sample::resolve_shard(shard.as_deref(), num_shards)?;
+            if !stages::run(&cfg, &target, &force, shard)? {
+                return Ok(());
+            }
             // the stages are done whatever happens here: a report that cannot be drawn is a
             // warning
             match selfdistill::report::write(&cfg.workdir) {
@@ -167,14 +182,14 @@ fn main() -> ExitCode {
             }
             Ok(())
         }),
-        Command::Status { workdir, config } => {
-            let cfg = match (config, &workdir) {
-                (Some(p), _) => load_config(Some(p), workdir.clone()).map(Some),
+        Command::Status(args) => {
+            let cfg = match (&args.config, &args.workdir) {
+                (Some(p), w) => load_config(Some(p.clone()), w.clone()).map(Some),
                 (None, Some(_)) => Ok(None),
                 // the embedded default's work dir, as `run all` with no config
                 (None, None) => load_config(None, None).map(Some),
             };
-            cfg.and_then(|cfg| cmd::status::run(workdir.as_deref(), cfg.as_ref()))
+            cfg.and_then(|cfg| cmd::status::run(&args, cfg.as_ref()))
         }
         Command::Report { workdir, config } => {
             let dir = match (workdir, config) {

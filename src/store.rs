@@ -49,7 +49,7 @@ pub fn lock_waiting(path: &Path, what: &str) -> Result<File> {
     match f.try_lock() {
         Ok(()) => return Ok(f),
         Err(std::fs::TryLockError::WouldBlock) => {
-            println!(
+            tracing::info!(
                 "waiting for another run that holds {what} ({})",
                 path.display()
             );
@@ -66,6 +66,16 @@ pub fn lock_waiting(path: &Path, what: &str) -> Result<File> {
 impl WorkDir {
     /// Creates `root` if needed and takes its lock, or fails naming the holder's pid.
     pub fn lock(root: &Path) -> Result<WorkDir> {
+        WorkDir::take(root, false)
+    }
+
+    /// Creates `root` if needed and takes its lock, waiting (and saying so) while another
+    /// process holds it.
+    pub fn lock_waiting(root: &Path) -> Result<WorkDir> {
+        WorkDir::take(root, true)
+    }
+
+    fn take(root: &Path, wait: bool) -> Result<WorkDir> {
         fs::create_dir_all(root.join("stages"))
             .with_context(|| format!("cannot create work dir {}", root.display()))?;
         let path = root.join(".lock");
@@ -82,13 +92,22 @@ impl WorkDir {
                 let mut holder = String::new();
                 let _ = f.read_to_string(&mut holder);
                 let holder = holder.trim();
-                bail!(
+                if wait {
+                    tracing::info!(
+                        "waiting for the pipeline (pid {holder}) that holds work dir {}",
+                        root.display()
+                    );
+                    f.lock()
+                        .with_context(|| format!("cannot lock {}", path.display()))?;
+                } else {
+                    bail!(
                     "work dir {} is in use by another pipeline (pid {}); wait for it or stop it \
                      (lock file {})",
                     root.display(),
                     if holder.is_empty() { "unknown" } else { holder },
                     path.display()
-                );
+                    );
+                }
             }
             Err(std::fs::TryLockError::Error(e)) => {
                 return Err(e).with_context(|| format!("cannot lock {}", path.display()))
@@ -157,12 +176,30 @@ impl Manifest {
     }
 }
 
-/// How far an unfinished stage got.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// How far an unfinished stage got, rewritten as it goes (`progress::Tracker`); `status` reads it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct Progress {
     pub done: u64,
     pub total: Option<u64>,
     pub unit: String,
+    /// Units per second since this process started (resumed units not counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<f64>,
+    /// What else the stage says about itself (loss, tokens/s, ...).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+    #[serde(default)]
+    pub started_unix: u64,
+    /// When this file was last written: a run whose progress stops moving is stalled or dead.
+    #[serde(default)]
+    pub updated_unix: u64,
+    /// The process writing it, and its host (a pid means something only there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub host: String,
 }
 
 /// Reads `dir/manifest.json`: `None` when absent (the stage is not done).

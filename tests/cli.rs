@@ -467,7 +467,7 @@ fn status_shows_how_far_a_killed_stage_got_from_any_folder() {
     let data_line = out.lines().find(|l| l.starts_with("data ")).unwrap();
     assert!(data_line.contains(" done "), "{out}");
     let filter_line = out.lines().find(|l| l.starts_with("filter ")).unwrap();
-    assert!(filter_line.contains("partial: 2/3 chunks"), "{out}");
+    assert!(filter_line.contains("stopped: 2/3 chunks"), "{out}");
 }
 
 /// The filter over our completions schema: every rule, counted in the manifest.

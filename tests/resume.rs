@@ -89,7 +89,7 @@ fn sigkill_mid_chunk_then_resume_gives_the_uninterrupted_rows() {
     assert!(fdir.join("graded/.part-00020.parquet.tmp").exists());
     assert!(!fdir.join("graded/part-00020.parquet").exists());
     let o = run(&["status", "--workdir", "work"], dir.path());
-    assert!(text(&o).contains("partial: 20/59 chunks"), "{}", text(&o));
+    assert!(text(&o).contains("stopped: 20/59 chunks"), "{}", text(&o));
 
     let o = run(
         &["run", "all", "--config", cfg.to_str().unwrap()],

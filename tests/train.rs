@@ -50,7 +50,7 @@ fn sigkilled_training_resumes_to_the_uninterrupted_weights() {
     assert!(o.status.success(), "{}", text(&o));
     let out = text(&o);
     assert!(out.contains("memory budget"), "{out}");
-    assert!(out.contains("step 4/4"), "{out}");
+    assert!(out.contains("train: 4/4 steps"), "{out}");
     let want = trained_weights(&dir.path().join("clean"));
 
     for (point, resumed_at) in [
@@ -70,7 +70,7 @@ fn sigkilled_training_resumes_to_the_uninterrupted_weights() {
         assert!(!tdir.join("model/model.safetensors").exists(), "{point}");
         let o = run(&["status", "--workdir", &work], dir.path());
         assert!(
-            text(&o).contains(&format!("{resumed_at}/4 steps checkpointed")),
+            text(&o).contains(&format!("last checkpoint: step {resumed_at}")),
             "{point}: {}",
             text(&o)
         );

@@ -83,7 +83,7 @@ pub fn run(a: &EvalArgs) -> Result<()> {
         logprobs: a.logprobs,
     };
     let sets = cfg.load_sets(Path::new("."))?;
-    eval::evaluate(&a.models, &sets, &cfg, &a.output)?;
+    eval::evaluate(&a.models, &sets, &cfg, &a.output, None)?;
     println!("wrote {}", a.output.display());
     Ok(())
 }

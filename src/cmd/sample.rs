@@ -98,9 +98,20 @@ pub fn run(a: &SampleArgs) -> Result<()> {
     let shard = job::resolve_shard(a.shard.as_deref(), a.num_shards)?;
     if let Some(shard) = shard {
         problems.retain(|p| job::in_shard(&p.problem_id, shard));
-        eprintln!("shard {}/{}: {} problems", shard.0, shard.1, problems.len());
+        tracing::info!("shard {}/{}: {} problems", shard.0, shard.1, problems.len());
     }
-    let s = job::run_settings(settings, &problems, shard.unwrap_or((0, 1)), &a.output)?;
+    let label = match shard {
+        Some((i, n)) => format!("sample {i}/{n}"),
+        None => "sample".into(),
+    };
+    let progress = crate::progress::Target::new(label, None);
+    let s = job::run_settings(
+        settings,
+        &problems,
+        shard.unwrap_or((0, 1)),
+        &a.output,
+        &progress,
+    )?;
     s.print(&a.output);
     Ok(())
 }

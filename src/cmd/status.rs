@@ -1,31 +1,78 @@
-//! `pipeline status`: a table of a work dir's stages (done / partial / not started), with key,
-//! rows, bytes on disk, wall time, and how far a partial stage got.
+//! `pipeline status`: where a work dir's run stands. Each stage is done, running, stalled,
+//! stopped, partial or not started, with how far it got (done / total, rate, ETA and what the
+//! stage says about itself, from its `progress.json`), its rows, bytes on disk and wall time; a
+//! sharded sample stage adds its shards' progress together. `--watch` redraws every few seconds,
+//! `--json` prints the same for scripts.
 //!
-//! Reads `plan.json` (the last run's stages, in order) and every `stages/*` folder; takes no lock,
-//! so it works while a run is going. Builds no plan and reads no inputs.
+//! A stage is *stopped* when the process that wrote its progress is gone (checked on this host by
+//! pid; on another host it cannot be), and *stalled* when its progress has not moved for
+//! `--stall-after` seconds. Reads `plan.json` and every `stages/*` folder; takes no lock, so it
+//! works while a run is going. Builds no plan and reads no inputs.
 
 use std::collections::HashSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use serde::Serialize;
 
 use crate::bytes::format_bytes;
 use crate::config::Config;
+use crate::progress::fmt_secs;
 use crate::stages::{stage_state, PlanRecord, StageState};
-use crate::store::{self, dir_bytes};
+use crate::store::{self, dir_bytes, Progress};
 
-struct Row {
-    stage: String,
-    key: String,
-    state: String,
-    rows: String,
-    bytes: String,
-    wall: String,
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+    /// Take the work dir from this config (`run.workdir`, or `runs/<name>`).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Redraw every SECS seconds (default 5) until every stage is done or Ctrl-C.
+    #[arg(long, num_args = 0..=1, default_missing_value = "5", value_name = "SECS")]
+    pub watch: Option<f64>,
+    /// Print the status as JSON (one object; with --watch, one per line).
+    #[arg(long)]
+    pub json: bool,
+    /// Call a running stage stalled when its progress has not moved for this many seconds.
+    #[arg(long, default_value_t = 600.0)]
+    pub stall_after: f64,
 }
 
-pub fn run(workdir: Option<&Path>, cfg: Option<&Config>) -> Result<()> {
-    let root = match (workdir, cfg) {
-        (Some(w), _) => w.to_path_buf(),
+/// The whole work dir.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    pub workdir: String,
+    /// The config of the last run (from `plan.json`).
+    pub config: Option<String>,
+    pub stages: Vec<StageStatus>,
+    pub now_unix: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StageStatus {
+    pub name: String,
+    pub key: String,
+    pub dir: String,
+    /// `done`, `running`, `stalled`, `stopped`, `shards done` (waiting to be joined), `partial`
+    /// or `not started`.
+    pub state: String,
+    pub in_last_plan: bool,
+    pub rows: Option<u64>,
+    pub bytes: u64,
+    pub wall_seconds: Option<f64>,
+    pub progress: Option<Progress>,
+    /// Seconds since the progress last moved.
+    pub progress_age_seconds: Option<u64>,
+    /// Committed shards and the shard count, for a sharded sample stage.
+    pub shards: Option<(usize, usize)>,
+    /// Why the state is what it is, when that is not obvious.
+    pub note: String,
+}
+
+pub fn run(a: &StatusArgs, cfg: Option<&Config>) -> Result<()> {
+    let root = match (&a.workdir, cfg) {
+        (Some(w), _) => w.clone(),
         (None, Some(c)) => c.workdir.clone(),
         (None, None) => bail!("give --workdir DIR or --config FILE"),
     };
@@ -35,6 +82,34 @@ pub fn run(workdir: Option<&Path>, cfg: Option<&Config>) -> Result<()> {
             root.display()
         );
     }
+    loop {
+        let st = status(&root, a.stall_after)?;
+        if a.json {
+            let text = if a.watch.is_some() {
+                serde_json::to_string(&st)?
+            } else {
+                serde_json::to_string_pretty(&st)?
+            };
+            println!("{text}");
+        } else {
+            if a.watch.is_some() {
+                // clear the screen and go home, as `watch` does
+                print!("\x1b[2J\x1b[H");
+            }
+            print_status(&st);
+        }
+        let Some(every) = a.watch else {
+            return Ok(());
+        };
+        if !st.stages.is_empty() && st.stages.iter().all(|s| s.state == "done") {
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(every.max(0.2)));
+    }
+}
+
+/// The status of the work dir at `root`.
+pub fn status(root: &Path, stall_after: f64) -> Result<Status> {
     let plan_path = root.join(store::PLAN);
     let plan: Option<PlanRecord> = match std::fs::read(&plan_path) {
         Ok(b) => Some(
@@ -44,17 +119,17 @@ pub fn run(workdir: Option<&Path>, cfg: Option<&Config>) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", plan_path.display())),
     };
-    let mut rows = Vec::new();
+    let lock_pid = std::fs::read_to_string(root.join(".lock"))
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok());
+    let mut stages = Vec::new();
     let mut listed = HashSet::new();
     if let Some(p) = &plan {
-        println!("work dir {} (last run: {})", root.display(), p.config);
         for s in &p.stages {
             let dir = root.join("stages").join(&s.dir);
             listed.insert(dir.file_name().map(|n| n.to_os_string()));
-            rows.push(row(&s.name, &s.key, &dir)?);
+            stages.push(stage(&s.name, &s.key, &dir, true, lock_pid, stall_after)?);
         }
-    } else {
-        println!("work dir {}", root.display());
     }
     let mut others: Vec<_> = std::fs::read_dir(root.join("stages"))
         .map(|it| it.flatten().map(|e| e.path()).collect())
@@ -68,63 +143,257 @@ pub fn run(workdir: Option<&Path>, cfg: Option<&Config>) -> Result<()> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let (stage, key) = name.rsplit_once('-').unwrap_or((&name, ""));
-        let mut r = row(stage, key, &dir)?;
-        r.state = format!("{} (not in the last plan)", r.state);
-        rows.push(r);
+        let (name, key) = name.rsplit_once('-').unwrap_or((&name, ""));
+        stages.push(stage(name, key, &dir, false, lock_pid, stall_after)?);
     }
-    print_table(&rows);
-    Ok(())
-}
-
-fn row(stage: &str, key: &str, dir: &Path) -> Result<Row> {
-    let key = key.get(..12).unwrap_or(key).to_string();
-    let on_disk = format_bytes(dir_bytes(dir));
-    Ok(match stage_state(dir)? {
-        StageState::Done(m) => Row {
-            stage: stage.into(),
-            key,
-            state: "done".into(),
-            rows: m.rows.to_string(),
-            bytes: on_disk,
-            wall: format!("{:.1}s", m.wall_seconds),
-        },
-        StageState::Partial(p) => Row {
-            stage: stage.into(),
-            key,
-            state: match p {
-                Some(p) => format!(
-                    "partial: {}/{} {}",
-                    p.done,
-                    p.total.map(|t| t.to_string()).unwrap_or("?".into()),
-                    p.unit
-                ),
-                None => "partial".into(),
-            },
-            rows: "-".into(),
-            bytes: on_disk,
-            wall: "-".into(),
-        },
-        StageState::NotStarted => Row {
-            stage: stage.into(),
-            key,
-            state: "not started".into(),
-            rows: "-".into(),
-            bytes: "-".into(),
-            wall: "-".into(),
-        },
+    Ok(Status {
+        workdir: root.display().to_string(),
+        config: plan.map(|p| p.config),
+        stages,
+        now_unix: store::now_unix(),
     })
 }
 
-fn print_table(rows: &[Row]) {
+/// Progress files of a stage: its own, or each shard's.
+fn progress_of(dir: &Path) -> (Option<Progress>, Option<(usize, usize)>) {
+    if let Some((dirs, done, n)) = crate::stages::sample::shard_summary(dir) {
+        let parts: Vec<Progress> = dirs
+            .iter()
+            .filter_map(|d| store::read_progress(d))
+            .collect();
+        if parts.is_empty() {
+            return (None, Some((done, n)));
+        }
+        // the shards together: counts and rates add up, the newest update counts, and a
+        // shard not started yet has no total (so neither has the sum)
+        let started = parts.len() == n;
+        let total = parts.iter().map(|p| p.total).sum::<Option<u64>>();
+        let done_units: u64 = parts.iter().map(|p| p.done).sum();
+        let rate: f64 = parts.iter().filter_map(|p| p.rate).sum();
+        let live: Vec<&Progress> = parts.iter().filter(|p| p.pid.is_some()).collect();
+        let p = Progress {
+            done: done_units,
+            total: total.filter(|_| started),
+            unit: parts[0].unit.clone(),
+            rate: (rate > 0.0).then_some(rate),
+            eta_seconds: total
+                .filter(|_| started && rate > 0.0)
+                .map(|t| t.saturating_sub(done_units) as f64 / rate),
+            detail: format!("{} of {n} shards reporting", parts.len()),
+            started_unix: parts.iter().map(|p| p.started_unix).min().unwrap_or(0),
+            updated_unix: parts.iter().map(|p| p.updated_unix).max().unwrap_or(0),
+            // which processes: see the shards' own files
+            pid: (live.len() == 1).then(|| live[0].pid).flatten(),
+            host: String::new(),
+        };
+        return (Some(p), Some((done, n)));
+    }
+    (store::read_progress(dir), None)
+}
+
+/// Whether the shards' writers are alive: `Some(false)` only when every one is known gone.
+fn shards_alive(dir: &Path) -> Option<bool> {
+    let (dirs, _, _) = crate::stages::sample::shard_summary(dir)?;
+    let here = crate::machine::hostname();
+    let mut any_unknown = false;
+    for d in dirs {
+        if d.join(crate::stages::sample::SHARD_DONE).is_file() {
+            continue;
+        }
+        match store::read_progress(&d) {
+            Some(Progress {
+                pid: Some(pid),
+                host,
+                ..
+            }) if host == here => {
+                if crate::machine::pid_alive(pid) {
+                    return Some(true);
+                }
+            }
+            _ => any_unknown = true,
+        }
+    }
+    (!any_unknown).then_some(false)
+}
+
+fn stage(
+    name: &str,
+    key: &str,
+    dir: &Path,
+    in_last_plan: bool,
+    lock_pid: Option<u32>,
+    stall_after: f64,
+) -> Result<StageStatus> {
+    let key = key.get(..12).unwrap_or(key).to_string();
+    let mut st = StageStatus {
+        name: name.into(),
+        key,
+        dir: dir.display().to_string(),
+        state: String::new(),
+        in_last_plan,
+        rows: None,
+        bytes: dir_bytes(dir),
+        wall_seconds: None,
+        progress: None,
+        progress_age_seconds: None,
+        shards: None,
+        note: String::new(),
+    };
+    match stage_state(dir)? {
+        StageState::Done(m) => {
+            st.state = "done".into();
+            st.rows = Some(m.rows);
+            st.wall_seconds = Some(m.wall_seconds);
+            return Ok(st);
+        }
+        StageState::NotStarted => {
+            st.state = "not started".into();
+            return Ok(st);
+        }
+        StageState::Partial(_) => {}
+    }
+    let (progress, shards) = progress_of(dir);
+    st.shards = shards;
+    let now = store::now_unix();
+    let age = progress
+        .as_ref()
+        .filter(|p| p.updated_unix > 0)
+        .map(|p| now.saturating_sub(p.updated_unix));
+    st.progress_age_seconds = age;
+    let here = crate::machine::hostname();
+    // who wrote the progress, and is it still there
+    let (pid, alive) = match (&progress, shards) {
+        (_, Some(_)) => (progress.as_ref().and_then(|p| p.pid), shards_alive(dir)),
+        (
+            Some(Progress {
+                pid: Some(pid),
+                host,
+                ..
+            }),
+            None,
+        ) if *host == here => (Some(*pid), Some(crate::machine::pid_alive(*pid))),
+        (Some(Progress { pid: Some(pid), .. }), None) => (Some(*pid), None),
+        _ => (lock_pid, lock_pid.map(crate::machine::pid_alive)),
+    };
+    let host = progress
+        .as_ref()
+        .map(|p| p.host.clone())
+        .filter(|h| !h.is_empty() && *h != here)
+        .map(|h| format!(" on {h}"))
+        .unwrap_or_default();
+    let pid_text = pid.map(|p| format!("pid {p}{host}")).unwrap_or_else(|| {
+        if shards.is_some() {
+            "every shard's process".into()
+        } else {
+            "the run".into()
+        }
+    });
+    let stale = age.is_some_and(|a| a as f64 > stall_after);
+    if let Some((done, n)) = shards.filter(|(done, n)| done == n) {
+        st.state = "shards done".into();
+        st.note = format!(
+            "all {n} shards are committed ({done} of {n}): a `pipeline run` without a shard \
+             joins them and goes on"
+        );
+        st.progress = progress;
+        return Ok(st);
+    }
+    st.state = match alive {
+        Some(false) => {
+            st.note = format!(
+                "{pid_text} is gone{}: `pipeline run` resumes it",
+                age.map(|a| format!(", progress last moved {} ago", fmt_secs(a as f64)))
+                    .unwrap_or_default()
+            );
+            "stopped"
+        }
+        _ if stale => {
+            st.note = format!(
+                "no progress for {} ({pid_text}{}): stalled, or dead on a host this machine \
+                 cannot check",
+                fmt_secs(age.unwrap_or(0) as f64),
+                if alive == Some(true) {
+                    ", still running"
+                } else {
+                    ""
+                }
+            );
+            "stalled"
+        }
+        Some(true) => "running",
+        None if progress.as_ref().is_some_and(|p| p.pid.is_some()) => {
+            st.note = format!("{pid_text}: cannot check from this host");
+            "running"
+        }
+        None => "partial",
+    }
+    .into();
+    st.progress = progress;
+    Ok(st)
+}
+
+/// `done/total unit`, rate, ETA and detail.
+fn progress_text(p: &Progress) -> String {
+    let total = p.total.map(|t| format!("/{t}")).unwrap_or_default();
+    let mut parts = vec![format!("{}{total} {}", p.done, p.unit)];
+    if let Some(r) = p.rate {
+        parts.push(if r >= 10.0 {
+            format!("{r:.0}/s")
+        } else {
+            format!("{r:.2}/s")
+        });
+    }
+    if let Some(e) = p.eta_seconds {
+        parts.push(format!("ETA {}", fmt_secs(e)));
+    }
+    parts.join(", ")
+}
+
+pub fn print_status(st: &Status) {
+    match &st.config {
+        Some(c) => println!("work dir {} (last run: {c})", st.workdir),
+        None => println!("work dir {}", st.workdir),
+    }
     println!(
-        "{:<11} {:<12} {:<34} {:>10} {:>10} {:>8}",
+        "{:<11} {:<12} {:<44} {:>10} {:>10} {:>8}",
         "stage", "key", "state", "rows", "disk", "wall"
     );
-    for r in rows {
+    for s in &st.stages {
+        let mut state = s.state.clone();
+        if let Some(p) = &s.progress {
+            state = format!("{state}: {}", progress_text(p));
+        }
+        if let Some((done, n)) = s.shards {
+            state = format!("{state}; shards {done}/{n} committed");
+        }
+        if !s.in_last_plan {
+            state = format!("{state} (not in the last plan)");
+        }
         println!(
-            "{:<11} {:<12} {:<34} {:>10} {:>10} {:>8}",
-            r.stage, r.key, r.state, r.rows, r.bytes, r.wall
+            "{:<11} {:<12} {:<44} {:>10} {:>10} {:>8}",
+            s.name,
+            s.key,
+            state,
+            s.rows.map(|r| r.to_string()).unwrap_or("-".into()),
+            if s.state == "not started" {
+                "-".into()
+            } else {
+                format_bytes(s.bytes)
+            },
+            s.wall_seconds
+                .map(|w| format!("{w:.1}s"))
+                .unwrap_or("-".into())
         );
+        let detail = s
+            .progress
+            .as_ref()
+            .map(|p| p.detail.as_str())
+            .filter(|d| !d.is_empty());
+        if let Some(d) = detail {
+            println!("{:<11} {d}", "");
+        }
+        if !s.note.is_empty() {
+            println!("{:<11} {}", "", s.note);
+        }
     }
 }

@@ -277,6 +277,7 @@ pub fn evaluate(
     sets: &[EvalSet],
     ov: &EvalConfig,
     out: &Path,
+    progress_file: Option<&Path>,
 ) -> Result<Vec<EvalResult>> {
     if models.is_empty() || sets.is_empty() {
         bail!("eval: give at least one --model and one set");
@@ -307,14 +308,18 @@ pub fn evaluate(
             std::fs::create_dir_all(&dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
             let samples = dir.join("samples.parquet");
-            eprintln!(
+            tracing::info!(
                 "eval: {} on {} ({} problems, n = {})",
                 model,
                 set.name,
                 problems.len(),
                 s.n
             );
-            let summary = job::run_settings(&s, &problems, (0, 1), &samples)?;
+            let target = crate::progress::Target::new(
+                format!("eval {} {}", set.name, model_slug(model)),
+                progress_file.map(Path::to_path_buf),
+            );
+            let summary = job::run_settings(&s, &problems, (0, 1), &samples, &target)?;
             let outcomes = outcomes(&samples, &levels)?;
             let m = metrics::compute(&outcomes, s.seed);
             let r = EvalResult {

@@ -93,6 +93,8 @@ pub struct JobConfig {
     /// Per-token logprobs and this many alternatives in the output (see
     /// [`SampleSettings::logprobs`]); not part of the sampling hash (the tokens do not change).
     pub logprobs: Option<usize>,
+    /// Where progress goes (bar or lines, and a `progress.json`).
+    pub progress: crate::progress::Target,
 }
 
 /// Metadata keys of a completions file, read by `pipeline merge`.
@@ -448,6 +450,7 @@ pub fn run_settings(
     problems: &[Problem],
     shard: (usize, usize),
     output: &Path,
+    progress: &crate::progress::Target,
 ) -> Result<JobSummary> {
     s.validate()
         .map_err(|e| anyhow::anyhow!("sample settings: {e}"))?;
@@ -505,6 +508,7 @@ pub fn run_settings(
         thinking,
         shard,
         logprobs: s.logprobs,
+        progress: progress.clone(),
     };
     let vocab = model.config().vocab_size;
     if let Some(id) = s.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
@@ -543,7 +547,7 @@ impl JobSummary {
     /// The summary line of `pipeline sample` and the sample stage.
     pub fn print(&self, output: &Path) {
         let s = self;
-        println!(
+        tracing::info!(
             "{} problems ({} resumed), {} samples, {} correct; prompt tokens {}, generated tokens {} \
              ({:.0} tok/s), preemptions {}, samples saved by target_correct {}, {:.1}s; wrote {}",
             s.problems,
@@ -653,13 +657,18 @@ pub fn run(
         index_of_request.push(i);
     }
     if summary.problems_resumed > 0 {
-        eprintln!(
+        tracing::info!(
             "resuming: {} of {} problems already committed in {}",
             summary.problems_resumed,
             problems.len(),
             parts.display()
         );
     }
+    let n = cfg.n as u64;
+    let mut tracker = cfg
+        .progress
+        .tracker("samples", Some(problems.len() as u64 * n))
+        .resumed(summary.problems_resumed as u64 * n);
     let decode = |ids: &[u32]| tok.decode(ids).unwrap_or_default();
     let mut pending: HashMap<usize, Vec<Completion>> = HashMap::new();
     let mut finished_problems: Vec<usize> = Vec::new();
@@ -667,7 +676,7 @@ pub fn run(
     let mut remaining: HashMap<usize, u32> =
         (0..index_of_request.len()).map(|r| (r, cfg.n)).collect();
     let mut next_part = next_part_index(&parts)?;
-    let mut last_report = Instant::now();
+    let mut last_detail: Option<Instant> = None;
     while !engine.is_idle() {
         let finished: Vec<Sample> = engine.step(Some(&decode))?;
         for s in finished {
@@ -681,12 +690,14 @@ pub fn run(
                 if cfg.target_correct.is_some_and(|k| *c >= k) {
                     let saved = engine.cancel(s.request);
                     summary.samples_saved += saved;
+                    tracker.inc(saved);
                     if let Some(r) = remaining.get_mut(&s.request) {
                         *r = r.saturating_sub(saved as u32);
                     }
                 }
             }
             pending.entry(s.request).or_default().push(row);
+            tracker.inc(1);
             if let Some(r) = remaining.get_mut(&s.request) {
                 *r = r.saturating_sub(1);
                 if *r == 0 {
@@ -697,12 +708,14 @@ pub fn run(
         if finished_problems.len() >= cfg.part_problems {
             commit_part(&parts, &mut next_part, &mut finished_problems, &mut pending)?;
         }
-        if last_report.elapsed().as_secs_f64() > 5.0 {
-            report_progress(&engine, &summary, problems.len(), &remaining, t0);
-            last_report = Instant::now();
+        if last_detail.is_none_or(|t| t.elapsed().as_secs_f64() > 0.5) {
+            tracker.detail(detail(&engine, problems.len(), &remaining, t0));
+            last_detail = Some(Instant::now());
         }
     }
     commit_part(&parts, &mut next_part, &mut finished_problems, &mut pending)?;
+    tracker.detail(detail(&engine, problems.len(), &remaining, t0));
+    tracker.finish();
     join_parts(&parts, problems, cfg, &shash, output)?;
     std::fs::remove_dir_all(&parts)
         .with_context(|| format!("cannot remove {}", parts.display()))?;
@@ -737,7 +750,7 @@ fn engine_config(
     } else {
         String::new()
     };
-    eprintln!(
+    tracing::info!(
         "KV cache: {num_blocks} blocks of {} tokens = {tokens} tokens ({:.1} MiB): room for {} \
          sequences of the longest prompt plus max_new_tokens ({per_seq} tokens){states}",
         cfg.block_size,
@@ -902,33 +915,21 @@ fn commit_part(
     Ok(())
 }
 
-fn report_progress(
-    engine: &Engine,
-    s: &JobSummary,
-    total: usize,
-    remaining: &HashMap<usize, u32>,
-    t0: Instant,
-) {
+/// The sampler's side of a progress line: problems finished, tokens/s, batch, KV use.
+fn detail(engine: &Engine, total: usize, remaining: &HashMap<usize, u32>, t0: Instant) -> String {
     let open = remaining.values().filter(|r| **r > 0).count();
-    let done = total - open;
     let secs = t0.elapsed().as_secs_f64();
     let tps = engine.stats.generated_tokens as f64 / secs.max(1e-9);
-    let eta = if done > s.problems_resumed {
-        secs / (done - s.problems_resumed) as f64 * open as f64
-    } else {
-        f64::NAN
-    };
-    eprintln!(
-        "problems {done}/{total}  generated {} tok ({tps:.0} tok/s)  running {}  KV {:.0}%  \
-         ETA {eta:.0}s",
-        engine.stats.generated_tokens,
+    format!(
+        "problems {}/{total}  {tps:.0} tok/s  running {}  KV {:.0}%",
+        total - open,
         engine.num_running(),
         100.0 * engine.kv_usage()
-    );
+    )
 }
 
 /// Which shard this process is: `--shard I/N`, else `SLURM_ARRAY_TASK_ID`/`SLURM_ARRAY_TASK_COUNT`,
-/// else `JOB_COMPLETION_INDEX` with `num_shards`.
+/// else `JOB_COMPLETION_INDEX` with `num_shards` (or `SELFDISTILL_NUM_SHARDS`).
 pub fn resolve_shard(
     flag: Option<&str>,
     num_shards: Option<usize>,
@@ -958,7 +959,18 @@ pub fn resolve_shard(
         return parse(&i, &n, "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT").map(Some);
     }
     if let Ok(i) = std::env::var("JOB_COMPLETION_INDEX") {
-        let n = num_shards.context("JOB_COMPLETION_INDEX is set: give --num-shards")?;
+        let from_env = std::env::var("SELFDISTILL_NUM_SHARDS").ok();
+        let n = match (num_shards, from_env) {
+            (Some(n), _) => n,
+            (None, Some(n)) => n
+                .trim()
+                .parse()
+                .with_context(|| format!("SELFDISTILL_NUM_SHARDS: `{n}` is not a number"))?,
+            (None, None) => bail!(
+                "JOB_COMPLETION_INDEX is set: give --num-shards or SELFDISTILL_NUM_SHARDS (the \
+                 Job's completions)"
+            ),
+        };
         return parse(&i, &n.to_string(), "JOB_COMPLETION_INDEX").map(Some);
     }
     Ok(None)
@@ -975,9 +987,20 @@ pub fn in_shard(problem_id: &str, shard: (usize, usize)) -> bool {
 /// Joins the outputs of a sharded run (all N shards of one sampling hash, each once) into one
 /// completions file, rows ordered by problem id then sample index. Refuses incomplete sets.
 pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<usize> {
+    merge_ordered(inputs, output, None)
+}
+
+/// [`merge`], with the rows in the order of `problem_ids` (then sample index) when given: the
+/// order an unsharded run of those problems writes.
+pub fn merge_ordered(
+    inputs: &[PathBuf],
+    output: &Path,
+    problem_ids: Option<&[String]>,
+) -> Result<usize> {
     let mut seen: Vec<Option<PathBuf>> = Vec::new();
     let mut hash: Option<String> = None;
     let mut rows = Vec::new();
+    let mut problems = 0usize;
     for p in inputs {
         let kv: HashMap<String, String> = crate::data::schema::read_kv_metadata(p)?
             .into_iter()
@@ -1016,6 +1039,10 @@ pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<usize> {
             );
         }
         seen[i] = Some(p.clone());
+        problems += kv
+            .get(META_PROBLEMS)
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0);
         rows.extend(read_completions(p)?);
     }
     let missing: Vec<String> = seen
@@ -1031,7 +1058,27 @@ pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<usize> {
             seen.len()
         );
     }
-    rows.sort_by(|a, b| (&a.problem_id, a.sample_index).cmp(&(&b.problem_id, b.sample_index)));
+    match problem_ids {
+        Some(ids) => {
+            let order: HashMap<&str, usize> = ids
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p.as_str(), i))
+                .collect();
+            if let Some(r) = rows
+                .iter()
+                .find(|r| !order.contains_key(r.problem_id.as_str()))
+            {
+                bail!(
+                    "the shards hold problem `{}`, which is not among the problems",
+                    r.problem_id
+                );
+            }
+            rows.sort_by_key(|r| (order.get(r.problem_id.as_str()).copied(), r.sample_index));
+        }
+        None => rows
+            .sort_by(|a, b| (&a.problem_id, a.sample_index).cmp(&(&b.problem_id, b.sample_index))),
+    }
     let graded = rows.iter().all(|r| r.grade.is_some());
     let logprobs = has_logprobs(&rows);
     let batches = rows
@@ -1041,6 +1088,7 @@ pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<usize> {
     let kv = vec![
         (META_SHARD.to_string(), "0/1".to_string()),
         (META_SAMPLING_HASH.to_string(), hash.unwrap_or_default()),
+        (META_PROBLEMS.to_string(), problems.to_string()),
     ];
     write_parquet_atomic_kv(output, completions_schema(graded, logprobs), &batches, &kv)?;
     Ok(rows.len())

@@ -61,7 +61,7 @@ pub fn run(cfg: &DataConfig, stage: &PlannedStage) -> Result<StageOutput> {
             .map(|(_, p)| p.clone())
             .collect();
         let (rows, rep) = load_source(s, &files, cfg.skip_bad_rows)?;
-        println!(
+        tracing::info!(
             "    {:<12} {} problems from {} rows ({} bad rows skipped, {} duplicate ids) <- {}",
             s.name,
             rep.problems,
@@ -71,7 +71,7 @@ pub fn run(cfg: &DataConfig, stage: &PlannedStage) -> Result<StageOutput> {
             s.location.describe()
         );
         for ex in &rep.bad_examples {
-            println!("      skipped: {ex}");
+            tracing::info!("      skipped: {ex}");
         }
         counts.push((format!("{}.problems", s.name), rep.problems));
         counts.push((format!("{}.bad_rows", s.name), rep.bad_rows));

@@ -157,10 +157,16 @@ pub fn run(
         )?;
         let done = dir.join(super::EVAL_METRICS);
         if done.is_file() {
-            println!("eval: {label} model: cached in {}", dir.display());
+            tracing::info!("eval: {label} model: cached in {}", dir.display());
             reused += 1;
         } else {
-            crate::eval::evaluate(std::slice::from_ref(model), sets, e, &dir)?;
+            crate::eval::evaluate(
+                std::slice::from_ref(model),
+                sets,
+                e,
+                &dir,
+                Some(&stage.dir.join(store::PROGRESS)),
+            )?;
         }
         // read back in both cases, so that a cached and a fresh evaluation give the same bytes
         let bytes =

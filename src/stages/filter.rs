@@ -24,7 +24,7 @@ use crate::data::schema::{
     completions_batch, completions_schema, has_logprobs, read_completions, read_problems,
     sft_batch, sft_schema, write_parquet_atomic, Completion, Grade, ROW_GROUP_ROWS,
 };
-use crate::store::{self, InputRef, Progress};
+use crate::store::{self, InputRef};
 use crate::verify::{grade, GradeOptions};
 
 /// Bump when the output for the same inputs changes. Verifier changes need no bump: its source
@@ -120,11 +120,16 @@ pub fn run(
     // 1) grade, chunk by chunk, committing each chunk whole
     let graded_dir = stage.dir.join(GRADED_DIR);
     let chunks: Vec<&[Completion]> = rows.chunks(cfg.chunk_rows).collect();
-    let mut resumed = 0;
+    let resumed = (0..chunks.len())
+        .filter(|&k| part_path(&graded_dir, k).exists())
+        .count();
+    let mut tracker =
+        crate::progress::Tracker::new("filter: grade", "chunks", Some(chunks.len() as u64))
+            .with_file(Some(stage.dir.join(store::PROGRESS)))
+            .resumed(resumed as u64);
     for (k, chunk) in chunks.iter().enumerate() {
         let part = part_path(&graded_dir, k);
         if part.exists() {
-            resumed += 1;
             continue;
         }
         let graded: Vec<Completion> = chunk.iter().map(|c| grade_row(c, &gold, &opts)).collect();
@@ -134,18 +139,15 @@ pub fn run(
             .map(|b| completions_batch(b, true, logprobs))
             .collect::<Result<Vec<_>>>()?;
         write_parquet_atomic(&part, completions_schema(true, logprobs), &batches)?;
-        store::write_json_atomic(
-            &stage.dir.join(store::PROGRESS),
-            &Progress {
-                done: (k + 1) as u64,
-                total: Some(chunks.len() as u64),
-                unit: "chunks".into(),
-            },
-        )?;
+        tracker.inc(1);
+        if k + 1 < chunks.len() {
+            tracker.flush();
+        }
         crate::fault::point("filter.chunk");
     }
+    tracker.finish();
     if resumed > 0 {
-        println!(
+        tracing::info!(
             "    resumed: {resumed} of {} chunks were already graded",
             chunks.len()
         );
@@ -226,9 +228,9 @@ fn load_completions(
         Some(field),
     )?;
     if rep.bad_rows > 0 {
-        println!("    completions: skipped {} bad rows", rep.bad_rows);
+        tracing::info!("    completions: skipped {} bad rows", rep.bad_rows);
         for ex in &rep.bad_examples {
-            println!("      skipped: {ex}");
+            tracing::info!("      skipped: {ex}");
         }
     }
     let counts = vec![
@@ -457,12 +459,12 @@ fn print_counts(counts: &[(String, u64)]) {
     for (name, n) in counts {
         if let Some(rule) = name.strip_prefix("removed.") {
             if *n > 0 {
-                println!("    removed {n:>8}  {rule}");
+                tracing::info!("    removed {n:>8}  {rule}");
             }
         } else if let Some(reason) = name.strip_prefix("reason.") {
-            println!("    verdict {n:>8}  {reason}");
+            tracing::info!("    verdict {n:>8}  {reason}");
         } else {
-            println!("    {name:<15} {n:>8}");
+            tracing::info!("    {name:<15} {n:>8}");
         }
     }
 }

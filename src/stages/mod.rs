@@ -579,10 +579,30 @@ pub enum Target {
     Stage(String),
 }
 
+/// The log file each stage writes in its folder (appended across resumes).
+pub const STAGE_LOG: &str = "stage.log";
+
 /// Runs the plan: prints it, then runs every stage up to `target` that has no manifest.
 /// `force` re-runs the named stage and every stage after it.
-pub fn run(cfg: &Config, target: &Target, force: &[String]) -> Result<()> {
-    let wd = WorkDir::lock(&cfg.workdir)?;
+///
+/// With `shard = Some((i, n))` (one node of a Slurm array or a Kubernetes indexed job), the run
+/// brings the stages before the first sample stage that is not done up to date (waiting for the
+/// work dir while another process holds it, so they run once), then samples shard `i` of `n`
+/// of that stage as a committed part of it and stops: a later run without a shard joins the
+/// parts and goes on. Returns whether the plan is done up to `target` (a shard's run is not).
+pub fn run(
+    cfg: &Config,
+    target: &Target,
+    force: &[String],
+    shard: Option<(usize, usize)>,
+) -> Result<bool> {
+    if shard.is_some() && !force.is_empty() {
+        bail!("--force cannot be used by a shard's run: force the stage in a run without a shard");
+    }
+    let wd = match shard {
+        Some(_) => WorkDir::lock_waiting(&cfg.workdir)?,
+        None => WorkDir::lock(&cfg.workdir)?,
+    };
     store::clear_trash(&wd.root)?;
     let plan = Plan::build(cfg, &wd.root)?;
     let names = || {
@@ -599,7 +619,7 @@ pub fn run(cfg: &Config, target: &Target, force: &[String]) -> Result<()> {
     }
     // a kind names all its rounds: run up to the last, force from the first
     let is = |s: &PlannedStage, x: &str| s.name == x || s.kind.as_str() == x;
-    let last = match target {
+    let mut last = match target {
         Target::All => plan.stages.len(),
         Target::Stage(s) => match plan.stages.iter().rposition(|p| is(p, s)) {
             Some(i) => i + 1,
@@ -610,6 +630,20 @@ pub fn run(cfg: &Config, target: &Target, force: &[String]) -> Result<()> {
             ),
         },
     };
+    if let Some((i, n)) = shard {
+        // a shard's run never goes past the last sample stage
+        match plan
+            .stages
+            .iter()
+            .rposition(|p| p.kind == StageKind::Sample)
+        {
+            Some(k) => last = last.min(k + 1),
+            None => bail!(
+                "shard {i}/{n}: {} has no sample stage to shard (only sampling is sharded)",
+                cfg.origin
+            ),
+        }
+    }
     for f in force {
         if !plan.stages.iter().any(|s| is(s, f)) {
             bail!("--force {f}: stage `{f}` is not in {}", cfg.origin);
@@ -661,14 +695,32 @@ pub fn run(cfg: &Config, target: &Target, force: &[String]) -> Result<()> {
             std::fs::remove_file(&stale)
                 .with_context(|| format!("cannot remove {}", stale.display()))?;
         }
+        if let (Some(sh), StageKind::Sample) = (shard, stage.kind) {
+            // the shards sample side by side: release the work dir, hold the shard's own lock
+            drop(wd);
+            let s = cfg.sample.as_ref().context("no [sample] section")?;
+            let _log = crate::logging::stage_log(&sample::shard_dir(stage, sh).join(STAGE_LOG))?;
+            sample::run_shard(s, &plan, stage, sh)?;
+            let (present, n) = sample::shards_done(stage, sh.1)?;
+            println!(
+                "shard {}/{} of {} done ({present} of {n} shards committed); a run without a \
+                 shard joins them and goes on",
+                sh.0, sh.1, stage.name
+            );
+            return Ok(false);
+        }
         run_stage(cfg, &plan, stage)?;
+    }
+    if let Some((i, n)) = shard {
+        println!("shard {i}/{n}: nothing to sample, the sample stages are done");
+        return Ok(false);
     }
     println!(
         "all done in {:.1}s; work dir {}",
         total.elapsed().as_secs_f64(),
         wd.root.display()
     );
-    Ok(())
+    Ok(true)
 }
 
 fn print_plan(cfg: &Config, plan: &Plan, last: usize, first_forced: Option<usize>) -> Result<()> {
@@ -712,9 +764,27 @@ fn print_plan(cfg: &Config, plan: &Plan, last: usize, first_forced: Option<usize
 }
 
 fn run_stage(cfg: &Config, plan: &Plan, stage: &PlannedStage) -> Result<()> {
-    println!("==> {} -> {}", stage.name, stage.dir.display());
     std::fs::create_dir_all(&stage.dir)
         .with_context(|| format!("cannot create {}", stage.dir.display()))?;
+    let _log = crate::logging::stage_log(&stage.dir.join(STAGE_LOG))?;
+    tracing::info!(
+        "==> {} -> {} (pid {} on {})",
+        stage.name,
+        stage.dir.display(),
+        std::process::id(),
+        crate::machine::hostname()
+    );
+    match run_logged(cfg, plan, stage) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            // the stage's log ends with why it stopped (main prints it on stderr)
+            tracing::error!(target: "selfdistill::file_only", "{} failed: {e:#}", stage.name);
+            Err(e)
+        }
+    }
+}
+
+fn run_logged(cfg: &Config, plan: &Plan, stage: &PlannedStage) -> Result<()> {
     let t0 = Instant::now();
     let out = match stage.kind {
         StageKind::Data => data::run(cfg.data.as_ref().context("no [data] section")?, stage)?,
@@ -758,7 +828,7 @@ fn run_stage(cfg: &Config, plan: &Plan, stage: &PlannedStage) -> Result<()> {
     };
     crate::fault::point(&format!("{}.before_manifest", stage.name));
     store::write_json_atomic(&stage.dir.join(store::MANIFEST), &manifest)?;
-    println!(
+    tracing::info!(
         "<-- {} done: {} rows, {} in {:.2}s",
         stage.name,
         manifest.rows,

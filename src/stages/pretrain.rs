@@ -116,7 +116,7 @@ pub fn run(p: &PretrainConfig, stage: &PlannedStage) -> Result<StageOutput> {
             bad.problem_id
         );
     }
-    println!(
+    tracing::info!(
         "    {} problems with solutions <- {}",
         rep.problems,
         p.source.location.describe()

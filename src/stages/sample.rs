@@ -6,15 +6,27 @@
 //! config, tokenizer and weight file sizes (hashing gigabytes of weights at every plan would cost
 //! minutes; a changed checkpoint under the same name and sizes is not detected). Knows nothing of
 //! the filter.
+//!
+//! Sharded (one process per node of a Slurm array or Kubernetes indexed job, all sharing the work
+//! dir): shard `i` of `n` samples its problems into `shards/<i>-of-<n>/` (resumable as above) and
+//! commits `shard.json` last; the stage's run without a shard then joins every shard's file, in
+//! the problems' order, into `completions.parquet` (refusing a missing shard, or shards sampled
+//! with other settings) and adds their counts.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
 
-use super::{output_file, Estimate, Plan, PlannedStage, StageOutput};
+use super::{output_file, Counts, Estimate, Plan, PlannedStage, StageOutput};
 use crate::data::schema::read_problems;
-use crate::jobs::sample::{run_settings, SampleSettings};
-use crate::store::InputRef;
+use crate::jobs::sample::{in_shard, merge_ordered, run_settings, JobSummary, SampleSettings};
+use crate::store::{self, InputRef};
+
+/// The folder of the shards' parts in the stage dir.
+pub const SHARDS: &str = "shards";
+/// Written last in a shard's folder: the shard is committed.
+pub const SHARD_DONE: &str = "shard.json";
 
 /// Bump when the output for the same inputs changes.
 pub const CODE_VERSION: u32 = 1;
@@ -53,17 +65,23 @@ pub fn plan(
     Ok(st)
 }
 
-pub fn run(s: &SampleSettings, plan: &Plan, stage: &PlannedStage) -> Result<StageOutput> {
-    let data = plan.dep(stage, "data")?;
-    let problems = read_problems(&data.dir.join(super::PROBLEMS))?;
-    let out = stage.dir.join(super::COMPLETIONS);
-    let mut s = s.clone();
-    if let Some(m) = &stage.model {
-        s.model = m.clone();
-    }
-    let summary = run_settings(&s, &problems, (0, 1), &out)?;
-    summary.print(&out);
-    let counts = vec![
+/// What a committed shard reports to the join.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ShardRecord {
+    pub shard: (usize, usize),
+    pub key: String,
+    pub counts: Counts,
+    pub rows: u64,
+    pub wall_seconds: f64,
+    pub host: String,
+}
+
+pub fn shard_dir(stage: &PlannedStage, (i, n): (usize, usize)) -> PathBuf {
+    stage.dir.join(SHARDS).join(format!("{i}-of-{n}"))
+}
+
+fn counts(summary: &JobSummary) -> Counts {
+    vec![
         ("problems".to_string(), summary.problems as u64),
         ("samples".to_string(), summary.samples),
         ("correct".to_string(), summary.correct),
@@ -71,10 +89,223 @@ pub fn run(s: &SampleSettings, plan: &Plan, stage: &PlannedStage) -> Result<Stag
         ("generated_tokens".to_string(), summary.generated_tokens),
         ("preemptions".to_string(), summary.preemptions),
         ("samples_saved".to_string(), summary.samples_saved),
-    ];
+    ]
+}
+
+fn settings_for(s: &SampleSettings, stage: &PlannedStage) -> SampleSettings {
+    let mut s = s.clone();
+    if let Some(m) = &stage.model {
+        s.model = m.clone();
+    }
+    s
+}
+
+/// Samples shard `shard` of the stage's problems into its folder and commits it.
+pub fn run_shard(
+    s: &SampleSettings,
+    plan: &Plan,
+    stage: &PlannedStage,
+    shard: (usize, usize),
+) -> Result<()> {
+    let dir = shard_dir(stage, shard);
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let lock = dir.join(".lock");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock)
+        .with_context(|| format!("cannot open {}", lock.display()))?;
+    if f.try_lock().is_err() {
+        bail!(
+            "shard {}/{} of {} is being sampled by another process (lock {})",
+            shard.0,
+            shard.1,
+            stage.name,
+            lock.display()
+        );
+    }
+    if dir.join(SHARD_DONE).is_file() {
+        tracing::info!(
+            "shard {}/{} of {} was already committed",
+            shard.0,
+            shard.1,
+            stage.name
+        );
+        return Ok(());
+    }
+    let data = plan.dep(stage, "data")?;
+    let mut problems = read_problems(&data.dir.join(super::PROBLEMS))?;
+    problems.retain(|p| in_shard(&p.problem_id, shard));
+    tracing::info!(
+        "==> {} shard {}/{}: {} problems -> {} (pid {} on {})",
+        stage.name,
+        shard.0,
+        shard.1,
+        problems.len(),
+        dir.display(),
+        std::process::id(),
+        crate::machine::hostname()
+    );
+    let out = dir.join(super::COMPLETIONS);
+    let target = crate::progress::Target::new(
+        format!("{} {}/{}", stage.name, shard.0, shard.1),
+        Some(dir.join(store::PROGRESS)),
+    );
+    let t0 = std::time::Instant::now();
+    let summary = run_settings(&settings_for(s, stage), &problems, shard, &out, &target)?;
+    summary.print(&out);
+    crate::fault::point("sample.before_shard_commit");
+    store::write_json_atomic(
+        &dir.join(SHARD_DONE),
+        &ShardRecord {
+            shard,
+            key: stage.key.clone(),
+            counts: counts(&summary),
+            rows: summary.samples,
+            wall_seconds: t0.elapsed().as_secs_f64(),
+            host: crate::machine::hostname(),
+        },
+    )?;
+    Ok(())
+}
+
+/// The shard folders of a stage: `(i, n, folder)`, sorted.
+fn shard_folders(stage_dir: &Path) -> Result<Vec<(usize, usize, PathBuf)>> {
+    let root = stage_dir.join(SHARDS);
+    let Ok(entries) = std::fs::read_dir(&root) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let parsed = name
+            .split_once("-of-")
+            .and_then(|(i, n)| Some((i.parse().ok()?, n.parse().ok()?)));
+        match parsed {
+            Some((i, n)) if e.path().is_dir() => out.push((i, n, e.path())),
+            _ => {}
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// How many of `n` shards are committed: `(committed, n)`.
+pub fn shards_done(stage: &PlannedStage, n: usize) -> Result<(usize, usize)> {
+    let done = shard_folders(&stage.dir)?
+        .iter()
+        .filter(|(_, m, d)| *m == n && d.join(SHARD_DONE).is_file())
+        .count();
+    Ok((done, n))
+}
+
+/// The committed shards of a sharded stage folder and how many there should be (for `status`):
+/// `None` when the stage was not sharded.
+pub fn shard_summary(stage_dir: &Path) -> Option<(Vec<PathBuf>, usize, usize)> {
+    let folders = shard_folders(stage_dir).ok()?;
+    let n = folders.iter().map(|(_, n, _)| *n).max()?;
+    let dirs: Vec<PathBuf> = folders
+        .into_iter()
+        .filter(|(_, m, _)| *m == n)
+        .map(|(_, _, d)| d)
+        .collect();
+    let done = dirs.iter().filter(|d| d.join(SHARD_DONE).is_file()).count();
+    Some((dirs, done, n))
+}
+
+pub fn run(s: &SampleSettings, plan: &Plan, stage: &PlannedStage) -> Result<StageOutput> {
+    let data = plan.dep(stage, "data")?;
+    let problems = read_problems(&data.dir.join(super::PROBLEMS))?;
+    let out = stage.dir.join(super::COMPLETIONS);
+    if !shard_folders(&stage.dir)?.is_empty() {
+        return join(stage, &problems, &out);
+    }
+    let target =
+        crate::progress::Target::new(stage.name.clone(), Some(stage.dir.join(store::PROGRESS)));
+    let summary = run_settings(&settings_for(s, stage), &problems, (0, 1), &out, &target)?;
+    summary.print(&out);
     Ok(StageOutput {
         outputs: vec![output_file(&stage.dir, &out, summary.samples)?],
-        counts,
+        counts: counts(&summary),
         rows: summary.samples,
+    })
+}
+
+/// Joins the committed shards into the stage's output, in the problems' order.
+fn join(
+    stage: &PlannedStage,
+    problems: &[crate::data::schema::Problem],
+    out: &Path,
+) -> Result<StageOutput> {
+    let folders = shard_folders(&stage.dir)?;
+    let mut ns: Vec<usize> = folders.iter().map(|(_, n, _)| *n).collect();
+    ns.dedup();
+    if ns.len() > 1 {
+        bail!(
+            "{}: shards of different counts ({}) in {}: run every shard with the same count, \
+             and remove the folders of the other",
+            stage.name,
+            ns.iter()
+                .map(|n| format!("of {n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            stage.dir.join(SHARDS).display()
+        );
+    }
+    let n = ns[0];
+    let mut inputs = Vec::new();
+    let mut missing = Vec::new();
+    let mut records = Vec::new();
+    for i in 0..n {
+        let dir = stage.dir.join(SHARDS).join(format!("{i}-of-{n}"));
+        match std::fs::read(dir.join(SHARD_DONE)) {
+            Ok(bytes) => {
+                let r: ShardRecord = serde_json::from_slice(&bytes)
+                    .with_context(|| format!("corrupt {}", dir.join(SHARD_DONE).display()))?;
+                if r.key != stage.key {
+                    bail!(
+                        "{} was sampled for another stage key ({}, not {})",
+                        dir.display(),
+                        r.key,
+                        stage.key
+                    );
+                }
+                records.push(r);
+                inputs.push(dir.join(super::COMPLETIONS));
+            }
+            Err(_) => missing.push(i.to_string()),
+        }
+    }
+    if !missing.is_empty() {
+        bail!(
+            "{}: shard(s) {} of {n} are not committed yet (in {}): run them (`pipeline run \
+             sample --shard I/{n}`, or the Slurm / Kubernetes job in deploy/), then run again",
+            stage.name,
+            missing.join(", "),
+            stage.dir.join(SHARDS).display()
+        );
+    }
+    let order: Vec<String> = problems.iter().map(|p| p.problem_id.clone()).collect();
+    let rows = merge_ordered(&inputs, out, Some(&order))?;
+    let mut counts: Counts = Vec::new();
+    for r in &records {
+        for (name, v) in &r.counts {
+            match counts.iter_mut().find(|(n, _)| n == name) {
+                Some((_, c)) => *c += v,
+                None => counts.push((name.clone(), *v)),
+            }
+        }
+    }
+    counts.push(("shards".into(), n as u64));
+    counts.push((
+        "shard_seconds".into(),
+        records.iter().map(|r| r.wall_seconds).sum::<f64>().round() as u64,
+    ));
+    tracing::info!("joined {n} shards: {rows} rows -> {}", out.display());
+    Ok(StageOutput {
+        outputs: vec![output_file(&stage.dir, out, rows as u64)?],
+        counts,
+        rows: rows as u64,
     })
 }

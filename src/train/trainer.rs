@@ -66,13 +66,16 @@ impl TrainSummary {
     pub fn print(&self, output: &Path) {
         let s = self;
         if s.stopped {
-            println!(
+            tracing::info!(
                 "stopped after step {} ({} tokens, {:.0} tok/s, {:.1}s); rerun to continue",
-                s.steps, s.tokens, s.tokens_per_second, s.seconds
+                s.steps,
+                s.tokens,
+                s.tokens_per_second,
+                s.seconds
             );
             return;
         }
-        println!(
+        tracing::info!(
             "trained {} steps on {} rows{}: loss {} -> {:.4}, {} tokens at {:.0} tok/s in {:.1}s; \
              {} of {} tensors changed (median relative change {:.2e}); wrote {}",
             s.steps,
@@ -204,26 +207,49 @@ pub fn run(job: &TrainJob) -> Result<TrainSummary> {
         tensors_unchanged: 0,
         median_relative_change: 0.0,
     };
+    let mut tracker = crate::progress::Tracker::new("train", "steps", Some(p.total))
+        .with_file(job.progress_file.clone())
+        .resumed(r.start);
+    let mut checkpointed = r.from;
     for step in r.start..p.total {
         let m = p.step(&mut r, step, loop_start)?;
         writeln!(r.metrics, "{}", serde_json::to_string(&m)?)?;
         r.metrics.flush()?;
         totals.add(&m);
         p.print_step(&m, &mut stalled);
+        let detail = |ckpt: Option<u64>| {
+            let ckpt = ckpt.map(|c| format!("  last checkpoint: step {c}"));
+            format!(
+                "loss {:.4}  lr {:.2e}  {:.0} tok/s  MFU {:.1}%{}",
+                m.loss,
+                m.lr,
+                m.tokens_per_second,
+                100.0 * m.mfu,
+                ckpt.unwrap_or_default()
+            )
+        };
+        tracker.detail(detail(checkpointed));
+        tracker.set(m.step);
         let done = step + 1;
         let stop = job.stop_after == Some(done) && done < p.total;
         let every = p.s.checkpoint_every;
         if stop || done == p.total || (every > 0 && done % every == 0) {
             p.checkpoint(&mut r, done, m.loss)?;
+            checkpointed = Some(done);
+            tracker.detail(detail(checkpointed));
+            tracker.flush();
+            crate::fault::point("train.after_checkpoint");
         }
         if stop {
-            println!(
+            tracker.finish();
+            tracing::info!(
                 "stopped after step {done} of {} (--stop-after); rerun to continue",
                 p.total
             );
             return Ok(summary(&totals, done, true));
         }
     }
+    tracker.finish();
     let change = p.export()?;
     Ok(TrainSummary {
         tensors: change.tensors,
@@ -335,7 +361,7 @@ impl<'a> Prepared<'a> {
 
     fn print_plan(&self) {
         let s = self.s;
-        println!(
+        tracing::info!(
             "train: {} ({} parameters, stored as {:?}), {} rows, {} steps over {} epoch(s)",
             self.ck.dir.display(),
             self.params,
@@ -344,7 +370,7 @@ impl<'a> Prepared<'a> {
             self.total,
             s.epochs
         );
-        println!(
+        tracing::info!(
             "device {} ({}), computing in {:?} over f32 master weights{}; MFU against {:.1} \
              TFLOP/s",
             s.device,
@@ -364,14 +390,14 @@ impl<'a> Prepared<'a> {
             .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
         let share = loss as f64 / all.max(1) as f64;
         let budget = super::memory::budget_with(&self.ck.config, self.params, s, share);
-        println!(
+        tracing::info!(
             "memory budget on the {} (micro_batch_tokens {}, max_seq_len {}):",
             if s.on_gpu() { "GPU" } else { "host" },
             s.micro_batch_tokens,
             s.max_seq_len
         );
         for l in budget.lines(s) {
-            println!("{l}");
+            tracing::info!("{l}");
         }
     }
 
@@ -452,11 +478,12 @@ impl<'a> Prepared<'a> {
         })
     }
 
-    /// The step's progress line, and the warning when the weights stop changing for
+    /// The step's line (a debug event: `-v`; every step is in `metrics.jsonl`, and the progress
+    /// bar or line shows the latest), and the warning when the weights stop changing for
     /// `stall_steps` steps (`stalled` counts them).
     fn print_step(&self, m: &Metrics, stalled: &mut u64) {
         let s = self.s;
-        eprintln!(
+        tracing::debug!(
             "step {}/{}  loss {:.4}  grad norm {:.3}  lr {:.2e}  update/param {:.1e}  \
              changed {:.2}%  {:.0} tok/s  MFU {:.1}%  ETA {}",
             m.step,
@@ -476,8 +503,8 @@ impl<'a> Prepared<'a> {
         }
         *stalled += 1;
         if *stalled == s.stall_steps {
-            eprintln!(
-                "WARNING: for {stalled} steps fewer than {:.4}% of the weights changed their \
+            tracing::warn!(
+                "for {stalled} steps fewer than {:.4}% of the weights changed their \
                  stored ({:?}) value: the updates are below the dtype's resolution or the \
                  learning rate is too small; the model is not learning (lr {:.2e}, update/param \
                  {:.1e})",
@@ -517,17 +544,6 @@ impl<'a> Prepared<'a> {
             s.keep_checkpoints,
         )?;
         r.last = Some(saved);
-        if let Some(p) = &self.job.progress_file {
-            crate::store::write_json_atomic(
-                p,
-                &crate::store::Progress {
-                    done,
-                    total: Some(self.total),
-                    unit: "steps checkpointed".into(),
-                },
-            )?;
-        }
-        crate::fault::point("train.after_checkpoint");
         Ok(())
     }
 
@@ -546,7 +562,7 @@ impl<'a> Prepared<'a> {
         let mut rel: Vec<f64> = report.iter().map(|c| c.relative_change).collect();
         rel.sort_by(f64::total_cmp);
         let median = rel.get(rel.len() / 2).copied().unwrap_or(0.0);
-        println!(
+        tracing::info!(
             "tensor change from the base ({dtype:?}): median {median:.2e}, min {:.2e}, max \
              {:.2e}; {} of {} tensors unchanged; report in {}",
             rel.first().copied().unwrap_or(0.0),
@@ -564,8 +580,8 @@ impl<'a> Prepared<'a> {
             );
         }
         if !unchanged.is_empty() {
-            eprintln!(
-                "WARNING: {} tensors did not change at all: {}",
+            tracing::warn!(
+                "{} tensors did not change at all: {}",
                 unchanged.len(),
                 unchanged.join(", ")
             );
@@ -599,7 +615,7 @@ impl Resumed {
             checkpoint::restore(&dir, &state, &p.t, &mut p.opt)?;
             start = state.step;
             from = Some(start);
-            println!(
+            tracing::info!(
                 "resumed from {} (step {start} of {})",
                 dir.display(),
                 p.total
@@ -631,8 +647,8 @@ fn optimizer(s: &TrainSettings, t: &Trainable, dtype: DType) -> Result<AdamW> {
         (OptimizerState::F32, _) => StateRounding::F32,
         (OptimizerState::Bf16, true) => StateRounding::Bf16Stochastic { seed: s.seed },
         (OptimizerState::Bf16, false) => {
-            eprintln!(
-                "WARNING: optimizer_state = \"bf16\" with round-to-nearest: every update smaller \
+            tracing::warn!(
+                "optimizer_state = \"bf16\" with round-to-nearest: every update smaller \
                  than half a bf16 quantum is lost and weights may silently stop changing \
                  (allow_lossy_state = true). Watch `changed_share` in {METRICS}."
             );
@@ -657,7 +673,7 @@ fn optimizer(s: &TrainSettings, t: &Trainable, dtype: DType) -> Result<AdamW> {
 }
 
 fn print_load(path: &Path, r: &LoadReport) {
-    println!(
+    tracing::info!(
         "data: {} rows from {} ({} tokens, {} completion tokens; {} tokenized from text, {} cut \
          to max_seq_len, {} dropped: prompt too long)",
         r.rows,

@@ -1,0 +1,207 @@
+//! Logs and where progress is drawn: `tracing` events go to stderr (the level from `-v`/`-q`, or
+//! `RUST_LOG` when set) and, while a stage runs, also to that stage's log file; progress is
+//! drawn as `indicatif` bars when stderr is a terminal and as plain periodic lines otherwise (a
+//! log file, Slurm's output), never both.
+//!
+//! All bars live in one `MultiProgress`; a log line suspends them while it is written, so bars
+//! and lines never interleave. Knows nothing of stages: the runner names the stage's file
+//! ([`stage_log`]), and [`crate::progress`] draws the bars.
+
+use std::fs::File;
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::sync::{Mutex, OnceLock};
+
+use anyhow::{Context, Result};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{fmt, EnvFilter, Layer};
+
+/// Events with this target go to the stage's log file only (a bar already shows them).
+pub const FILE_ONLY: &str = "selfdistill::file_only";
+
+/// How progress is shown on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `indicatif` bars (stderr is a terminal).
+    Bars,
+    /// A plain line every few seconds, as a log event (stderr is a file or a pipe, or `-q`).
+    Lines,
+}
+
+static MODE: OnceLock<Mode> = OnceLock::new();
+static BARS: OnceLock<indicatif::MultiProgress> = OnceLock::new();
+static STAGE_LOG: Mutex<Option<File>> = Mutex::new(None);
+
+/// The progress mode: bars on a terminal (unless quiet or `TERM=dumb`), lines otherwise.
+pub fn mode_for(terminal: bool, verbosity: i8, term: Option<&str>) -> Mode {
+    if terminal && verbosity >= 0 && term != Some("dumb") {
+        Mode::Bars
+    } else {
+        Mode::Lines
+    }
+}
+
+/// The mode chosen by [`init`] (lines when it was never called: tests and library use).
+pub fn mode() -> Mode {
+    MODE.get().copied().unwrap_or(Mode::Lines)
+}
+
+/// The bars' owner (drawn on stderr).
+pub fn bars() -> &'static indicatif::MultiProgress {
+    BARS.get_or_init(|| {
+        indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stderr())
+    })
+}
+
+/// The stderr filter: `RUST_LOG` when set, else our crate at the level of `verbosity` (-2 errors
+/// only, -1 warnings, 0 info, 1 debug, 2 trace) and other crates' warnings.
+fn stderr_filter(verbosity: i8) -> EnvFilter {
+    let ours = match verbosity {
+        i8::MIN..=-2 => "error",
+        -1 => "warn",
+        0 => "info",
+        1 => "debug",
+        _ => "trace",
+    };
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(s) if !s.trim().is_empty() => EnvFilter::new(s),
+        _ => EnvFilter::new(format!("warn,selfdistill={ours},pipeline={ours}")),
+    };
+    match format!("{FILE_ONLY}=off").parse() {
+        Ok(d) => filter.add_directive(d),
+        Err(_) => filter,
+    }
+}
+
+/// Sets up logging for the process: call once, first thing in `main`.
+pub fn init(verbosity: i8) {
+    let terminal = std::io::stderr().is_terminal();
+    let term = std::env::var("TERM").ok();
+    let _ = MODE.set(mode_for(terminal, verbosity, term.as_deref()));
+    // on a terminal: no timestamps, colours; in a file: timestamps, no colour codes
+    let on_term = terminal.then(|| {
+        fmt::layer()
+            .with_writer(|| Suspended(Vec::new()))
+            .with_target(false)
+            .without_time()
+            .with_filter(stderr_filter(verbosity))
+    });
+    let in_file = (!terminal).then(|| {
+        fmt::layer()
+            .with_writer(|| Suspended(Vec::new()))
+            .with_target(false)
+            .with_ansi(false)
+            .with_filter(stderr_filter(verbosity))
+    });
+    let file_level = if verbosity > 0 { "debug" } else { "info" };
+    let stage = fmt::layer()
+        .with_writer(|| StageLine(Vec::new()))
+        .with_target(false)
+        .with_ansi(false)
+        .with_filter(EnvFilter::new(format!(
+            "warn,selfdistill={file_level},pipeline={file_level}"
+        )));
+    let _ = tracing_subscriber::registry()
+        .with(on_term)
+        .with(in_file)
+        .with(stage)
+        .try_init();
+}
+
+/// One formatted event for stderr, written whole when dropped, with the bars hidden meanwhile.
+struct Suspended(Vec<u8>);
+
+impl Write for Suspended {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for Suspended {
+    fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let bytes = std::mem::take(&mut self.0);
+        let write = || {
+            let _ = std::io::stderr().lock().write_all(&bytes);
+        };
+        match BARS.get() {
+            Some(b) => b.suspend(write),
+            None => write(),
+        }
+    }
+}
+
+/// One formatted event for the current stage's log file (dropped when no stage runs).
+struct StageLine(Vec<u8>);
+
+impl Write for StageLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for StageLine {
+    fn drop(&mut self) {
+        if let Ok(mut g) = STAGE_LOG.lock() {
+            if let Some(f) = g.as_mut() {
+                let _ = f.write_all(&self.0);
+            }
+        }
+    }
+}
+
+/// While the returned guard lives, log events also go to `path` (appended: a resumed stage's
+/// log keeps the killed run's lines).
+pub fn stage_log(path: &Path) -> Result<StageLog> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("cannot open the stage log {}", path.display()))?;
+    if let Ok(mut g) = STAGE_LOG.lock() {
+        *g = Some(f);
+    }
+    Ok(StageLog(()))
+}
+
+/// See [`stage_log`].
+pub struct StageLog(());
+
+impl Drop for StageLog {
+    fn drop(&mut self) {
+        if let Ok(mut g) = STAGE_LOG.lock() {
+            if let Some(f) = g.as_mut() {
+                let _ = f.sync_all();
+            }
+            *g = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bars_only_on_a_terminal_that_is_not_quiet_or_dumb() {
+        assert_eq!(mode_for(true, 0, Some("xterm")), Mode::Bars);
+        assert_eq!(mode_for(true, 2, None), Mode::Bars);
+        assert_eq!(mode_for(false, 0, Some("xterm")), Mode::Lines);
+        assert_eq!(mode_for(true, -1, Some("xterm")), Mode::Lines);
+        assert_eq!(mode_for(true, 0, Some("dumb")), Mode::Lines);
+    }
+}
