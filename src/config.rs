@@ -45,6 +45,7 @@ struct RawRun {
     workdir: Option<String>,
     disk_budget: Option<String>,
     rounds: Option<u32>,
+    gpu_hour_price: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -178,6 +179,9 @@ pub struct Config {
     pub disk_budget_bytes: Option<u64>,
     /// Times sample -> filter -> train repeats, each round from the last round's model.
     pub rounds: u32,
+    /// What one GPU-hour costs (`run.gpu_hour_price`, in the user's currency): preflight and the
+    /// report turn GPU hours into cost with it.
+    pub gpu_hour_price: Option<f64>,
     pub data: Option<DataConfig>,
     pub pretrain: Option<crate::pretrain::PretrainConfig>,
     pub sample: Option<SampleSettings>,
@@ -328,6 +332,7 @@ impl Config {
             workdir: run.workdir,
             disk_budget_bytes: run.disk_budget_bytes,
             rounds: run.rounds,
+            gpu_hour_price: run.gpu_hour_price,
             data,
             pretrain,
             sample,
@@ -344,6 +349,7 @@ struct Run {
     workdir: PathBuf,
     disk_budget_bytes: Option<u64>,
     rounds: u32,
+    gpu_hour_price: Option<f64>,
 }
 
 /// `[run]`: the name (default `default_name`), the work dir (default `runs/<name>`), the disk
@@ -374,11 +380,18 @@ fn validate_run(
     if rounds == 0 {
         return Err(err("run.rounds", "must be at least 1".into()));
     }
+    if let Some(p) = raw.gpu_hour_price.filter(|p| !p.is_finite() || *p < 0.0) {
+        return Err(err(
+            "run.gpu_hour_price",
+            format!("must be a price of one GPU-hour, 0 or more, got {p}"),
+        ));
+    }
     Ok(Run {
         name,
         workdir,
         disk_budget_bytes,
         rounds,
+        gpu_hour_price: raw.gpu_hour_price,
     })
 }
 

@@ -170,3 +170,61 @@ pub fn packed_matmul_rate(m: usize, n: usize, k: usize) -> f64 {
     }
     2.0 * (m * n * k) as f64 / best
 }
+
+/// One decode rate `pipeline bench sample` measured on this machine, remembered in the cache
+/// (`~/.cache/selfdistill/bench-sample.jsonl`) so that preflight can estimate a run's time from
+/// it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BenchRecord {
+    /// `cpu`, or the CUDA device's name.
+    pub device: String,
+    pub params: u64,
+    pub batch: usize,
+    pub decode_tokens_per_second: f64,
+    pub prompt_len: usize,
+    pub new_tokens: usize,
+    pub unix: u64,
+}
+
+/// The bench records file: `$SELFDISTILL_CACHE_DIR`, else `$XDG_CACHE_HOME/selfdistill`, else
+/// `~/.cache/selfdistill`.
+pub fn bench_records_path() -> Option<std::path::PathBuf> {
+    let non_empty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    let dir = match non_empty("SELFDISTILL_CACHE_DIR") {
+        Some(d) => std::path::PathBuf::from(d),
+        None => non_empty("XDG_CACHE_HOME")
+            .map(std::path::PathBuf::from)
+            .or_else(|| non_empty("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))?
+            .join("selfdistill"),
+    };
+    Some(dir.join("bench-sample.jsonl"))
+}
+
+/// Appends `r` to the bench records (a record that cannot be written only loses the estimate).
+pub fn record_bench(r: &BenchRecord) {
+    use std::io::Write;
+    let Some(path) = bench_records_path() else {
+        return;
+    };
+    let write = || -> std::io::Result<()> {
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)?;
+        writeln!(f, "{}", serde_json::to_string(r).unwrap_or_default())
+    };
+    let _ = write();
+}
+
+/// Every remembered bench record, oldest first (unreadable lines skipped).
+pub fn bench_records() -> Vec<BenchRecord> {
+    let Some(text) = bench_records_path().and_then(|p| std::fs::read_to_string(p).ok()) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}

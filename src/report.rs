@@ -105,7 +105,12 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
             _ => {}
         }
     }
-    md.push_str("## Stages\n\n| stage | state | rows | wall time | key |\n| --- | --- | --- | --- | --- |\n");
+    let price = plan.gpu_hour_price;
+    md.push_str(
+        "## Stages\n\n| stage | state | rows | wall time | device | GPU hours | cost | estimated \
+         | key |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    let (mut total_hours, mut total_cost) = (0.0, 0.0);
     for s in &list {
         let (state, rows, wall) = match &s.manifest {
             Some(m) => (
@@ -115,13 +120,50 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
             ),
             None => ("not done", "-".into(), "-".into()),
         };
+        let device = s
+            .manifest
+            .as_ref()
+            .and_then(|m| m.config.get("device").and_then(|d| d.as_str()))
+            .unwrap_or("cpu")
+            .to_string();
+        // GPU time: the stage's wall time, or its shards' added up
+        let hours = s.manifest.as_ref().filter(|_| device != "cpu").map(|m| {
+            let shard = m
+                .counts
+                .iter()
+                .find(|c| c.0 == "shard_seconds")
+                .map(|c| c.1);
+            shard.map_or(m.wall_seconds, |x| x as f64) / 3600.0
+        });
+        total_hours += hours.unwrap_or(0.0);
+        let cost = hours.zip(price).map(|(h, p)| h * p);
+        total_cost += cost.unwrap_or(0.0);
+        let estimated = plan
+            .estimates
+            .iter()
+            .find(|e| e.stage == s.name)
+            .map_or("-".to_string(), |e| crate::progress::fmt_secs(e.seconds));
         let key = s
             .dir
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let _ = writeln!(md, "| {} | {state} | {rows} | {wall} | {key} |", s.name);
+        let _ = writeln!(
+            md,
+            "| {} | {state} | {rows} | {wall} | {device} | {} | {} | {estimated} | {key} |",
+            s.name,
+            hours.map_or("-".into(), |h| format!("{h:.3}")),
+            cost.map_or("-".into(), |c| format!("{c:.2}")),
+        );
     }
+    let _ = writeln!(
+        md,
+        "\nGPU hours: {total_hours:.3}{}.",
+        match price {
+            Some(p) => format!(", cost {total_cost:.2} at {p} per GPU-hour"),
+            None => " (set `run.gpu_hour_price` for the cost)".into(),
+        }
+    );
     let path = out.join("report.md");
     store::commit_file(&path, |tmp| Ok(std::fs::write(tmp, &md)?))?;
     Ok(path)
@@ -133,13 +175,22 @@ fn eval_section(md: &mut String, dir: &Path, out: &Path) -> Result<()> {
         &std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?,
     )
     .with_context(|| format!("{}: unreadable", p.display()))?;
-    let mut models: Vec<String> = Vec::new();
-    for r in &results {
-        if !models.contains(&r.model) {
-            models.push(r.model.clone());
+    let mut results = results;
+    // charts and tables name models shortly (base, round 1, ...); the paths go in a table
+    let mut names: Vec<(String, String)> = Vec::new();
+    for r in &mut results {
+        let (short, path) = short_model_name(&r.model);
+        if !names.iter().any(|(s, _)| *s == short) {
+            names.push((short.clone(), path));
         }
+        r.model = short;
     }
-    md.push_str("## Evaluation\n\n");
+    let models: Vec<String> = names.iter().map(|(s, _)| s.clone()).collect();
+    md.push_str("## Evaluation\n\n| model | checkpoint |\n| --- | --- |\n");
+    for (short, path) in &names {
+        let _ = writeln!(md, "| {short} | {path} |");
+    }
+    md.push('\n');
     md.push_str(&crate::eval::table(&results, &models));
     md.push('\n');
     let with_levels: Vec<_> = results
@@ -284,17 +335,22 @@ fn sample_section(md: &mut String, s: &Stage, out: &Path) -> Result<()> {
     let m = s.manifest.as_ref().expect("done");
     let count = |k: &str| m.counts.iter().find(|c| c.0 == k).map_or(0, |c| c.1);
     let _ = writeln!(md, "## Sampling ({})\n", s.name);
+    // a sharded stage: its shards' time, added up (they ran side by side)
+    let (seconds, by) = match (count("shards"), count("shard_seconds")) {
+        (0, _) => (m.wall_seconds, String::new()),
+        (n, secs) => (secs as f64, format!(" of {n} shards' time added up")),
+    };
     let _ = writeln!(
         md,
-        "{} problems, {} samples ({} correct), {} prompt and {} generated tokens in {:.1} s \
+        "{} problems, {} samples ({} correct), {} prompt and {} generated tokens in {:.1} s{by} \
          ({:.0} generated tokens/s), {} preemptions, {} samples saved by `target_correct`.\n",
         count("problems"),
         count("samples"),
         count("correct"),
         count("prompt_tokens"),
         count("generated_tokens"),
-        m.wall_seconds,
-        count("generated_tokens") as f64 / m.wall_seconds.max(1e-9),
+        seconds,
+        count("generated_tokens") as f64 / seconds.max(1e-9),
         count("preemptions"),
         count("samples_saved"),
     );
@@ -326,6 +382,37 @@ fn sample_section(md: &mut String, s: &Stage, out: &Path) -> Result<()> {
     let _ = writeln!(md, "![completion lengths]({png})\n");
     Ok(())
 }
+
+/// `base (path)` -> (`base`, path); `trained (path)` -> `round 1`; `trained-r2 (path)` ->
+/// `round 2`; anything else stays as it is.
+fn short_model_name(model: &str) -> (String, String) {
+    let Some((label, rest)) = model.split_once(" (") else {
+        return (model.to_string(), model.to_string());
+    };
+    let path = rest.strip_suffix(')').unwrap_or(rest).to_string();
+    let short = match label {
+        "trained" => "round 1".to_string(),
+        l => match l.strip_prefix("trained-r") {
+            Some(n) => format!("round {n}"),
+            None => l.to_string(),
+        },
+    };
+    (short, path)
+}
+
+/// Line colours that read on white (Okabe and Ito's palette without its yellow).
+const COLOURS: [RGBColor; 7] = [
+    RGBColor(0, 114, 178),
+    RGBColor(213, 94, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(204, 121, 167),
+    RGBColor(230, 159, 0),
+    RGBColor(86, 180, 233),
+    RGBColor(0, 0, 0),
+];
+
+/// The legend's width, right of the plot (it never covers a line).
+const LEGEND_WIDTH: u32 = 150;
 
 fn chart_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("drawing a chart: {e}")
@@ -378,7 +465,12 @@ fn line_chart(
         None => (x0, x0 + 1.0),
     };
     let root = canvas(path)?;
-    let mut chart = frame(&root, title)
+    let legend = series.len() > 1;
+    let mut builder = frame(&root, title);
+    if legend {
+        builder.margin_right(LEGEND_WIDTH + 12);
+    }
+    let mut chart = builder
         .build_cartesian_2d(x0..x1, y0..y1)
         .map_err(chart_err)?;
     let mut mesh = chart.configure_mesh();
@@ -388,26 +480,31 @@ fn line_chart(
         mesh.x_labels(series.iter().map(|s| s.1.len()).max().unwrap_or(1));
     }
     mesh.x_label_formatter(&fmt).draw().map_err(chart_err)?;
+    let (width, _) = root.dim_in_pixel();
     for (i, (name, pts)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+        let color = COLOURS[i % COLOURS.len()];
         chart
             .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
-            .map_err(chart_err)?
-            .label(name.as_str())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
+            .map_err(chart_err)?;
         chart
             .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
             .map_err(chart_err)?;
-    }
-    if series.len() > 1 {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
+        if legend {
+            // in the right margin, outside the plot
+            let x = (width - LEGEND_WIDTH) as i32;
+            let y = 60 + 24 * i as i32;
+            root.draw(&PathElement::new(
+                vec![(x, y), (x + 22, y)],
+                color.stroke_width(3),
+            ))
             .map_err(chart_err)?;
+            root.draw(&Text::new(
+                name.clone(),
+                (x + 28, y - 8),
+                ("sans-serif", 15).into_font().color(&BLACK),
+            ))
+            .map_err(chart_err)?;
+        }
     }
     root.present().map_err(chart_err)?;
     Ok(())
@@ -437,7 +534,7 @@ fn histogram(path: &Path, title: &str, x_desc: &str, values: &[u64]) -> Result<(
     chart
         .draw_series(counts.iter().enumerate().map(|(i, &c)| {
             let x = lo + i as f64 * width;
-            Rectangle::new([(x, 0.0), (x + width, c as f64)], BLUE.mix(0.7).filled())
+            Rectangle::new([(x, 0.0), (x + width, c as f64)], COLOURS[0].filled())
         }))
         .map_err(chart_err)?;
     root.present().map_err(chart_err)?;

@@ -774,3 +774,63 @@ fn the_train_memory_budget_is_within_15_percent_of_the_measured_peak() {
         );
     }
 }
+
+/// A GPU sample stage: preflight refuses it on a GPU whose memory cannot hold the weights and
+/// the least KV cache, and on one that can, prints each stage's tokens, throughput, time, GPU
+/// hours and cost at `run.gpu_hour_price`.
+#[test]
+fn preflight_refuses_a_gpu_sample_stage_that_does_not_fit_and_prints_time_and_cost() {
+    let Some(math) = shared("data/math500.jsonl") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("s.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[run]\nname = \"s\"\ngpu_hour_price = 3.0\n[[data.sources]]\nname = \"math500\"\n\
+             format = \"math\"\npath = \"{}\"\n[sample]\nmodel = \"Qwen/Qwen3-4B\"\nn = 4\n\
+             max_new_tokens = 4096\ndevice = \"cuda\"\nmax_num_seqs = 128\n",
+            math.display()
+        ),
+    )
+    .unwrap();
+    let preflight = |gpu: &str| {
+        bin()
+            .args(["preflight", "--plan-only", "--gpu", gpu, "--config"])
+            .arg(&cfg)
+            .current_dir(dir.path())
+            .env("HF_HUB_OFFLINE", "1")
+            .env("HF_HOME", dir.path().join("hf"))
+            .env("SELFDISTILL_CACHE_DIR", dir.path().join("cache"))
+            .output()
+            .unwrap()
+    };
+    let o = preflight("8GB");
+    assert!(!o.status.success());
+    let out = text(&o);
+    assert!(
+        out.contains("the sample stage needs about") && out.contains("max_num_seqs"),
+        "{out}"
+    );
+    let o = preflight("h100");
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    // 500 problems x 4 samples x half of 4,096 tokens
+    let row = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("sample ") && l.contains("4096000"))
+        .unwrap_or_else(|| panic!("no sample row with 4096000 tokens: {out}"));
+    assert!(row.contains("NVIDIA H100 80GB"), "{row}");
+    assert!(row.contains("500 problems x n 4 x 2048 tokens"), "{row}");
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    let (rate, hours, cost): (f64, f64, f64) = (
+        cols[2].parse().unwrap(),
+        cols[4].parse().unwrap(),
+        cols[5].parse().unwrap(),
+    );
+    assert!(rate > 1000.0 && rate < 10000.0, "{row}");
+    assert!((hours - 4096000.0 / rate / 3600.0).abs() < 0.01, "{row}");
+    assert!((cost - 3.0 * hours).abs() < 0.02, "{row}");
+    assert!(out.contains("at 3 per GPU-hour"), "{out}");
+}

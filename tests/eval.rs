@@ -217,8 +217,11 @@ fn run_all_writes_a_report_that_pipeline_report_rebuilds() {
     let report = std::fs::read_to_string(report_dir.join("report.md")).unwrap();
     for want in [
         "## Evaluation",
-        "| math500 | base (",
-        "| math500 | trained (",
+        "| math500 | base |",
+        "| math500 | round 1 |",
+        "| round 1 | work/stages/train-",
+        "| train | done |",
+        "GPU hours: 0.000",
         "### pass@1 by level",
         "## Training",
         "3 steps; loss",
@@ -385,7 +388,7 @@ sets = ["toy.toml"]
     }
     let report = std::fs::read_to_string(dir.path().join("work/report/report.md")).unwrap();
     assert!(
-        report.contains("| toy | base (") && report.contains("| toy | trained ("),
+        report.contains("| toy | base |") && report.contains("| toy | round 1 |"),
         "{report}"
     );
     // the trained model keeps the multimodal layout: the vision tower is still there

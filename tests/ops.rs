@@ -146,7 +146,7 @@ fn bars_on_a_terminal_plain_lines_elsewhere_and_a_log_per_stage() {
     );
     assert!(ok, "{tty}");
     assert!(tty.contains('\x1b') && tty.contains('\r'), "{tty:?}");
-    assert!(tty.contains("24/24 samples"), "{tty:?}");
+    assert!(tty.contains("/24 samples") && tty.contains("] "), "{tty:?}");
     // the periodic line goes to the stage's log only (the bar shows it)
     let tty_log =
         std::fs::read_to_string(stage_dir(&dir.path().join("tty"), "sample").join("stage.log"))
@@ -233,6 +233,15 @@ fn status_json_follows_a_running_sample_stage_and_says_when_it_was_killed() {
         seen.len() >= 3 && seen.windows(2).all(|w| w[0] < w[1]),
         "the progress did not move: {seen:?}"
     );
+    // the run wrote its time estimate into the plan: 60 problems x 8 x half of 300 tokens
+    let plan: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("work/plan.json")).unwrap()).unwrap();
+    let est = &plan["estimates"][0];
+    assert_eq!(
+        (est["stage"].as_str(), est["tokens"].as_u64()),
+        (Some("sample"), Some(72000))
+    );
+    assert!(est["seconds"].as_f64().unwrap() > 0.0, "{est}");
     // killed: the status says the process is gone
     kill(&mut child);
     let s = sample_status(&status_json(dir.path()));
@@ -252,12 +261,30 @@ fn status_json_follows_a_running_sample_stage_and_says_when_it_was_killed() {
     assert_eq!(sample_status(&status_json(dir.path()))["state"], "done");
 }
 
-fn shard_run(dir: &Path, work: &str, i: usize, n: usize) -> Child {
-    bin()
-        .args(["run", "all", "--config", "p.toml", "--workdir", work])
-        .env("SLURM_ARRAY_TASK_ID", i.to_string())
-        .env("SLURM_ARRAY_TASK_COUNT", n.to_string())
-        .current_dir(dir)
+fn deploy(script: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy")
+        .join(script)
+}
+
+/// One node of a Slurm array (the shipped script), or with `k8s`, a pod of an Indexed Job.
+fn shard_run(dir: &Path, work: &str, i: usize, n: usize, k8s: bool) -> Child {
+    let mut c = if k8s {
+        let mut c = bin();
+        c.args(["run", "sample", "--config", "p.toml", "--workdir", work])
+            .env("JOB_COMPLETION_INDEX", i.to_string())
+            .env("SELFDISTILL_NUM_SHARDS", n.to_string());
+        c
+    } else {
+        let mut c = std::process::Command::new("bash");
+        c.arg(deploy("slurm-sample.sbatch"))
+            .args(["p.toml", "--workdir", work])
+            .env("PIPELINE", env!("CARGO_BIN_EXE_pipeline"))
+            .env("SLURM_ARRAY_TASK_ID", i.to_string())
+            .env("SLURM_ARRAY_TASK_COUNT", n.to_string());
+        c
+    };
+    c.current_dir(dir)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -279,7 +306,7 @@ fn a_sample_stage_sharded_over_three_processes_equals_one_process() {
     assert!(one.status.success(), "{}", text(&one));
 
     // two of three nodes: their parts are committed, the stage is not done
-    let children: Vec<Child> = (0..2).map(|i| shard_run(d, "work", i, 3)).collect();
+    let children: Vec<Child> = (0..2).map(|i| shard_run(d, "work", i, 3, i == 1)).collect();
     for (i, c) in children.into_iter().enumerate() {
         let o = c.wait_with_output().unwrap();
         assert!(o.status.success(), "{}", text(&o));
@@ -288,7 +315,7 @@ fn a_sample_stage_sharded_over_three_processes_equals_one_process() {
             "{}",
             text(&o)
         );
-        // a shard's run stops after its part: no filter
+        // a shard's run stops after its part: no filter, no report
         assert!(!text(&o).contains("==> filter"), "{}", text(&o));
     }
     let sample = stage_dir(&d.join("work"), "sample");
@@ -310,7 +337,9 @@ fn a_sample_stage_sharded_over_three_processes_equals_one_process() {
             .replace("seed = 5", "seed = 6"),
     )
     .unwrap();
-    let o = shard_run(d, "other", 2, 3).wait_with_output().unwrap();
+    let o = shard_run(d, "other", 2, 3, false)
+        .wait_with_output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let foreign = stage_dir(&d.join("other"), "sample").join("shards/2-of-3");
     let target = sample.join("shards/2-of-3");
@@ -331,12 +360,23 @@ fn a_sample_stage_sharded_over_three_processes_equals_one_process() {
     );
     std::fs::remove_dir_all(&target).unwrap();
 
-    // the third node, then a run with no shard: joins them and goes on
-    let o = shard_run(d, "work", 2, 3).wait_with_output().unwrap();
+    // the third node, then the job after the array (the shipped script, with the array's
+    // variables still set: it unsets them): joins them and goes on
+    let o = shard_run(d, "work", 2, 3, false)
+        .wait_with_output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let st = run(&["status", "--workdir", "work"], d);
     assert!(text(&st).contains("shards done"), "{}", text(&st));
-    let o = run(&["run", "all", "--config", "p.toml"], d);
+    let o = std::process::Command::new("bash")
+        .arg(deploy("slurm-rest.sbatch"))
+        .arg("p.toml")
+        .env("PIPELINE", env!("CARGO_BIN_EXE_pipeline"))
+        .env("SLURM_ARRAY_TASK_ID", "0")
+        .env("SLURM_ARRAY_TASK_COUNT", "3")
+        .current_dir(d)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("joined 3 shards"), "{}", text(&o));
     assert!(text(&o).contains("<-- filter done"), "{}", text(&o));

@@ -230,6 +230,15 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
             100.0 * decode / roof.0
         );
         println!("       {split}");
+        crate::machine::record_bench(&crate::machine::BenchRecord {
+            device: "cpu".into(),
+            params: cfg.num_params() as u64,
+            batch: b,
+            decode_tokens_per_second: decode,
+            prompt_len: a.prompt_len,
+            new_tokens: a.new_tokens,
+            unix: crate::store::now_unix(),
+        });
         if a.gemm_rates {
             println!("       {}", decode_gemm_rates(&cfg, b));
         }
@@ -305,6 +314,15 @@ fn run_gpu(
              {:>11.1}%",
             100.0 * decode / roofline
         );
+        crate::machine::record_bench(&crate::machine::BenchRecord {
+            device: crate::train::memory::device_name(dev),
+            params: cfg.num_params() as u64,
+            batch: b,
+            decode_tokens_per_second: decode,
+            prompt_len: a.prompt_len,
+            new_tokens: a.new_tokens,
+            unix: crate::store::now_unix(),
+        });
         let short = a.new_tokens.min(256);
         let (_, _, split) = timed_run(&model, b, a.prompt_len, short + 1, a, true)?;
         println!("       time (synchronised run of {short} new tokens): {split}");

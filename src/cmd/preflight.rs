@@ -2,7 +2,7 @@
 //! memory, and checks them against free disk, available RAM and `run.disk_budget`, exiting
 //! non-zero with the reason when a run would not fit.
 //!
-//! Cached stages need nothing new. Estimates come from input sizes (see each stage's `plan`), so
+//! Prints each stage's time and cost estimate (`stages::cost`). Cached stages need nothing new. Estimates come from input sizes (see each stage's `plan`), so
 //! they are coarse; the check exists to catch the run that cannot fit, hours before it fails.
 
 use anyhow::{bail, Result};
@@ -38,7 +38,7 @@ pub fn run(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
     );
     let mut disk = 0u64;
     let mut peak_mem = 0u64;
-    let mut gpu_stages: Vec<(String, u64)> = Vec::new();
+    let mut gpu_stages: Vec<(String, u64, crate::stages::StageKind)> = Vec::new();
     println!(
         "{:<11} {:<12} {:>12} {:>12} {:>12}",
         "stage", "state", "disk", "memory", "GPU memory"
@@ -54,7 +54,7 @@ pub fn run(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
         peak_mem = peak_mem.max(m);
         let g = if done { 0 } else { s.estimate.gpu_bytes };
         if g > 0 {
-            gpu_stages.push((s.name.clone(), g));
+            gpu_stages.push((s.name.clone(), g, s.kind));
         }
         println!(
             "{:<11} {:<12} {:>12} {:>12} {:>12}",
@@ -106,13 +106,25 @@ pub fn run(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
         match gpu_memory(plan_only, gpu)? {
             Some((what, have)) => {
                 println!("GPU memory: {what}: {}", format_bytes(have));
-                for (name, need) in &gpu_stages {
+                for (name, need, kind) in &gpu_stages {
                     if *need > have {
+                        use crate::stages::StageKind;
+                        let hint = match kind {
+                            StageKind::Train | StageKind::Pretrain => {
+                                "see its budget: `pipeline train` prints it line by line; \
+                                 recompute = true, a smaller micro_batch_tokens or \
+                                 loss_chunk_tokens, optimizer_offload = true, or a larger GPU"
+                            }
+                            _ => {
+                                "the weights in bf16, the CUDA context and the least KV cache \
+                                 that runs max_num_seqs sequences of max_new_tokens; lower \
+                                 max_num_seqs or max_new_tokens, kv_cache_dtype = \"fp8\", or a \
+                                 larger GPU"
+                            }
+                        };
                         problems.push(format!(
                             "the {name} stage needs about {} of GPU memory but {what} has {} \
-                             (see its budget: `pipeline train` prints it line by line; \
-                             recompute = true, a smaller micro_batch_tokens or \
-                             loss_chunk_tokens, or a larger GPU)",
+                             ({hint})",
                             format_bytes(*need),
                             format_bytes(have)
                         ));
@@ -123,6 +135,13 @@ pub fn run(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
                 "GPU memory: not checked (name the GPU with --plan-only --gpu h100|h200|b200, \
                  or run preflight on the GPU machine)"
             ),
+        }
+    }
+    let costs = crate::stages::cost::estimate(&plan, cost_gpu(gpu), cfg.gpu_hour_price);
+    if !costs.is_empty() {
+        println!("time and cost of the stages to run:");
+        for l in crate::stages::cost::table(&costs, cfg.gpu_hour_price) {
+            println!("  {l}");
         }
     }
     if !problems.is_empty() {
@@ -156,4 +175,10 @@ fn gpu_memory(
         }
     }
     Ok(None)
+}
+
+/// The GPU the time estimate is for: the named one, else this machine's first device when this
+/// binary opens it (an H100 is assumed otherwise, and said).
+pub fn cost_gpu(named: Option<crate::train::memory::Gpu>) -> Option<crate::train::memory::Gpu> {
+    named.or_else(crate::train::memory::local_gpu)
 }

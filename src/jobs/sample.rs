@@ -443,6 +443,36 @@ pub fn host_memory_estimate(
     Ok(stored * widen + kv + states)
 }
 
+/// GPU memory a run on a GPU cannot do without: the weights in the compute dtype, the CUDA
+/// context (1 GiB), the recurrent layers' state for max_num_seqs sequences, and the KV cache
+/// (`kv_cache`, or the least that runs these settings: see [`KvNeed`]; the default cache takes
+/// what is left, 90% of it). 0 on the CPU.
+pub fn gpu_memory_estimate(s: &SampleSettings, config: &crate::model::ModelConfig) -> Result<u64> {
+    if s.device == "cpu" {
+        return Ok(0);
+    }
+    let params = config.num_params() as u64;
+    let weight = if s.dtype == "f32" { 4 } else { 2 };
+    // the CPU cache stores f32; on the GPU the weights' dtype, or one byte with fp8
+    let per_token_f32 = crate::sampler::kv_cache::KvCache::bytes_per_token(config) as u64;
+    let per_token = match (s.kv_cache_dtype.as_str(), weight) {
+        ("fp8", _) => per_token_f32 / 4,
+        (_, 2) => per_token_f32 / 2,
+        _ => per_token_f32,
+    };
+    let states = (s.max_num_seqs * StateSlots::bytes_per_seq(config)) as u64;
+    let kv = match &s.kv_cache {
+        Some(text) => {
+            crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
+        }
+        None => {
+            let need = KvNeed::new(ESTIMATE_PROMPT_TOKENS, s, s.max_num_seqs);
+            (need.min_blocks * s.block_size) as u64 * per_token
+        }
+    };
+    Ok(params * weight + states + kv + (1 << 30))
+}
+
 /// Loads the model and runs the job described by `s` over `problems` (gold answers, where not
 /// empty, are graded).
 pub fn run_settings(

@@ -20,15 +20,25 @@ pub fn plan(cfg: &DataConfig, workdir: &Path, resolve: &super::Resolve) -> Resul
     let mut inputs = Vec::new();
     let mut files = Vec::new();
     let mut bytes = 0;
+    // problems: counted from the files where that is cheap (lines, Parquet metadata)
+    let mut rows = Some(0u64);
     for s in &cfg.sources {
         let what = format!("data source `{}`", s.name);
+        let mut source_rows = Some(0u64);
         for (input, path, n) in resolve.location(&s.name, &what, &s.location)? {
             bytes += n;
+            let counted = path.as_deref().and_then(crate::data::count_rows);
+            source_rows = source_rows.zip(counted).map(|(a, b)| a + b);
             if let Some(path) = path {
                 files.push((input.name.clone(), path));
             }
             inputs.push(input);
         }
+        let source_rows = source_rows.map(|r| match s.limit {
+            Some(l) => r.min(l as u64),
+            None => r,
+        });
+        rows = rows.zip(source_rows).map(|(a, b)| a + b);
     }
     // Gold answers of `boxed` sources are extracted by the verifier.
     inputs.push(super::verifier_input());
@@ -45,6 +55,7 @@ pub fn plan(cfg: &DataConfig, workdir: &Path, resolve: &super::Resolve) -> Resul
     st.estimate = Estimate {
         disk_bytes: bytes,
         memory_bytes: bytes * 3,
+        rows,
         ..Estimate::default()
     };
     Ok(st)

@@ -62,8 +62,14 @@ pub fn plan(
     for s in sets {
         inputs.push(set_input(s, resolve)?);
     }
-    // memory: the sampler's estimate for the hungriest set (one model at a time)
+    // memory: the sampler's estimate for the hungriest set (one model at a time); work: every
+    // set's problems x n x the expected length, for every model
     let mut memory_bytes = 0;
+    let mut gpu_bytes = 0;
+    let models = 1 + trained.len() as u64;
+    let mut tokens = Some(0u64);
+    let mut device = String::from("cpu");
+    let mut batch = 0;
     for s in sets {
         let mut st = s.settings(&base.input.location)?;
         e.apply(&mut st);
@@ -72,6 +78,24 @@ pub fn plan(
             &base.config,
             base.weight_bytes,
         )?);
+        gpu_bytes = gpu_bytes.max(crate::jobs::sample::gpu_memory_estimate(&st, &base.config)?);
+        let problems = crate::data::hub::resolve(&s.source.location)
+            .ok()
+            .and_then(|files| {
+                files
+                    .iter()
+                    .map(|f| crate::data::count_rows(f))
+                    .sum::<Option<u64>>()
+            })
+            .map(|r| match e.limit.or(s.source.limit) {
+                Some(l) => r.min(l as u64),
+                None => r,
+            });
+        let set_tokens = problems
+            .map(|p| p * st.n as u64 * super::expected_completion_tokens(st.max_new_tokens));
+        tokens = tokens.zip(set_tokens).map(|(a, b)| a + b * models);
+        device = st.device.clone();
+        batch = st.max_num_seqs;
     }
     let config = serde_json::to_value(e)?;
     let mut st = PlannedStage::new(
@@ -88,6 +112,18 @@ pub fn plan(
     st.estimate = Estimate {
         disk_bytes: 0,
         memory_bytes,
+        gpu_bytes,
+        work: tokens.map(|tokens| super::Work {
+            tokens,
+            train: false,
+            params: base.config.num_params() as u64,
+            device,
+            batch,
+            basis: format!(
+                "{} set(s) x {models} model(s): problems x n x half of max_new_tokens (assumed)",
+                sets.len()
+            ),
+        }),
         ..Estimate::default()
     };
     Ok(st)

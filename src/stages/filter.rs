@@ -84,9 +84,18 @@ pub fn plan(
         .into_iter()
         .collect();
     // Graded parts plus the SFT file, each about the size of the input; all rows in memory.
+    // Rows: at most the samples, and max_per_problem per problem.
+    let rows = sampled.and_then(|s| s.estimate.rows).map(|r| {
+        match (cfg.max_per_problem, data.estimate.rows) {
+            (Some(m), Some(p)) => r.min(p * m as u64),
+            _ => r,
+        }
+    });
     st.estimate = Estimate {
         disk_bytes: bytes * 2,
         memory_bytes: bytes * 4,
+        rows,
+        row_tokens: sampled.and_then(|s| s.estimate.row_tokens),
         ..Estimate::default()
     };
     Ok(st)

@@ -10,6 +10,7 @@
 //! model the round before trained, as stages named `sample-r1`, `filter-r1`, `train-r1`, ...;
 //! with one round they are plain `sample`, `filter`, `train`.
 
+pub mod cost;
 pub mod data;
 pub mod eval;
 pub mod filter;
@@ -114,7 +115,7 @@ pub struct PlannedStage {
 }
 
 /// What a stage is expected to need, from its input sizes.
-#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Estimate {
     pub disk_bytes: u64,
     /// Host memory.
@@ -122,7 +123,41 @@ pub struct Estimate {
     /// GPU memory, for a stage that runs on one (0: none).
     #[serde(default)]
     pub gpu_bytes: u64,
+    /// Rows the stage writes, where they can be counted or bounded before it runs (problems,
+    /// samples, SFT rows).
+    #[serde(default)]
+    pub rows: Option<u64>,
+    /// Tokens per written row (prompt and completion), for the stage that trains on them.
+    #[serde(default)]
+    pub row_tokens: Option<u64>,
+    /// The compute the stage does, for the time and cost estimate ([`cost`]).
+    #[serde(default)]
+    pub work: Option<Work>,
 }
+
+/// Tokens a stage generates or trains on, and where.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Work {
+    pub tokens: u64,
+    /// Training (6 FLOPs per parameter and token) rather than generating.
+    pub train: bool,
+    pub params: u64,
+    /// `cpu`, `cuda` or `cuda:N`.
+    pub device: String,
+    /// Sequences decoded at once (generation).
+    pub batch: usize,
+    /// How `tokens` was counted, said in the table.
+    pub basis: String,
+}
+
+/// The completion length assumed before a run: half of `max_new_tokens`.
+pub fn expected_completion_tokens(max_new_tokens: usize) -> u64 {
+    (max_new_tokens as u64).div_ceil(2)
+}
+
+/// The prompt length assumed before the prompts are rendered (a math problem in a chat
+/// template).
+pub const ASSUMED_PROMPT_TOKENS: u64 = 150;
 
 #[derive(Debug, Clone)]
 pub struct Plan {
@@ -559,6 +594,12 @@ pub fn file_input(name: &str, path: &Path) -> Result<(InputRef, u64)> {
 pub struct PlanRecord {
     pub config: String,
     pub stages: Vec<PlanRecordStage>,
+    /// The time and cost estimate of the stages this run had to do ([`cost`]).
+    #[serde(default)]
+    pub estimates: Vec<cost::StageCost>,
+    /// `run.gpu_hour_price`, for the report.
+    #[serde(default)]
+    pub gpu_hour_price: Option<f64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -653,9 +694,14 @@ pub fn run(
         .stages
         .iter()
         .position(|s| force.iter().any(|f| is(s, f)));
+    // GPU stages: estimated for an H100 unless this machine has a known GPU (preflight --gpu
+    // names another)
+    let estimates = cost::estimate(&plan, crate::train::memory::local_gpu(), cfg.gpu_hour_price);
     store::write_json_atomic(
         &wd.root.join(store::PLAN),
         &PlanRecord {
+            estimates: estimates.clone(),
+            gpu_hour_price: cfg.gpu_hour_price,
             config: cfg.origin.clone(),
             stages: plan
                 .stages
@@ -674,6 +720,12 @@ pub fn run(
         },
     )?;
     print_plan(cfg, &plan, last, first_forced)?;
+    if !estimates.is_empty() {
+        println!("estimated time and cost (assumptions in each row; `pipeline preflight`):");
+        for l in cost::table(&estimates, cfg.gpu_hour_price) {
+            println!("  {l}");
+        }
+    }
     let total = Instant::now();
     for (i, stage) in plan.stages.iter().enumerate().take(last) {
         let forced = first_forced.is_some_and(|f| i >= f);

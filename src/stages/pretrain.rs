@@ -73,6 +73,7 @@ pub fn plan(
         disk_bytes: crate::train::memory::disk_bytes(params, 4, &p.train) + params * 4 + bytes,
         memory_bytes: train.memory_bytes + bytes * 4,
         gpu_bytes: train.gpu_bytes,
+        ..Estimate::default()
     };
     let facts = ModelFacts {
         input: st.model_input(),

@@ -57,10 +57,26 @@ pub fn plan(
         config,
         inputs,
     );
+    let expected = super::expected_completion_tokens(s.max_new_tokens);
+    let rows = data.estimate.rows.map(|p| p * s.n as u64);
     st.estimate = Estimate {
         disk_bytes: 64 << 20,
         memory_bytes,
-        ..Estimate::default()
+        gpu_bytes: crate::jobs::sample::gpu_memory_estimate(s, &facts.config)?,
+        rows,
+        row_tokens: Some(super::ASSUMED_PROMPT_TOKENS + expected),
+        work: rows.map(|r| super::Work {
+            tokens: r * expected,
+            train: false,
+            params: facts.config.num_params() as u64,
+            device: s.device.clone(),
+            batch: s.max_num_seqs,
+            basis: format!(
+                "{} problems x n {} x {expected} tokens (half of max_new_tokens, assumed)",
+                r / s.n.max(1) as u64,
+                s.n
+            ),
+        }),
     };
     Ok(st)
 }

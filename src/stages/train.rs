@@ -48,8 +48,24 @@ pub fn plan(
         config,
         inputs,
     );
+    let work = filter
+        .estimate
+        .rows
+        .zip(filter.estimate.row_tokens)
+        .map(|(rows, per_row)| super::Work {
+            tokens: rows * per_row * s.epochs,
+            train: true,
+            params,
+            device: s.device.clone(),
+            batch: 0,
+            basis: format!(
+                "at most {rows} SFT rows x {per_row} tokens (assumed) x {} epoch(s)",
+                s.epochs
+            ),
+        });
     st.estimate = Estimate {
         disk_bytes: crate::train::memory::disk_bytes(params, dtype_bytes, s),
+        work,
         ..train_memory(s, &budget)
     };
     Ok(st)

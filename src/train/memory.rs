@@ -361,6 +361,8 @@ pub struct Gpu {
     pub bf16_flops: f64,
     /// f32 (TF32 off) peak, FLOP/s.
     pub f32_flops: f64,
+    /// Memory bandwidth, bytes/s (0: unknown): decode speed scales with it.
+    pub bandwidth: f64,
 }
 
 /// Known GPUs, by the names `--gpu` takes and the prefixes of their CUDA device names (NVIDIA's
@@ -373,6 +375,7 @@ pub const GPUS: &[(&str, Gpu)] = &[
             memory: 80 * GB,
             bf16_flops: 989e12,
             f32_flops: 67e12,
+            bandwidth: 3.35e12,
         },
     ),
     (
@@ -382,6 +385,7 @@ pub const GPUS: &[(&str, Gpu)] = &[
             memory: 141 * GB,
             bf16_flops: 989e12,
             f32_flops: 67e12,
+            bandwidth: 4.8e12,
         },
     ),
     (
@@ -391,6 +395,7 @@ pub const GPUS: &[(&str, Gpu)] = &[
             memory: 180 * GB,
             bf16_flops: 2250e12,
             f32_flops: 75e12,
+            bandwidth: 8.0e12,
         },
     ),
     (
@@ -400,6 +405,7 @@ pub const GPUS: &[(&str, Gpu)] = &[
             memory: 80 * GB,
             bf16_flops: 312e12,
             f32_flops: 19.5e12,
+            bandwidth: 2.04e12,
         },
     ),
 ];
@@ -418,6 +424,7 @@ pub fn parse_gpu(s: &str) -> anyhow::Result<Gpu> {
             memory,
             bf16_flops: 0.0,
             f32_flops: 0.0,
+            bandwidth: 0.0,
         }),
         Err(_) => anyhow::bail!(
             "--gpu `{s}`: use {} or a memory size (80GB, 74.5GiB)",
@@ -432,6 +439,17 @@ pub fn gpu_by_device_name(name: &str) -> Option<Gpu> {
     GPUS.iter()
         .find(|(k, _)| n.contains(&format!(" {k}")))
         .map(|(_, g)| *g)
+}
+
+/// This machine's first GPU, when this binary opens it and the table knows it.
+pub fn local_gpu() -> Option<Gpu> {
+    #[cfg(feature = "cuda")]
+    {
+        if let Ok(dev) = crate::cuda::sampler_device(0) {
+            return gpu_by_device_name(&device_name(&dev));
+        }
+    }
+    None
 }
 
 /// The device's name as its driver gives it (`cpu` for the CPU).
