@@ -216,6 +216,7 @@ impl Tracker {
             unit: self.unit.clone(),
             rate: self.rate(),
             eta_seconds: self.eta_seconds(),
+            label: self.label.clone(),
             detail: self.detail.clone(),
             started_unix: self.started_unix,
             updated_unix: store::now_unix(),

@@ -187,6 +187,9 @@ pub struct Progress {
     pub rate: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eta_seconds: Option<f64>,
+    /// What is being done (`sample`, `eval arith_hard base`, `train`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub label: String,
     /// What else the stage says about itself (loss, tokens/s, ...).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub detail: String,

@@ -179,6 +179,7 @@ fn progress_of(dir: &Path) -> (Option<Progress>, Option<(usize, usize)>) {
             eta_seconds: total
                 .filter(|_| started && rate > 0.0)
                 .map(|t| t.saturating_sub(done_units) as f64 / rate),
+            label: parts[0].label.clone(),
             detail: format!("{} of {n} shards reporting", parts.len()),
             started_unix: parts.iter().map(|p| p.started_unix).min().unwrap_or(0),
             updated_unix: parts.iter().map(|p| p.updated_unix).max().unwrap_or(0),
@@ -387,7 +388,13 @@ pub fn print_status(st: &Status) {
         let detail = s
             .progress
             .as_ref()
-            .map(|p| p.detail.as_str())
+            .map(|p| {
+                [p.label.as_str(), p.detail.as_str()]
+                    .into_iter()
+                    .filter(|x| !x.is_empty())
+                    .collect::<Vec<_>>()
+                    .join(": ")
+            })
             .filter(|d| !d.is_empty());
         if let Some(d) = detail {
             println!("{:<11} {d}", "");

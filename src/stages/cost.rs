@@ -125,7 +125,8 @@ fn stage_cost(
             .min_by_key(|r| (r.batch.abs_diff(w.batch), u64::MAX - r.unix));
         match (measured, &g) {
             (Some(r), _) => (
-                r.decode_tokens_per_second * params / r.params.max(1) as f64,
+                // decoding reads every weight per step: a bigger model is slower
+                r.decode_tokens_per_second * r.params as f64 / params,
                 format!("bench sample at batch {} on this machine", r.batch),
             ),
             (None, Some(g)) if on_gpu => (
