@@ -66,7 +66,10 @@ fn stderr_filter(verbosity: i8) -> EnvFilter {
     };
     let filter = match std::env::var("RUST_LOG") {
         Ok(s) if !s.trim().is_empty() => EnvFilter::new(s),
-        _ => EnvFilter::new(format!("warn,selfdistill={ours},pipeline={ours}")),
+        // tokenizers warns about our own word-level vocabularies' special tokens: not news
+        _ => EnvFilter::new(format!(
+            "warn,tokenizers=error,selfdistill={ours},pipeline={ours}"
+        )),
     };
     match format!("{FILE_ONLY}=off").parse() {
         Ok(d) => filter.add_directive(d),
@@ -100,7 +103,7 @@ pub fn init(verbosity: i8) {
         .with_target(false)
         .with_ansi(false)
         .with_filter(EnvFilter::new(format!(
-            "warn,selfdistill={file_level},pipeline={file_level}"
+            "warn,tokenizers=error,selfdistill={file_level},pipeline={file_level}"
         )));
     let _ = tracing_subscriber::registry()
         .with(on_term)

@@ -380,6 +380,21 @@ fn a_sample_stage_sharded_over_three_processes_equals_one_process() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("joined 3 shards"), "{}", text(&o));
     assert!(text(&o).contains("<-- filter done"), "{}", text(&o));
+    // every stage done: `--watch` prints once and returns
+    let o = run(
+        &["status", "--workdir", "work", "--watch", "0.2", "--json"],
+        d,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["state"] == "done"),
+        "{v}"
+    );
     let joined = rows(&sample.join("completions.parquet"));
     let single = rows(&stage_dir(&d.join("one"), "sample").join("completions.parquet"));
     assert_eq!(joined.len(), 90);

@@ -404,3 +404,51 @@ pub fn print_status(st: &Status) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stage folder whose progress was written by `pid` on `host`, `age` seconds ago.
+    fn stage_with(root: &Path, pid: u32, host: &str, age: u64) -> StageStatus {
+        let dir = root.join("stages/sample-0123456789abcdef");
+        std::fs::create_dir_all(&dir).unwrap();
+        let now = store::now_unix();
+        let p = Progress {
+            done: 3,
+            total: Some(10),
+            unit: "samples".into(),
+            started_unix: now - age - 5,
+            updated_unix: now - age,
+            pid: Some(pid),
+            host: host.into(),
+            ..Progress::default()
+        };
+        store::write_json_atomic(&dir.join(store::PROGRESS), &p).unwrap();
+        stage("sample", "0123456789abcdef", &dir, true, None, 600.0).unwrap()
+    }
+
+    #[test]
+    fn running_stalled_and_unknowable_from_the_writer_and_the_age() {
+        let root = tempfile::tempdir().unwrap();
+        let here = crate::machine::hostname();
+        let me = std::process::id();
+        // this process, fresh: running
+        assert_eq!(stage_with(root.path(), me, &here, 1).state, "running");
+        // this process, but nothing moved for 20 minutes: stalled, and said to be alive
+        let s = stage_with(root.path(), me, &here, 1200);
+        assert_eq!(s.state, "stalled");
+        assert!(s.note.contains("no progress for 20m00s") && s.note.contains("still running"));
+        // another host: cannot be checked; fresh is running, old is stalled
+        let s = stage_with(root.path(), 1, "elsewhere", 1);
+        assert_eq!(s.state, "running");
+        assert!(s.note.contains("on elsewhere"), "{}", s.note);
+        assert_eq!(
+            stage_with(root.path(), 1, "elsewhere", 3600).state,
+            "stalled"
+        );
+        // a pid that is not alive here: stopped
+        let s = stage_with(root.path(), u32::MAX - 1, &here, 1);
+        assert_eq!(s.state, "stopped");
+    }
+}
