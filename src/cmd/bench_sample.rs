@@ -230,15 +230,7 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
             100.0 * decode / roof.0
         );
         println!("       {split}");
-        crate::machine::record_bench(&crate::machine::BenchRecord {
-            device: "cpu".into(),
-            params: cfg.num_params() as u64,
-            batch: b,
-            decode_tokens_per_second: decode,
-            prompt_len: a.prompt_len,
-            new_tokens: a.new_tokens,
-            unix: crate::store::now_unix(),
-        });
+        remember(a, "cpu", &cfg, b, decode);
         if a.gemm_rates {
             println!("       {}", decode_gemm_rates(&cfg, b));
         }
@@ -314,15 +306,7 @@ fn run_gpu(
              {:>11.1}%",
             100.0 * decode / roofline
         );
-        crate::machine::record_bench(&crate::machine::BenchRecord {
-            device: crate::train::memory::device_name(dev),
-            params: cfg.num_params() as u64,
-            batch: b,
-            decode_tokens_per_second: decode,
-            prompt_len: a.prompt_len,
-            new_tokens: a.new_tokens,
-            unix: crate::store::now_unix(),
-        });
+        remember(a, &crate::train::memory::device_name(dev), cfg, b, decode);
         let short = a.new_tokens.min(256);
         let (_, _, split) = timed_run(&model, b, a.prompt_len, short + 1, a, true)?;
         println!("       time (synchronised run of {short} new tokens): {split}");
@@ -356,6 +340,19 @@ pub(super) fn gpu_ceilings(dev: &Device) -> Result<(f64, f64)> {
     let b = Tensor::randn(0f32, 1.0, (m, m), dev)?.to_dtype(DType::BF16)?;
     let mm_s = time(&|| Ok(a.matmul(&b)?))?;
     Ok(((4 * n) as f64 / copy_s, 2.0 * (m * m * m) as f64 / mm_s))
+}
+
+/// Keeps a measured decode rate for preflight's time estimate (`machine::bench_records`).
+fn remember(a: &SampleBenchArgs, device: &str, cfg: &ModelConfig, batch: usize, decode: f64) {
+    crate::machine::record_bench(&crate::machine::BenchRecord {
+        device: device.into(),
+        params: cfg.num_params() as u64,
+        batch,
+        decode_tokens_per_second: decode,
+        prompt_len: a.prompt_len,
+        new_tokens: a.new_tokens,
+        unix: crate::store::now_unix(),
+    });
 }
 
 /// The packed gemm's rate at one decode step's shapes for `batch` rows: each projection of a

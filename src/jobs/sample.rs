@@ -430,17 +430,27 @@ pub fn host_memory_estimate(
     let per_token = crate::sampler::kv_cache::KvCache::bytes_per_token(config) as u64;
     // recurrent layers' state: a slot per running sequence, beside the KV cache
     let states = (s.max_num_seqs * StateSlots::bytes_per_seq(config)) as u64;
-    let kv = match &s.kv_cache {
+    // the problems are not counted yet: as many as sequences
+    let kv = planned_kv(s, per_token, |need| need.default_blocks)?;
+    Ok(stored * widen + kv + states)
+}
+
+/// The KV cache a plan counts: `kv_cache` when given, else `blocks` of the [`KvNeed`] of
+/// max_num_seqs prompts of [`ESTIMATE_PROMPT_TOKENS`], at `per_token` bytes.
+fn planned_kv(
+    s: &SampleSettings,
+    per_token: u64,
+    blocks: impl Fn(&KvNeed) -> usize,
+) -> Result<u64> {
+    Ok(match &s.kv_cache {
         Some(text) => {
             crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
         }
         None => {
-            // the problems are not counted yet: as many as sequences
             let need = KvNeed::new(ESTIMATE_PROMPT_TOKENS, s, s.max_num_seqs);
-            (need.default_blocks * s.block_size) as u64 * per_token
+            (blocks(&need) * s.block_size) as u64 * per_token
         }
-    };
-    Ok(stored * widen + kv + states)
+    })
 }
 
 /// GPU memory a run on a GPU cannot do without: the weights in the compute dtype, the CUDA
@@ -461,15 +471,7 @@ pub fn gpu_memory_estimate(s: &SampleSettings, config: &crate::model::ModelConfi
         _ => per_token_f32,
     };
     let states = (s.max_num_seqs * StateSlots::bytes_per_seq(config)) as u64;
-    let kv = match &s.kv_cache {
-        Some(text) => {
-            crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
-        }
-        None => {
-            let need = KvNeed::new(ESTIMATE_PROMPT_TOKENS, s, s.max_num_seqs);
-            (need.min_blocks * s.block_size) as u64 * per_token
-        }
-    };
+    let kv = planned_kv(s, per_token, |need| need.min_blocks)?;
     Ok(params * weight + states + kv + (1 << 30))
 }
 
