@@ -18,7 +18,8 @@ pub fn line_every() -> Duration {
         .ok()
         .and_then(|s| s.trim().parse::<f64>().ok())
         .filter(|s| s.is_finite() && *s >= 0.0)
-        .unwrap_or(10.0);
+        .unwrap_or(10.0)
+        .min(86400.0);
     Duration::from_secs_f64(secs)
 }
 

@@ -120,10 +120,16 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
             ),
             None => ("not done", "-".into(), "-".into()),
         };
+        // where the stage ran: its section's `device` (pretrain: under `train`)
         let device = s
             .manifest
             .as_ref()
-            .and_then(|m| m.config.get("device").and_then(|d| d.as_str()))
+            .and_then(|m| {
+                let c = &m.config;
+                c.get("device")
+                    .and_then(|d| d.as_str())
+                    .or_else(|| c.get("train")?.get("device")?.as_str())
+            })
             .unwrap_or("cpu")
             .to_string();
         // GPU time: the stage's wall time, or its shards' added up

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! <workdir>/
-//!   .lock                      held (flock) by the running `pipeline`, holds its pid
+//!   .lock                      held (flock) by the running `pipeline`, holds its pid@host
 //!   plan.json                  the stages of the last run, in order (for `status`)
 //!   stages/<stage>-<key16>/    key = hash(stage config, input keys, code version)
 //!     progress.json            how far an unfinished stage got (rewritten atomically)
@@ -91,7 +91,12 @@ impl WorkDir {
             Err(std::fs::TryLockError::WouldBlock) => {
                 let mut holder = String::new();
                 let _ = f.read_to_string(&mut holder);
-                let holder = holder.trim();
+                // `pid@host`, said as `pid N on host`
+                let holder = match holder.trim().split_once('@') {
+                    Some((pid, host)) => format!("{pid} on {host}"),
+                    None if holder.trim().is_empty() => "unknown".into(),
+                    None => holder.trim().to_string(),
+                };
                 if wait {
                     tracing::info!(
                         "waiting for the pipeline (pid {holder}) that holds work dir {}",
@@ -104,7 +109,7 @@ impl WorkDir {
                     "work dir {} is in use by another pipeline (pid {}); wait for it or stop it \
                      (lock file {})",
                     root.display(),
-                    if holder.is_empty() { "unknown" } else { holder },
+                    holder,
                     path.display()
                     );
                 }
@@ -116,7 +121,8 @@ impl WorkDir {
         let record_pid = |f: &mut File| -> std::io::Result<()> {
             f.set_len(0)?;
             f.rewind()?;
-            write!(f, "{}", std::process::id())?;
+            // the host too: a pid means something only there (status checks it)
+            write!(f, "{}@{}", std::process::id(), crate::machine::hostname())?;
             f.sync_all()
         };
         record_pid(&mut f).with_context(|| format!("cannot write {}", path.display()))?;

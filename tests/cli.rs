@@ -144,7 +144,7 @@ fn a_second_run_on_a_locked_work_dir_names_the_holder() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
         err.contains(&format!(
-            "in use by another pipeline (pid {})",
+            "in use by another pipeline (pid {} on ",
             std::process::id()
         )),
         "{err}"

@@ -267,7 +267,8 @@ fn deploy(script: &str) -> PathBuf {
         .join(script)
 }
 
-/// One node of a Slurm array (the shipped script), or with `k8s`, a pod of an Indexed Job.
+/// One node of a Slurm array (the shipped script; the array numbered from 1), or with `k8s`, a
+/// pod of an Indexed Job.
 fn shard_run(dir: &Path, work: &str, i: usize, n: usize, k8s: bool) -> Child {
     let mut c = if k8s {
         let mut c = bin();
@@ -280,7 +281,9 @@ fn shard_run(dir: &Path, work: &str, i: usize, n: usize, k8s: bool) -> Child {
         c.arg(deploy("slurm-sample.sbatch"))
             .args(["p.toml", "--workdir", work])
             .env("PIPELINE", env!("CARGO_BIN_EXE_pipeline"))
-            .env("SLURM_ARRAY_TASK_ID", i.to_string())
+            // an array submitted as --array=1-N: the shard is the task's place in it
+            .env("SLURM_ARRAY_TASK_ID", (i + 1).to_string())
+            .env("SLURM_ARRAY_TASK_MIN", "1")
             .env("SLURM_ARRAY_TASK_COUNT", n.to_string());
         c
     };
@@ -404,4 +407,18 @@ fn a_sample_stage_sharded_over_three_processes_equals_one_process() {
     let counts: Vec<(String, u64)> = serde_json::from_value(m["counts"].clone()).unwrap();
     assert!(counts.contains(&("samples".into(), 90)), "{counts:?}");
     assert!(counts.contains(&("shards".into(), 3)), "{counts:?}");
+    // a shard still sampling (its lock held) keeps `--force` from pulling its folder away
+    let held = std::fs::File::open(sample.join("shards/0-of-3/.lock")).unwrap();
+    held.try_lock().unwrap();
+    let o = run(
+        &["run", "all", "--config", "p.toml", "--force", "sample"],
+        d,
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("shard(s) 0/3 of it are being sampled now"),
+        "{}",
+        text(&o)
+    );
+    assert!(sample.join("manifest.json").exists());
 }

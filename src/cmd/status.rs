@@ -28,7 +28,8 @@ pub struct StatusArgs {
     /// Take the work dir from this config (`run.workdir`, or `runs/<name>`).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Redraw every SECS seconds (default 5) until every stage is done or Ctrl-C.
+    /// Redraw every SECS seconds (default 5) until every stage of the last plan is done, or
+    /// Ctrl-C.
     #[arg(long, num_args = 0..=1, default_missing_value = "5", value_name = "SECS")]
     pub watch: Option<f64>,
     /// Print the status as JSON (one object; with --watch, one per line).
@@ -101,10 +102,13 @@ pub fn run(a: &StatusArgs, cfg: Option<&Config>) -> Result<()> {
         let Some(every) = a.watch else {
             return Ok(());
         };
-        if !st.stages.is_empty() && st.stages.iter().all(|s| s.state == "done") {
+        let planned: Vec<&StageStatus> = st.stages.iter().filter(|s| s.in_last_plan).collect();
+        if !planned.is_empty() && planned.iter().all(|s| s.state == "done") {
             return Ok(());
         }
-        std::thread::sleep(std::time::Duration::from_secs_f64(every.max(0.2)));
+        std::thread::sleep(std::time::Duration::from_secs_f64(
+            every.clamp(0.2, 86400.0),
+        ));
     }
 }
 
@@ -119,9 +123,17 @@ pub fn status(root: &Path, stall_after: f64) -> Result<Status> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", plan_path.display())),
     };
+    // the last run's pid, when it ran on this host (`pid@host`; older files: a bare pid)
+    let here = crate::machine::hostname();
     let lock_pid = std::fs::read_to_string(root.join(".lock"))
         .ok()
-        .and_then(|s| s.trim().parse::<u32>().ok());
+        .and_then(|s| {
+            let (pid, host) = s
+                .trim()
+                .split_once('@')
+                .unwrap_or((s.trim(), here.as_str()));
+            pid.parse::<u32>().ok().filter(|_| host == here)
+        });
     let mut stages = Vec::new();
     let mut listed = HashSet::new();
     if let Some(p) = &plan {
@@ -169,7 +181,15 @@ fn progress_of(dir: &Path) -> (Option<Progress>, Option<(usize, usize)>) {
         let started = parts.len() == n;
         let total = parts.iter().map(|p| p.total).sum::<Option<u64>>();
         let done_units: u64 = parts.iter().map(|p| p.done).sum();
-        let rate: f64 = parts.iter().filter_map(|p| p.rate).sum();
+        // the rate of the shards still sampling (a committed or silent shard adds nothing)
+        let now = store::now_unix();
+        let rate: f64 = dirs
+            .iter()
+            .filter(|d| !d.join(crate::stages::sample::SHARD_DONE).is_file())
+            .filter_map(|d| store::read_progress(d))
+            .filter(|p| now.saturating_sub(p.updated_unix) < 60)
+            .filter_map(|p| p.rate)
+            .sum();
         let live: Vec<&Progress> = parts.iter().filter(|p| p.pid.is_some()).collect();
         let p = Progress {
             done: done_units,
@@ -296,6 +316,17 @@ fn stage(
             "all {n} shards are committed ({done} of {n}): a `pipeline run` without a shard \
              joins them and goes on"
         );
+        st.progress = progress;
+        return Ok(st);
+    }
+    // a dead writer, but the work dir's lock is held by a live run here: it resumed the stage
+    // and has not written its progress yet (loading a model)
+    let resumer = lock_pid.filter(|&p| {
+        alive == Some(false) && Some(p) != pid && shards.is_none() && crate::machine::pid_alive(p)
+    });
+    if let Some(p) = resumer {
+        st.note = format!("resumed by pid {p}; its progress is not written yet");
+        st.state = "running".into();
         st.progress = progress;
         return Ok(st);
     }

@@ -984,11 +984,32 @@ pub fn resolve_shard(
         let (i, n) = f.split_once('/').context("--shard takes I/N, e.g. 0/4")?;
         return parse(i, n, "--shard").map(Some);
     }
-    if let (Ok(i), Ok(n)) = (
+    if let (Ok(_), Ok(n)) = (
         std::env::var("SLURM_ARRAY_TASK_ID"),
         std::env::var("SLURM_ARRAY_TASK_COUNT"),
     ) {
-        return parse(&i, &n, "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT").map(Some);
+        // an array of any range and step (`--array=1-8`, `0-14:2`): the task's place in it
+        let num = |k: &str, default: i64| -> Result<i64> {
+            match std::env::var(k) {
+                Ok(v) => v
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("{k}: `{v}` is not a number")),
+                Err(_) => Ok(default),
+            }
+        };
+        let id = num("SLURM_ARRAY_TASK_ID", 0)?;
+        let (min, step) = (
+            num("SLURM_ARRAY_TASK_MIN", 0)?,
+            num("SLURM_ARRAY_TASK_STEP", 1)?.max(1),
+        );
+        let place = (id - min) / step;
+        return parse(
+            &place.to_string(),
+            &n,
+            "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT (from SLURM_ARRAY_TASK_MIN, _STEP)",
+        )
+        .map(Some);
     }
     if let Ok(i) = std::env::var("JOB_COMPLETION_INDEX") {
         let from_env = std::env::var("SELFDISTILL_NUM_SHARDS").ok();

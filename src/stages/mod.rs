@@ -730,6 +730,15 @@ pub fn run(
     for (i, stage) in plan.stages.iter().enumerate().take(last) {
         let forced = first_forced.is_some_and(|f| i >= f);
         if forced && stage.dir.exists() {
+            // shards sample without the work dir's lock: never pull their folder away
+            let busy = sample::shards_running(&stage.dir)?;
+            if !busy.is_empty() {
+                bail!(
+                    "--force {}: shard(s) {} of it are being sampled now; stop them first",
+                    stage.name,
+                    busy.join(", ")
+                );
+            }
             store::discard_dir(&stage.dir)?;
         }
         if let StageState::Done(m) = stage_state(&stage.dir)? {

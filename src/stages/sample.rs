@@ -132,14 +132,24 @@ pub fn run_shard(
         .truncate(false)
         .open(&lock)
         .with_context(|| format!("cannot open {}", lock.display()))?;
-    if f.try_lock().is_err() {
-        bail!(
+    match f.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => bail!(
             "shard {}/{} of {} is being sampled by another process (lock {})",
             shard.0,
             shard.1,
             stage.name,
             lock.display()
-        );
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(e).with_context(|| {
+                format!(
+                    "cannot lock {} (shards need file locks that work across the nodes: on \
+                     Lustre, mount with -o flock)",
+                    lock.display()
+                )
+            })
+        }
     }
     if dir.join(SHARD_DONE).is_file() {
         tracing::info!(
@@ -207,6 +217,23 @@ fn shard_folders(stage_dir: &Path) -> Result<Vec<(usize, usize, PathBuf)>> {
     Ok(out)
 }
 
+/// The shards of a stage that a process is sampling now (their locks are held).
+pub fn shards_running(stage_dir: &Path) -> Result<Vec<String>> {
+    let mut busy = Vec::new();
+    for (i, n, dir) in shard_folders(stage_dir)? {
+        let Ok(f) = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join(".lock"))
+        else {
+            continue;
+        };
+        if let Err(std::fs::TryLockError::WouldBlock) = f.try_lock() {
+            busy.push(format!("{i}/{n}"));
+        }
+    }
+    Ok(busy)
+}
+
 /// How many of `n` shards are committed: `(committed, n)`.
 pub fn shards_done(stage: &PlannedStage, n: usize) -> Result<(usize, usize)> {
     let done = shard_folders(&stage.dir)?
@@ -256,6 +283,7 @@ fn join(
 ) -> Result<StageOutput> {
     let folders = shard_folders(&stage.dir)?;
     let mut ns: Vec<usize> = folders.iter().map(|(_, n, _)| *n).collect();
+    ns.sort_unstable();
     ns.dedup();
     if ns.len() > 1 {
         bail!(
