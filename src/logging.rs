@@ -85,21 +85,21 @@ pub fn init(verbosity: i8) {
     // on a terminal: no timestamps, colours; in a file: timestamps, no colour codes
     let on_term = terminal.then(|| {
         fmt::layer()
-            .with_writer(|| Suspended(Vec::new()))
+            .with_writer(|| Line(Sink::Stderr, Vec::new()))
             .with_target(false)
             .without_time()
             .with_filter(stderr_filter(verbosity))
     });
     let in_file = (!terminal).then(|| {
         fmt::layer()
-            .with_writer(|| Suspended(Vec::new()))
+            .with_writer(|| Line(Sink::Stderr, Vec::new()))
             .with_target(false)
             .with_ansi(false)
             .with_filter(stderr_filter(verbosity))
     });
     let file_level = if verbosity > 0 { "debug" } else { "info" };
     let stage = fmt::layer()
-        .with_writer(|| StageLine(Vec::new()))
+        .with_writer(|| Line(Sink::Stage, Vec::new()))
         .with_target(false)
         .with_ansi(false)
         .with_filter(EnvFilter::new(format!(
@@ -112,12 +112,21 @@ pub fn init(verbosity: i8) {
         .try_init();
 }
 
-/// One formatted event for stderr, written whole when dropped, with the bars hidden meanwhile.
-struct Suspended(Vec<u8>);
+/// Where a formatted event goes.
+#[derive(Clone, Copy)]
+enum Sink {
+    /// stderr, with the bars hidden meanwhile.
+    Stderr,
+    /// The current stage's log file (dropped when no stage runs).
+    Stage,
+}
 
-impl Write for Suspended {
+/// One formatted event, written whole to its sink when dropped (events never interleave).
+struct Line(Sink, Vec<u8>);
+
+impl Write for Line {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.extend_from_slice(buf);
+        self.1.extend_from_slice(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -125,40 +134,28 @@ impl Write for Suspended {
     }
 }
 
-impl Drop for Suspended {
+impl Drop for Line {
     fn drop(&mut self) {
-        if self.0.is_empty() {
+        if self.1.is_empty() {
             return;
         }
-        let bytes = std::mem::take(&mut self.0);
-        let write = || {
-            let _ = std::io::stderr().lock().write_all(&bytes);
-        };
-        match BARS.get() {
-            Some(b) => b.suspend(write),
-            None => write(),
-        }
-    }
-}
-
-/// One formatted event for the current stage's log file (dropped when no stage runs).
-struct StageLine(Vec<u8>);
-
-impl Write for StageLine {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Drop for StageLine {
-    fn drop(&mut self) {
-        if let Ok(mut g) = STAGE_LOG.lock() {
-            if let Some(f) = g.as_mut() {
-                let _ = f.write_all(&self.0);
+        let bytes = std::mem::take(&mut self.1);
+        match self.0 {
+            Sink::Stderr => {
+                let write = || {
+                    let _ = std::io::stderr().lock().write_all(&bytes);
+                };
+                match BARS.get() {
+                    Some(b) => b.suspend(write),
+                    None => write(),
+                }
+            }
+            Sink::Stage => {
+                if let Ok(mut g) = STAGE_LOG.lock() {
+                    if let Some(f) = g.as_mut() {
+                        let _ = f.write_all(&bytes);
+                    }
+                }
             }
         }
     }

@@ -10,27 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bin, run, shared, stage_dir, text};
+use common::{bin, run, shared, stage_dir, text, toy_problems};
 use selfdistill::data::schema::{read_completions, Completion};
-
-/// `rows` problems `What is i + i?` with their answers.
-fn problems(dir: &Path, rows: usize) -> PathBuf {
-    let p = dir.join("problems.jsonl");
-    let lines: Vec<String> = (0..rows)
-        .map(|i| {
-            format!(
-                "{{\"problem\": \"What is {i} + {i}?\", \"answer\": \"{}\"}}",
-                2 * i
-            )
-        })
-        .collect();
-    std::fs::write(&p, lines.join("\n") + "\n").unwrap();
-    p
-}
 
 /// A data -> sample -> filter config over `rows` problems, `n` samples of `new` tokens each.
 fn config(dir: &Path, model: &Path, rows: usize, n: u32, new: usize, seqs: usize, seed: u64) {
-    let input = problems(dir, rows);
+    let input = toy_problems(dir, rows);
     let cfg = format!(
         r#"[run]
 workdir = "work"

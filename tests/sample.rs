@@ -10,17 +10,7 @@ use common::*;
 use selfdistill::data::schema::{read_completions, Completion};
 
 fn problems(dir: &Path) -> PathBuf {
-    let p = dir.join("problems.jsonl");
-    let rows: Vec<String> = (0..20)
-        .map(|i| {
-            format!(
-                "{{\"problem\": \"What is {i} + {i}?\", \"answer\": \"{}\"}}",
-                2 * i
-            )
-        })
-        .collect();
-    std::fs::write(&p, rows.join("\n") + "\n").unwrap();
-    p
+    toy_problems(dir, 20)
 }
 
 fn sample(dir: &Path, extra: &[&str], out: &str) -> std::process::Output {

@@ -166,75 +166,85 @@ pub fn status(root: &Path, stall_after: f64) -> Result<Status> {
     })
 }
 
-/// Progress files of a stage: its own, or each shard's.
-fn progress_of(dir: &Path) -> (Option<Progress>, Option<(usize, usize)>) {
-    if let Some((dirs, done, n)) = crate::stages::sample::shard_summary(dir) {
-        let parts: Vec<Progress> = dirs
+/// A sharded stage's shards as read once: (committed, progress) each, the committed count and
+/// the shard count.
+struct Shards {
+    parts: Vec<(bool, Option<Progress>)>,
+    done: usize,
+    n: usize,
+}
+
+impl Shards {
+    fn read(dir: &Path) -> Option<Shards> {
+        let (dirs, done, n) = crate::stages::sample::shard_summary(dir)?;
+        let parts = dirs
             .iter()
-            .filter_map(|d| store::read_progress(d))
+            .map(|d| {
+                let committed = d.join(crate::stages::sample::SHARD_DONE).is_file();
+                (committed, store::read_progress(d))
+            })
             .collect();
-        if parts.is_empty() {
-            return (None, Some((done, n)));
-        }
-        // the shards together: counts and rates add up, the newest update counts, and a
-        // shard not started yet has no total (so neither has the sum)
-        let started = parts.len() == n;
+        Some(Shards { parts, done, n })
+    }
+
+    /// The shards' progress added up: counts and rates add up (the rate of the shards still
+    /// sampling: a committed or silent shard adds nothing), the newest update counts, and a
+    /// shard not started yet has no total (so neither has the sum).
+    fn progress(&self) -> Option<Progress> {
+        let parts: Vec<&Progress> = self.parts.iter().filter_map(|(_, p)| p.as_ref()).collect();
+        let first = parts.first()?;
+        let started = parts.len() == self.n;
         let total = parts.iter().map(|p| p.total).sum::<Option<u64>>();
-        let done_units: u64 = parts.iter().map(|p| p.done).sum();
-        // the rate of the shards still sampling (a committed or silent shard adds nothing)
+        let done: u64 = parts.iter().map(|p| p.done).sum();
         let now = store::now_unix();
-        let rate: f64 = dirs
+        let rate: f64 = self
+            .parts
             .iter()
-            .filter(|d| !d.join(crate::stages::sample::SHARD_DONE).is_file())
-            .filter_map(|d| store::read_progress(d))
+            .filter(|(committed, _)| !committed)
+            .filter_map(|(_, p)| p.as_ref())
             .filter(|p| now.saturating_sub(p.updated_unix) < 60)
             .filter_map(|p| p.rate)
             .sum();
-        let live: Vec<&Progress> = parts.iter().filter(|p| p.pid.is_some()).collect();
-        let p = Progress {
-            done: done_units,
+        let live: Vec<&&Progress> = parts.iter().filter(|p| p.pid.is_some()).collect();
+        Some(Progress {
+            done,
             total: total.filter(|_| started),
-            unit: parts[0].unit.clone(),
+            unit: first.unit.clone(),
             rate: (rate > 0.0).then_some(rate),
             eta_seconds: total
                 .filter(|_| started && rate > 0.0)
-                .map(|t| t.saturating_sub(done_units) as f64 / rate),
-            label: parts[0].label.clone(),
-            detail: format!("{} of {n} shards reporting", parts.len()),
+                .map(|t| t.saturating_sub(done) as f64 / rate),
+            label: first.label.clone(),
+            detail: format!("{} of {} shards reporting", parts.len(), self.n),
             started_unix: parts.iter().map(|p| p.started_unix).min().unwrap_or(0),
             updated_unix: parts.iter().map(|p| p.updated_unix).max().unwrap_or(0),
             // which processes: see the shards' own files
             pid: (live.len() == 1).then(|| live[0].pid).flatten(),
             host: String::new(),
-        };
-        return (Some(p), Some((done, n)));
+        })
     }
-    (store::read_progress(dir), None)
-}
 
-/// Whether the shards' writers are alive: `Some(false)` only when every one is known gone.
-fn shards_alive(dir: &Path) -> Option<bool> {
-    let (dirs, _, _) = crate::stages::sample::shard_summary(dir)?;
-    let here = crate::machine::hostname();
-    let mut any_unknown = false;
-    for d in dirs {
-        if d.join(crate::stages::sample::SHARD_DONE).is_file() {
-            continue;
-        }
-        match store::read_progress(&d) {
-            Some(Progress {
-                pid: Some(pid),
-                host,
-                ..
-            }) if host == here => {
-                if crate::machine::pid_alive(pid) {
-                    return Some(true);
+    /// Whether the writers of the shards still to commit are alive: `Some(false)` only when
+    /// every one is known gone.
+    fn alive(&self) -> Option<bool> {
+        let here = crate::machine::hostname();
+        let mut any_unknown = false;
+        for (_, p) in self.parts.iter().filter(|(committed, _)| !committed) {
+            match p {
+                Some(Progress {
+                    pid: Some(pid),
+                    host,
+                    ..
+                }) if *host == here => {
+                    if crate::machine::pid_alive(*pid) {
+                        return Some(true);
+                    }
                 }
+                _ => any_unknown = true,
             }
-            _ => any_unknown = true,
         }
+        (!any_unknown).then_some(false)
     }
-    (!any_unknown).then_some(false)
 }
 
 fn stage(
@@ -273,7 +283,11 @@ fn stage(
         }
         StageState::Partial(_) => {}
     }
-    let (progress, shards) = progress_of(dir);
+    let sharded = Shards::read(dir);
+    let (progress, shards) = match &sharded {
+        Some(sh) => (sh.progress(), Some((sh.done, sh.n))),
+        None => (store::read_progress(dir), None),
+    };
     st.shards = shards;
     let now = store::now_unix();
     let age = progress
@@ -284,7 +298,10 @@ fn stage(
     let here = crate::machine::hostname();
     // who wrote the progress, and is it still there
     let (pid, alive) = match (&progress, shards) {
-        (_, Some(_)) => (progress.as_ref().and_then(|p| p.pid), shards_alive(dir)),
+        (_, Some(_)) => (
+            progress.as_ref().and_then(|p| p.pid),
+            sharded.as_ref().and_then(Shards::alive),
+        ),
         (
             Some(Progress {
                 pid: Some(pid),

@@ -762,7 +762,7 @@ pub fn run(
             let s = cfg.sample.as_ref().context("no [sample] section")?;
             let _log = crate::logging::stage_log(&sample::shard_dir(stage, sh).join(STAGE_LOG))?;
             sample::run_shard(s, &plan, stage, sh)?;
-            let (present, n) = sample::shards_done(stage, sh.1)?;
+            let (_, present, n) = sample::shard_summary(&stage.dir).unwrap_or_default();
             println!(
                 "shard {}/{} of {} done ({present} of {n} shards committed); a run without a \
                  shard joins them and goes on",

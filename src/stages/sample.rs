@@ -234,15 +234,6 @@ pub fn shards_running(stage_dir: &Path) -> Result<Vec<String>> {
     Ok(busy)
 }
 
-/// How many of `n` shards are committed: `(committed, n)`.
-pub fn shards_done(stage: &PlannedStage, n: usize) -> Result<(usize, usize)> {
-    let done = shard_folders(&stage.dir)?
-        .iter()
-        .filter(|(_, m, d)| *m == n && d.join(SHARD_DONE).is_file())
-        .count();
-    Ok((done, n))
-}
-
 /// The committed shards of a sharded stage folder and how many there should be (for `status`):
 /// `None` when the stage was not sharded.
 pub fn shard_summary(stage_dir: &Path) -> Option<(Vec<PathBuf>, usize, usize)> {

@@ -35,6 +35,21 @@ pub fn run(args: &[&str], cwd: &Path) -> Output {
         .expect("spawn pipeline")
 }
 
+/// `problems.jsonl` in `dir`: `rows` problems `What is i + i?` with their answers.
+pub fn toy_problems(dir: &Path, rows: usize) -> PathBuf {
+    let p = dir.join("problems.jsonl");
+    let lines: Vec<String> = (0..rows)
+        .map(|i| {
+            format!(
+                "{{\"problem\": \"What is {i} + {i}?\", \"answer\": \"{}\"}}",
+                2 * i
+            )
+        })
+        .collect();
+    std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+    p
+}
+
 pub fn text(o: &Output) -> String {
     format!(
         "{}{}",
