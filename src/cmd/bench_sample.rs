@@ -62,6 +62,18 @@ pub struct SampleBenchArgs {
     /// Also print the packed gemm's rate at each batch's decode shapes (CPU).
     #[arg(long)]
     pub gemm_rates: bool,
+    /// `selfdistill` (ours) or `mistralrs` (mistral.rs with its own sampler, on the same
+    /// weights written as a Hugging Face folder; a binary built with `--features mistralrs`).
+    #[arg(long, default_value = "selfdistill")]
+    pub engine: String,
+}
+
+/// The benchmark's prompt for sequence `b`: `len` tokens spread over the vocabulary (the same
+/// for every engine).
+fn bench_prompt(b: usize, len: usize, vocab: usize) -> Vec<u32> {
+    (0..len)
+        .map(|t| ((b * 7919 + t * 104_729) % vocab) as u32)
+        .collect()
 }
 
 /// (prefill tokens/s, decode tokens/s, the decode steps' time split) for `batch` requests of `prompt_len` tokens generating
@@ -100,12 +112,9 @@ fn timed_run(
     let mut e = Engine::new(model, ecfg)?;
     e.sync_timing = sync_timing;
     for b in 0..batch {
-        let prompt: Vec<u32> = (0..prompt_len)
-            .map(|t| ((b * 7919 + t * 104_729) % cfg.vocab_size) as u32)
-            .collect();
         e.add(Request {
             problem_id: format!("bench/{b}"),
-            prompt,
+            prompt: bench_prompt(b, prompt_len, cfg.vocab_size),
             n: 1,
         })?;
     }
@@ -148,6 +157,16 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("--batch {}: {e}", a.batch))?;
     let dev = crate::model::parse_device(&a.device)?;
     let dtype = crate::model::parse_dtype(&a.dtype, &dev)?;
+    match a.engine.as_str() {
+        "selfdistill" => {}
+        #[cfg(feature = "mistralrs")]
+        "mistralrs" => return run_mistralrs(a, &cfg, &batches, &dev, dtype),
+        #[cfg(not(feature = "mistralrs"))]
+        "mistralrs" => {
+            bail!("--engine mistralrs: this binary was built without the mistralrs feature")
+        }
+        e => bail!("--engine {e}: use selfdistill or mistralrs"),
+    }
     if !dev.is_cpu() {
         #[cfg(feature = "cuda")]
         return run_gpu(a, &cfg, &batches, &dev, dtype);
@@ -243,6 +262,72 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
                 roof.0 / base.2
             );
         }
+    }
+    Ok(())
+}
+
+/// mistral.rs (its own sampler and scheduler) on the same random weights, written as a Hugging
+/// Face folder under the temp dir (kept for the next run: the name carries a hash of the shape),
+/// with the same prompts, lengths and best-of-`repeat` as ours.
+#[cfg(feature = "mistralrs")]
+fn run_mistralrs(
+    a: &SampleBenchArgs,
+    cfg: &ModelConfig,
+    batches: &[usize],
+    dev: &candle_core::Device,
+    dtype: DType,
+) -> Result<()> {
+    use sha2::Digest;
+    let json = crate::model::init::shape_json(&a.shape)?;
+    let hash = hex::encode(sha2::Sha256::digest(json.as_bytes()));
+    let dir = std::env::temp_dir().join(format!("selfdistill-bench-{}-{}", a.shape, &hash[..12]));
+    if !dir.join("model.safetensors").is_file() {
+        crate::model::init::write_random_hf(&a.shape, &dir)?;
+    }
+    let opts = crate::jobs::mistralrs::Options {
+        model_dir: dir.clone(),
+        device: dev.clone(),
+        dtype,
+        max_num_seqs: batches.iter().copied().max().unwrap_or(1),
+        block_size: 16,
+        kv_cache_bytes: None,
+        kv_fp8: a.kv_fp8,
+        context: a.prompt_len + a.new_tokens + 1,
+    };
+    let bench = crate::jobs::mistralrs::Bench::load(&opts)?;
+    println!(
+        "shape {} ({:.1}M parameters, {dtype:?}) on mistral.rs 0.8.1 ({}), prompt {} tokens, {} \
+         new tokens, temperature {} top-k {} top-p {}, best of {} runs; weights in {}",
+        a.shape,
+        cfg.num_params() as f64 / 1e6,
+        if dev.is_cpu() {
+            "no paged attention on the CPU"
+        } else {
+            "paged attention"
+        },
+        a.prompt_len,
+        a.new_tokens,
+        a.temperature,
+        a.top_k,
+        a.top_p,
+        a.repeat.max(1),
+        dir.display()
+    );
+    println!(
+        "{:>6} {:>14} {:>14}",
+        "batch", "prefill tok/s", "decode tok/s"
+    );
+    for &b in batches {
+        let prompts: Vec<Vec<u32>> = (0..b)
+            .map(|i| bench_prompt(i, a.prompt_len, cfg.vocab_size))
+            .collect();
+        let (mut prefill, mut decode) = (0.0f64, 0.0f64);
+        for _ in 0..a.repeat.max(1) {
+            let (p, d) = bench.run(&prompts, a.new_tokens + 1, a.temperature, a.top_k, a.top_p)?;
+            prefill = prefill.max(p);
+            decode = decode.max(d);
+        }
+        println!("{b:>6} {prefill:>14.1} {decode:>14.1}");
     }
     Ok(())
 }

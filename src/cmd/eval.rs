@@ -57,6 +57,9 @@ pub struct EvalArgs {
     pub max_num_seqs: Option<usize>,
     #[arg(long)]
     pub seed: Option<u64>,
+    /// `selfdistill` (ours) or `mistralrs` (a binary built with `--features mistralrs`).
+    #[arg(long)]
+    pub engine: Option<String>,
     #[arg(long)]
     pub output: PathBuf,
 }
@@ -81,6 +84,7 @@ pub fn run(a: &EvalArgs) -> Result<()> {
         frequency_penalty: a.frequency_penalty,
         stop_token_ids: a.stop_token_ids.clone(),
         logprobs: a.logprobs,
+        engine: a.engine.clone(),
     };
     let sets = cfg.load_sets(Path::new("."))?;
     eval::evaluate(&a.models, &sets, &cfg, &a.output, None)?;

@@ -174,6 +174,9 @@ pub struct EvalConfig {
     /// Per-token log-probabilities in the samples' Parquet (see `[sample] logprobs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<usize>,
+    /// The sampling engine (see `[sample] engine`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 impl EvalConfig {
@@ -235,6 +238,9 @@ impl EvalConfig {
         }
         if let Some(ids) = &self.stop_token_ids {
             s.stop_token_ids = ids.clone();
+        }
+        if let Some(e) = &self.engine {
+            s.engine = e.clone();
         }
         if self.logprobs.is_some() {
             s.logprobs = self.logprobs;

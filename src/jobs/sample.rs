@@ -26,7 +26,7 @@ use crate::data::schema::{
 };
 use crate::model::{ChatTemplate, Message, TextTokenizer, Transformer};
 use crate::sampler::engine::{
-    kv_cache_bytes_per_token, kv_cache_memory, Engine, EngineConfig, Request, Sample,
+    kv_cache_bytes_per_token, kv_cache_memory, Decoder, Engine, EngineConfig, Request, Sample,
     ThinkingBudget,
 };
 use crate::sampler::sampling::SamplingParams;
@@ -75,6 +75,8 @@ impl PromptTemplate {
 #[derive(Debug, Clone)]
 pub struct JobConfig {
     pub model_name: String,
+    /// [`ENGINE_OURS`] or [`ENGINE_MISTRALRS`]; part of the sampling hash when not ours.
+    pub engine: String,
     pub n: u32,
     pub params: SamplingParams,
     pub block_size: usize,
@@ -261,6 +263,24 @@ pub struct SampleSettings {
     #[serde(default = "d_close")]
     #[arg(long, default_value_t = d_close())]
     pub thinking_close_text: String,
+    /// Which engine computes the logits: `selfdistill` (ours) or `mistralrs` (mistral.rs, in a
+    /// binary built with `--features mistralrs`). Prompts, the draw of every token (our sampler,
+    /// seeded per sample), stop rules, grading and the Parquet are the same with both.
+    #[serde(default = "d_engine", skip_serializing_if = "is_default_engine")]
+    #[arg(long, default_value_t = d_engine())]
+    pub engine: String,
+}
+
+/// The default sampling engine: ours.
+pub const ENGINE_OURS: &str = "selfdistill";
+/// mistral.rs (the `mistralrs` feature).
+pub const ENGINE_MISTRALRS: &str = "mistralrs";
+
+fn d_engine() -> String {
+    ENGINE_OURS.into()
+}
+fn is_default_engine(e: &String) -> bool {
+    e == ENGINE_OURS
 }
 
 impl SampleSettings {
@@ -331,7 +351,110 @@ impl SampleSettings {
                 "logprobs must be at most {MAX_LOGPROBS} (alternatives per token), got {k}"
             ));
         }
+        match self.engine.as_str() {
+            ENGINE_OURS => Ok(()),
+            ENGINE_MISTRALRS => self.validate_mistralrs(gpu),
+            e => Err(format!(
+                "engine must be {ENGINE_OURS} or {ENGINE_MISTRALRS}, got `{e}`"
+            )),
+        }
+    }
+
+    /// The settings mistral.rs cannot honour, refused by name: it ends a sequence at the
+    /// model's EOS (so no `ignore_eos`), schedules prefill its own way (no
+    /// `max_num_batched_tokens`), and has no paged KV cache on the CPU (no `kv_cache` or
+    /// `block_size` there).
+    fn validate_mistralrs(&self, gpu: bool) -> std::result::Result<(), String> {
+        if !cfg!(feature = "mistralrs") {
+            return Err(format!(
+                "engine: `{ENGINE_MISTRALRS}` needs a binary built with `--features mistralrs` \
+                 (cargo build --release --features mistralrs)"
+            ));
+        }
+        if self.ignore_eos {
+            return Err(
+                "ignore_eos: the mistralrs engine ends a sequence at the model's EOS; \
+                        use engine = \"selfdistill\""
+                    .into(),
+            );
+        }
+        if self.max_num_batched_tokens != d_budget() {
+            return Err(format!(
+                "max_num_batched_tokens: the mistralrs engine has no per-step token budget \
+                 (it schedules prefill itself); leave it at {}",
+                d_budget()
+            ));
+        }
+        if !gpu && self.kv_cache.is_some() {
+            return Err(
+                "kv_cache: the mistralrs engine has no paged KV cache on the CPU (its \
+                        cache grows per sequence); leave it unset or use a cuda device"
+                    .into(),
+            );
+        }
+        if !gpu && self.block_size != d_block() {
+            return Err(format!(
+                "block_size: the mistralrs engine has no paged KV cache on the CPU; leave it \
+                 at {}",
+                d_block()
+            ));
+        }
+        if gpu && ![8, 16, 32].contains(&self.block_size) {
+            return Err(format!(
+                "block_size: mistral.rs's paged attention takes 8, 16 or 32, got {}",
+                self.block_size
+            ));
+        }
         Ok(())
+    }
+}
+
+/// What the job loop needs of a sampling engine: ours ([`Engine`]) or mistral.rs's
+/// (`super::mistralrs`, the `mistralrs` feature). Requests are numbered in the order they are
+/// added; a finished sample names its request.
+pub trait SampleEngine {
+    fn add(&mut self, req: Request) -> Result<usize>;
+    /// Runs until some samples finish (or a step passes) and returns them.
+    fn step(&mut self, decode: Option<Decoder>) -> Result<Vec<Sample>>;
+    /// Drops the request's unfinished samples; returns how many.
+    fn cancel(&mut self, request: usize) -> u64;
+    fn is_idle(&self) -> bool;
+    fn num_running(&self) -> usize;
+    /// Fraction of the KV cache in use, where the engine says it.
+    fn kv_usage(&self) -> Option<f64>;
+    /// Sequences preempted so far, where the engine says it.
+    fn preemptions(&self) -> Option<u64>;
+    fn prompt_tokens(&self) -> u64;
+    fn generated_tokens(&self) -> u64;
+}
+
+impl SampleEngine for Engine<'_> {
+    fn add(&mut self, req: Request) -> Result<usize> {
+        Engine::add(self, req)
+    }
+    fn step(&mut self, decode: Option<Decoder>) -> Result<Vec<Sample>> {
+        Engine::step(self, decode)
+    }
+    fn cancel(&mut self, request: usize) -> u64 {
+        Engine::cancel(self, request)
+    }
+    fn is_idle(&self) -> bool {
+        Engine::is_idle(self)
+    }
+    fn num_running(&self) -> usize {
+        Engine::num_running(self)
+    }
+    fn kv_usage(&self) -> Option<f64> {
+        Some(Engine::kv_usage(self))
+    }
+    fn preemptions(&self) -> Option<u64> {
+        Some(Engine::preemptions(self))
+    }
+    fn prompt_tokens(&self) -> u64 {
+        self.stats.prompt_tokens_computed
+    }
+    fn generated_tokens(&self) -> u64 {
+        self.stats.generated_tokens
     }
 }
 
@@ -497,21 +620,13 @@ pub fn run_settings(
     let device = crate::model::parse_device(&s.device)?;
     let dtype = crate::model::parse_dtype(&s.dtype, &device)?;
     let kv_fp8 = s.kv_cache_dtype == "fp8";
-    let mut model = ck.load_transformer(&device, dtype)?;
-    model.set_fused_inference(true)?;
-    // Default KV cache: what max_num_seqs sequences of the longest prompt plus max_new_tokens
-    // need, capped at a quarter of the available memory (on a GPU: 90% of its free memory).
-    let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
-    let per_token = kv_cache_bytes_per_token(&model, kv_fp8) as u64;
-    let need = KvNeed::new(longest, s, problems.len());
-    let block_bytes = per_token * s.block_size as u64;
-    let kv_cache_bytes = match &s.kv_cache {
-        Some(text) => {
-            crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
-        }
-        None => (need.default_blocks as u64 * block_bytes).min(kv_cache_memory(&device)?),
-    };
-    need.check(kv_cache_bytes / block_bytes.max(1), block_bytes, s)?;
+    let vocab = ck.config.vocab_size;
+    if let Some(id) = s.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
+        bail!(
+            "stop_token_ids: {id} is not a token id of {} (vocabulary of {vocab})",
+            s.model
+        );
+    }
     let thinking = match s.max_thinking_tokens {
         None => None,
         Some(max_thinking_tokens) => Some(ThinkingBudget {
@@ -522,14 +637,15 @@ pub fn run_settings(
             closing: tok.encode(&s.thinking_close_text.replace("\\n", "\n"))?,
         }),
     };
-    let cfg = JobConfig {
+    let mut cfg = JobConfig {
         model_name: s.model.clone(),
+        engine: s.engine.clone(),
         n: s.n,
         params: s.params(),
         block_size: s.block_size,
         max_num_seqs: s.max_num_seqs,
         max_num_batched_tokens: s.max_num_batched_tokens,
-        kv_cache_bytes,
+        kv_cache_bytes: 0,
         kv_fp8,
         target_correct: s.target_correct,
         part_problems: 8,
@@ -542,23 +658,96 @@ pub fn run_settings(
         logprobs: s.logprobs,
         progress: progress.clone(),
     };
-    let vocab = model.config().vocab_size;
-    if let Some(id) = s.stop_token_ids.iter().find(|&&id| id as usize >= vocab) {
-        bail!(
-            "stop_token_ids: {id} is not a token id of {} (vocabulary of {vocab})",
-            s.model
+    let eos = ck.eos_token_ids()?;
+    if s.engine == ENGINE_MISTRALRS {
+        return run_mistralrs(
+            s, &ck, &tok, &eos, problems, &prompts, &cfg, &template, output,
         );
     }
+    let mut model = ck.load_transformer(&device, dtype)?;
+    model.set_fused_inference(true)?;
+    // Default KV cache: what max_num_seqs sequences of the longest prompt plus max_new_tokens
+    // need, capped at a quarter of the available memory (on a GPU: 90% of its free memory).
+    let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
+    let per_token = kv_cache_bytes_per_token(&model, kv_fp8) as u64;
+    let need = KvNeed::new(longest, s, problems.len());
+    let block_bytes = per_token * s.block_size as u64;
+    cfg.kv_cache_bytes = match &s.kv_cache {
+        Some(text) => {
+            crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
+        }
+        None => (need.default_blocks as u64 * block_bytes).min(kv_cache_memory(&device)?),
+    };
+    need.check(cfg.kv_cache_bytes / block_bytes.max(1), block_bytes, s)?;
+    let mut engine = Engine::new(&model, engine_config(&model, &eos, &prompts, &cfg))?;
     run(
-        &model,
+        &mut engine,
         &tok,
-        &ck.eos_token_ids()?,
         problems,
         &prompts,
         &cfg,
         &template,
         output,
     )
+}
+
+/// The job on mistral.rs ([`super::mistralrs`]): its model and scheduler, our prompts, draws
+/// and stop rules.
+#[cfg(feature = "mistralrs")]
+#[allow(clippy::too_many_arguments)]
+fn run_mistralrs(
+    s: &SampleSettings,
+    ck: &crate::model::Checkpoint,
+    tok: &TextTokenizer,
+    eos: &[u32],
+    problems: &[Problem],
+    prompts: &[(String, Vec<u32>)],
+    cfg: &JobConfig,
+    template: &PromptTemplate,
+    output: &Path,
+) -> Result<JobSummary> {
+    let device = crate::model::parse_device(&s.device)?;
+    let dtype = crate::model::parse_dtype(&s.dtype, &device)?;
+    let kv_cache_bytes = s
+        .kv_cache
+        .as_deref()
+        .map(crate::bytes::parse_bytes)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?;
+    let opts = super::mistralrs::Options {
+        model_dir: ck.dir.clone(),
+        device,
+        dtype,
+        max_num_seqs: s.max_num_seqs,
+        block_size: s.block_size,
+        kv_cache_bytes,
+        kv_fp8: cfg.kv_fp8,
+        context: prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0) + s.max_new_tokens,
+    };
+    let draws = super::mistralrs::Draws {
+        params: cfg.params.clone(),
+        eos_token_ids: eos.to_vec(),
+        thinking: cfg.thinking.clone(),
+        logprobs: cfg.logprobs,
+    };
+    let mut engine = super::mistralrs::MistralRsEngine::new(&opts, draws, tok.clone())?;
+    run(&mut engine, tok, problems, prompts, cfg, template, output)
+}
+
+#[cfg(not(feature = "mistralrs"))]
+#[allow(clippy::too_many_arguments)]
+fn run_mistralrs(
+    _: &SampleSettings,
+    _: &crate::model::Checkpoint,
+    _: &TextTokenizer,
+    _: &[u32],
+    _: &[Problem],
+    _: &[(String, Vec<u32>)],
+    _: &JobConfig,
+    _: &PromptTemplate,
+    _: &Path,
+) -> Result<JobSummary> {
+    bail!("engine: `{ENGINE_MISTRALRS}` needs a binary built with `--features mistralrs`")
 }
 
 /// Figures for the end-of-run summary.
@@ -570,7 +759,8 @@ pub struct JobSummary {
     pub correct: u64,
     pub prompt_tokens: u64,
     pub generated_tokens: u64,
-    pub preemptions: u64,
+    /// `None` where the engine does not say (mistral.rs).
+    pub preemptions: Option<u64>,
     pub samples_saved: u64,
     pub seconds: f64,
 }
@@ -589,7 +779,8 @@ impl JobSummary {
             s.prompt_tokens,
             s.generated_tokens,
             s.generated_tokens as f64 / s.seconds.max(1e-9),
-            s.preemptions,
+            s.preemptions
+                .map_or("not reported by the engine".to_string(), |p| p.to_string()),
             s.samples_saved,
             s.seconds,
             output.display()
@@ -635,10 +826,15 @@ pub fn build_prompts(
 
 /// A hash naming everything that shapes the samples (for the `sampling_hash` column).
 pub fn sampling_hash(cfg: &JobConfig, template: &PromptTemplate) -> String {
-    let text = format!(
+    let mut text = format!(
         "{}|{}|{:?}|{:?}",
         cfg.model_name, cfg.n, cfg.params, template
     );
+    // Another engine's logits differ in the last bits: its samples are another dataset. Ours
+    // adds nothing, so that every existing hash stays.
+    if cfg.engine != ENGINE_OURS {
+        text.push_str(&format!("|engine={}", cfg.engine));
+    }
     hex::encode(Sha256::digest(text.as_bytes()))
         .get(..16)
         .unwrap_or_default()
@@ -654,9 +850,8 @@ fn parts_dir(output: &Path) -> PathBuf {
 /// Runs the job; `problems` and `prompts` are in input order.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
-    model: &Transformer,
+    engine: &mut dyn SampleEngine,
     tok: &TextTokenizer,
-    eos: &[u32],
     problems: &[Problem],
     prompts: &[(String, Vec<u32>)],
     cfg: &JobConfig,
@@ -669,8 +864,6 @@ pub fn run(
         .with_context(|| format!("cannot create {}", parts.display()))?;
     let done = committed_problems(&parts)?;
     let shash = sampling_hash(cfg, template);
-    let ecfg = engine_config(model, eos, prompts, cfg);
-    let mut engine = Engine::new(model, ecfg)?;
     let mut summary = JobSummary {
         problems: problems.len(),
         ..JobSummary::default()
@@ -741,18 +934,18 @@ pub fn run(
             commit_part(&parts, &mut next_part, &mut finished_problems, &mut pending)?;
         }
         if last_detail.is_none_or(|t| t.elapsed().as_secs_f64() > 0.5) {
-            tracker.detail(detail(&engine, problems.len(), &remaining, t0));
+            tracker.detail(detail(engine, problems.len(), &remaining, t0));
             last_detail = Some(Instant::now());
         }
     }
     commit_part(&parts, &mut next_part, &mut finished_problems, &mut pending)?;
-    tracker.detail(detail(&engine, problems.len(), &remaining, t0));
+    tracker.detail(detail(engine, problems.len(), &remaining, t0));
     tracker.finish();
     join_parts(&parts, problems, cfg, &shash, output)?;
     std::fs::remove_dir_all(&parts)
         .with_context(|| format!("cannot remove {}", parts.display()))?;
-    summary.prompt_tokens = engine.stats.prompt_tokens_computed;
-    summary.generated_tokens = engine.stats.generated_tokens;
+    summary.prompt_tokens = engine.prompt_tokens();
+    summary.generated_tokens = engine.generated_tokens();
     summary.preemptions = engine.preemptions();
     summary.seconds = t0.elapsed().as_secs_f64();
     Ok(summary)
@@ -948,15 +1141,23 @@ fn commit_part(
 }
 
 /// The sampler's side of a progress line: problems finished, tokens/s, batch, KV use.
-fn detail(engine: &Engine, total: usize, remaining: &HashMap<usize, u32>, t0: Instant) -> String {
+fn detail(
+    engine: &dyn SampleEngine,
+    total: usize,
+    remaining: &HashMap<usize, u32>,
+    t0: Instant,
+) -> String {
     let open = remaining.values().filter(|r| **r > 0).count();
     let secs = t0.elapsed().as_secs_f64();
-    let tps = engine.stats.generated_tokens as f64 / secs.max(1e-9);
+    let tps = engine.generated_tokens() as f64 / secs.max(1e-9);
+    let kv = engine
+        .kv_usage()
+        .map(|u| format!("  KV {:.0}%", 100.0 * u))
+        .unwrap_or_default();
     format!(
-        "problems {}/{total}  {tps:.0} tok/s  running {}  KV {:.0}%",
+        "problems {}/{total}  {tps:.0} tok/s  running {}{kv}",
         total - open,
         engine.num_running(),
-        100.0 * engine.kv_usage()
     )
 }
 

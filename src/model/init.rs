@@ -75,8 +75,13 @@ pub fn init_weights(cfg: &ModelConfig, init_std: f64, seed: u64) -> Result<Vec<(
 /// The benchmark shapes: Qwen3 (tied embeddings) and hybrid Qwen3.5 (`hybrid-20m`, and the
 /// text model of `qwen3.5-0.8b`).
 pub fn shape(name: &str) -> Result<ModelConfig> {
+    ModelConfig::parse(&shape_json(name)?)
+}
+
+/// The `config.json` text of a benchmark shape (see [`shape`]).
+pub fn shape_json(name: &str) -> Result<String> {
     if let Some(json) = hybrid_shape(name) {
-        return ModelConfig::parse(&json);
+        return Ok(json);
     }
     let (h, i, l, q, kv, d, v) = match name {
         "tiny" => (64, 176, 2, 4, 2, 16, 485),
@@ -96,7 +101,51 @@ pub fn shape(name: &str) -> Result<ModelConfig> {
         "head_dim": {d}, "vocab_size": {v}, "rms_norm_eps": 1e-6,
         "max_position_embeddings": 40960, "tie_word_embeddings": true, "rope_theta": 1000000.0}}"#
     );
-    ModelConfig::parse(&json)
+    Ok(json)
+}
+
+/// Writes a benchmark shape with [`random_weights`] (the weights [`random_model`] builds) as a
+/// Hugging Face folder, for engines that load checkpoints (mistral.rs, transformers):
+/// config.json (with `architectures` and `torch_dtype`), model.safetensors (f32), and a
+/// word-level tokenizer.json of `vocab_size` tokens `t0`, `t1`, ... (ids decode to those
+/// words; no EOS, so generation runs to its length). Written beside `dir` and renamed into place.
+pub fn write_random_hf(name: &str, dir: &std::path::Path) -> Result<()> {
+    use anyhow::Context;
+    let cfg = shape(name)?;
+    let mut config: serde_json::Value = serde_json::from_str(&shape_json(name)?)?;
+    let arch = match config["model_type"].as_str() {
+        Some("qwen3") => "Qwen3ForCausalLM",
+        Some("qwen3_5_text") => "Qwen3_5ForCausalLM",
+        other => bail!("shape {name}: no architecture for model_type {other:?}"),
+    };
+    config["architectures"] = serde_json::json!([arch]);
+    config["torch_dtype"] = serde_json::json!("float32");
+    config["hidden_act"] = serde_json::json!("silu");
+    config["attention_bias"] = serde_json::json!(false);
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..cfg.vocab_size)
+        .map(|i| (format!("t{i}"), serde_json::json!(i)))
+        .collect();
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    });
+    let tmp = dir.with_extension("tmp");
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)?;
+    }
+    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    std::fs::write(
+        tmp.join("config.json"),
+        serde_json::to_string_pretty(&config)?,
+    )?;
+    std::fs::write(tmp.join("tokenizer.json"), tokenizer.to_string())?;
+    candle_core::safetensors::save(&random_weights(&cfg)?, tmp.join("model.safetensors"))?;
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)?;
+    }
+    std::fs::rename(&tmp, dir).with_context(|| format!("cannot write {}", dir.display()))
 }
 
 /// A model with [`random_weights`].

@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 /// A `tokenizer.json` tokenizer.
+#[derive(Clone)]
 pub struct TextTokenizer {
     inner: tokenizers::Tokenizer,
 }

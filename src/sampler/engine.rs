@@ -171,6 +171,72 @@ enum Logits {
 /// Turns text back from tokens, for stop strings.
 pub type Decoder<'a> = &'a (dyn Fn(&[u32]) -> String + Sync);
 
+/// What a sequence does after a drawn token (the last of `generated`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum After<'a> {
+    Continue,
+    /// It ends here (before any thinking-budget rewrite of the reason: see [`after_token`]).
+    Finish(FinishReason),
+    /// The token was `</think>`: the budget no longer applies.
+    ThinkingClosed,
+    /// The thinking budget is spent: these closing tokens go in next (cut to what is left of
+    /// `max_new_tokens`), and the sample ends with [`FinishReason::Length`] if they fill it.
+    Close(&'a [u32]),
+}
+
+/// The stop rules of one sequence, shared by every engine that draws with our sampler: EOS (unless
+/// `ignore_eos`) and `stop_token_ids` once `min_new_tokens` are out, a stop string in the tail
+/// (when `decode` is given), `max_new_tokens`, then the thinking budget. A sample that ends with
+/// `Stop` after its closing text was forced in is a `ThinkingBudget` finish: the caller knows
+/// whether it forced it.
+pub fn after_token<'c>(
+    params: &SamplingParams,
+    eos_token_ids: &[u32],
+    thinking: Option<&'c ThinkingBudget>,
+    generated: &[u32],
+    thinking_closed: bool,
+    decode: Option<Decoder>,
+) -> After<'c> {
+    let Some(&token) = generated.last() else {
+        return After::Continue;
+    };
+    let n_gen = generated.len();
+    let is_stop_id = (!params.ignore_eos && eos_token_ids.contains(&token))
+        || params.stop_token_ids.contains(&token);
+    if is_stop_id && n_gen >= params.min_new_tokens {
+        return After::Finish(FinishReason::Stop);
+    }
+    if !params.stop_strings.is_empty() {
+        if let Some(dec) = decode {
+            // Only the tail can hold a stop string that was not there a token ago: decode the
+            // last tokens (every token is at least one byte), not the whole completion.
+            let longest = params
+                .stop_strings
+                .iter()
+                .map(|x| x.len())
+                .max()
+                .unwrap_or(0);
+            let tail = generated
+                .get(n_gen.saturating_sub(longest + 4)..)
+                .unwrap_or(generated);
+            if stop_string_hit(&dec(tail), &params.stop_strings).is_some() {
+                return After::Finish(FinishReason::Stop);
+            }
+        }
+    }
+    if n_gen >= params.max_new_tokens {
+        return After::Finish(FinishReason::Length);
+    }
+    match thinking {
+        Some(t) if token == t.think_end_id => After::ThinkingClosed,
+        Some(t) if !thinking_closed && n_gen >= t.max_thinking_tokens => {
+            let room = params.max_new_tokens.saturating_sub(n_gen);
+            After::Close(&t.closing[..t.closing.len().min(room)])
+        }
+        _ => After::Continue,
+    }
+}
+
 /// The paged KV cache on the model's device.
 enum Cache {
     Cpu(KvCache),
@@ -737,67 +803,49 @@ impl<'m> Engine<'m> {
 
     /// Appends the drawn token to `id`; returns the sample when it ended.
     fn take_token(&mut self, id: SeqId, s: Sampled, decode: Option<Decoder>) -> Option<Sample> {
-        let params = &self.cfg.params;
         let m = &mut self.meta[id.0];
         m.tokens.push(s.token);
         m.logprob += s.logprob as f64;
         self.seqs[id.0].num_tokens += 1;
         self.stats.generated_tokens += 1;
-        let n_gen = m.tokens.len() - m.prompt_len;
-        let is_stop_id = (!params.ignore_eos && self.cfg.eos_token_ids.contains(&s.token))
-            || params.stop_token_ids.contains(&s.token);
-        let mut reason =
-            (is_stop_id && n_gen >= params.min_new_tokens).then_some(FinishReason::Stop);
-        if reason.is_none() && !params.stop_strings.is_empty() {
-            if let Some(dec) = decode {
-                // Only the tail can hold a stop string that was not there a token ago: decode the
-                // last tokens (every token is at least one byte), not the whole completion.
-                let longest = params
-                    .stop_strings
-                    .iter()
-                    .map(|x| x.len())
-                    .max()
-                    .unwrap_or(0);
-                let gen = m.tokens.get(m.prompt_len..).unwrap_or(&[]);
-                let tail = gen
-                    .get(gen.len().saturating_sub(longest + 4)..)
-                    .unwrap_or(gen);
-                if stop_string_hit(&dec(tail), &params.stop_strings).is_some() {
-                    reason = Some(FinishReason::Stop);
-                }
+        let generated = &m.tokens[m.prompt_len..];
+        let cfg = &self.cfg;
+        let thinking = cfg.thinking.as_ref();
+        let after = after_token(
+            &cfg.params,
+            &cfg.eos_token_ids,
+            thinking,
+            generated,
+            m.thinking_closed,
+            decode,
+        );
+        let mut reason = match after {
+            After::Continue => None,
+            After::Finish(r) => Some(r),
+            After::ThinkingClosed => {
+                m.thinking_closed = true;
+                None
             }
-        }
-        if reason.is_none() && n_gen >= params.max_new_tokens {
-            reason = Some(FinishReason::Length);
-        }
-        if reason.is_none() {
-            if let Some(t) = &self.cfg.thinking {
-                if s.token == t.think_end_id {
-                    m.thinking_closed = true;
-                } else if !m.thinking_closed && n_gen >= t.max_thinking_tokens {
-                    // Force the closing text in; the next steps compute it like a prompt chunk.
-                    let room = params.max_new_tokens.saturating_sub(n_gen);
-                    let add = &t.closing[..t.closing.len().min(room)];
-                    m.tokens.extend_from_slice(add);
-                    if self.cfg.logprobs.is_some() {
-                        m.token_logprobs.extend(add.iter().map(|_| TokenLogprob {
-                            logprob: None,
-                            top: Vec::new(),
-                        }));
-                    }
-                    self.seqs[id.0].num_tokens += add.len();
-                    m.thinking_closed = true;
-                    m.thinking_forced = true;
-                    if m.tokens.len() - m.prompt_len >= params.max_new_tokens {
-                        reason = Some(FinishReason::Length);
-                    }
+            After::Close(add) => {
+                // Force the closing text in; the next steps compute it like a prompt chunk.
+                m.tokens.extend_from_slice(add);
+                if self.cfg.logprobs.is_some() {
+                    m.token_logprobs.extend(add.iter().map(|_| TokenLogprob {
+                        logprob: None,
+                        top: Vec::new(),
+                    }));
                 }
+                self.seqs[id.0].num_tokens += add.len();
+                m.thinking_closed = true;
+                m.thinking_forced = true;
+                (m.tokens.len() - m.prompt_len >= self.cfg.params.max_new_tokens)
+                    .then_some(FinishReason::Length)
             }
+        };
+        if reason == Some(FinishReason::Stop) && m.thinking_forced {
+            reason = Some(FinishReason::ThinkingBudget);
         }
-        let mut reason = reason?;
-        if reason == FinishReason::Stop && m.thinking_forced {
-            reason = FinishReason::ThinkingBudget;
-        }
+        let reason = reason?;
         m.done = true;
         let sample = Sample {
             request: m.request,

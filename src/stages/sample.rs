@@ -97,15 +97,19 @@ pub fn shard_dir(stage: &PlannedStage, (i, n): (usize, usize)) -> PathBuf {
 }
 
 fn counts(summary: &JobSummary) -> Counts {
-    vec![
+    let mut counts = vec![
         ("problems".to_string(), summary.problems as u64),
         ("samples".to_string(), summary.samples),
         ("correct".to_string(), summary.correct),
         ("prompt_tokens".to_string(), summary.prompt_tokens),
         ("generated_tokens".to_string(), summary.generated_tokens),
-        ("preemptions".to_string(), summary.preemptions),
-        ("samples_saved".to_string(), summary.samples_saved),
-    ]
+    ];
+    // mistral.rs does not say how often it preempted: no count rather than a zero.
+    if let Some(p) = summary.preemptions {
+        counts.push(("preemptions".to_string(), p));
+    }
+    counts.push(("samples_saved".to_string(), summary.samples_saved));
+    counts
 }
 
 fn settings_for(s: &SampleSettings, stage: &PlannedStage) -> SampleSettings {

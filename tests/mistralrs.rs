@@ -1,0 +1,397 @@
+//! `--engine mistralrs` (the `mistralrs` feature) on the tiny-qwen3 fixture, on the CPU: the
+//! same Parquet schema as our engine, greedy tokens that agree with ours wherever the top-2 gap
+//! is more than the two engines' numerical noise, the same raw log-probabilities, our per-sample
+//! seeds (the same draws as ours), the thinking budget and stop strings through our
+//! rules, resume after a kill, and the settings mistral.rs cannot honour refused by name.
+//! `target_correct`'s cancel is tested on the engine itself (the fixture's answers are never
+//! boxed, so no sample would be correct).
+
+#![cfg(feature = "mistralrs")]
+
+mod common;
+
+use std::path::Path;
+
+use candle_core::{DType, Device};
+use common::*;
+use selfdistill::data::schema::{read_completions, Completion};
+use selfdistill::jobs::mistralrs::{Draws, MistralRsEngine, Options};
+use selfdistill::jobs::sample::SampleEngine;
+use selfdistill::model::Checkpoint;
+use selfdistill::sampler::engine::Request;
+use selfdistill::sampler::sampling::SamplingParams;
+
+/// `pipeline sample` on `rows` toy problems with the fixture and raw prompts.
+fn sample(
+    dir: &Path,
+    rows: usize,
+    engine: &str,
+    extra: &[&str],
+    out: &str,
+) -> std::process::Output {
+    let model = shared("fixtures/tiny-qwen3").unwrap();
+    let input = toy_problems(dir, rows);
+    bin()
+        .args(["sample", "--model", model.to_str().unwrap()])
+        .args([
+            "--input",
+            input.to_str().unwrap(),
+            "--answer-field",
+            "answer",
+        ])
+        .args([
+            "--prompt-template",
+            "raw",
+            "--output",
+            out,
+            "--engine",
+            engine,
+        ])
+        .args(extra)
+        .current_dir(dir)
+        .output()
+        .unwrap()
+}
+
+fn by_key(mut rows: Vec<Completion>) -> Vec<Completion> {
+    rows.sort_by(|a, b| (&a.problem_id, a.sample_index).cmp(&(&b.problem_id, b.sample_index)));
+    rows
+}
+
+fn ids(r: &Completion) -> &[i32] {
+    r.completion_token_ids.as_deref().unwrap()
+}
+
+fn arrow_schema(path: &Path) -> arrow_schema::Schema {
+    let f = std::fs::File::open(path).unwrap();
+    let b = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f).unwrap();
+    let s = b.schema();
+    arrow_schema::Schema::new(s.fields().clone())
+}
+
+/// Logits of the two engines differ by float noise only; a greedy divergence must sit at a
+/// near-tie of our top two.
+const TIE: f32 = 1e-3;
+
+#[test]
+fn greedy_tokens_agree_with_ours_where_the_top2_gap_allows_and_the_parquet_is_the_same() {
+    if shared("fixtures/tiny-qwen3").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let greedy = [
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "24",
+        "--logprobs",
+        "2",
+    ];
+    let o = sample(dir.path(), 20, "selfdistill", &greedy, "ours.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    let o = sample(dir.path(), 20, "mistralrs", &greedy, "theirs.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("preemptions not reported by the engine"),
+        "{}",
+        text(&o)
+    );
+    assert!(text(&o).contains("one sequence at a time"), "{}", text(&o));
+    let (po, pt) = (
+        dir.path().join("ours.parquet"),
+        dir.path().join("theirs.parquet"),
+    );
+    assert_eq!(arrow_schema(&po), arrow_schema(&pt));
+    let ours = by_key(read_completions(&po).unwrap());
+    let theirs = by_key(read_completions(&pt).unwrap());
+    assert_eq!(ours.len(), 20);
+    assert_eq!(theirs.len(), 20);
+    let (mut same, mut compared) = (0, 0);
+    for (a, b) in ours.iter().zip(&theirs) {
+        assert_eq!(
+            (&a.problem_id, a.sample_index),
+            (&b.problem_id, b.sample_index)
+        );
+        assert_eq!(a.prompt_token_ids, b.prompt_token_ids);
+        assert!(b.grade.is_some());
+        assert_ne!(
+            a.sampling_hash, b.sampling_hash,
+            "the engine is part of the hash"
+        );
+        let (la, lb) = (a.logprobs.as_ref().unwrap(), b.logprobs.as_ref().unwrap());
+        let (ta, tb) = (ids(a), ids(b));
+        assert_eq!(lb.token.len(), tb.len());
+        let common = ta.iter().zip(tb).take_while(|(x, y)| x == y).count();
+        for i in 0..common {
+            // the same raw log-probabilities: the two engines' logits agree
+            let (x, y) = (la.token[i].unwrap(), lb.token[i].unwrap());
+            assert!(
+                (x - y).abs() < TIE,
+                "{} token {i}: {x} vs {y}",
+                a.problem_id
+            );
+            compared += 1;
+        }
+        if common == ta.len() && common == tb.len() {
+            assert_eq!(a.completion, b.completion);
+            assert_eq!(a.finish_reason, b.finish_reason);
+            same += 1;
+        } else if common < ta.len().min(tb.len()) {
+            let gap = la.top[common][0] - la.top[common][1];
+            assert!(
+                gap < TIE,
+                "{}: the engines diverge at token {common} where our top-2 gap is {gap}",
+                a.problem_id
+            );
+        } else {
+            panic!(
+                "{}: one engine stopped where the other went on",
+                a.problem_id
+            );
+        }
+    }
+    assert!(same >= 15, "only {same} of 20 greedy samples are identical");
+    assert!(compared > 200, "{compared}");
+}
+
+#[test]
+fn seeded_samples_are_ours_and_our_stop_rules_hold() {
+    if shared("fixtures/tiny-qwen3").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sampled = [
+        "--n",
+        "3",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "7",
+        "--max-new-tokens",
+        "10",
+    ];
+    let run = |seqs: &str, out: &str| {
+        let o = sample(
+            dir.path(),
+            12,
+            "mistralrs",
+            &[&sampled[..], &["--max-num-seqs", seqs]].concat(),
+            out,
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        by_key(read_completions(&dir.path().join(out)).unwrap())
+    };
+    // (on the CPU mistral.rs runs one sequence at a time whatever max_num_seqs says)
+    let one = run("16", "one.parquet");
+    assert_eq!(one.len(), 36);
+    let key = |rows: &[Completion]| rows.iter().map(|r| ids(r).to_vec()).collect::<Vec<_>>();
+    // our engine draws with the same per-sample seeds: the same tokens, but where the two
+    // engines' logits, equal to float noise, straddle a draw's threshold
+    let o = sample(dir.path(), 12, "selfdistill", &sampled, "ours.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    let ours = by_key(read_completions(&dir.path().join("ours.parquet")).unwrap());
+    let same = key(&ours)
+        .iter()
+        .zip(key(&one))
+        .filter(|(a, b)| **a == *b)
+        .count();
+    assert!(same >= 34, "only {same} of 36 seeded samples match ours");
+
+    // a stop string ends a sample where it starts, as ours does; the token mistral.rs was
+    // handed to stop is not part of it
+    let word = {
+        let c = &one[0].completion;
+        c.split_whitespace().next().unwrap_or(c).to_string()
+    };
+    let stop = [&sampled[..], &["--stop", &word]].concat();
+    for (engine, out) in [("selfdistill", "so.parquet"), ("mistralrs", "st.parquet")] {
+        let o = sample(dir.path(), 12, engine, &stop, out);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let so = by_key(read_completions(&dir.path().join("so.parquet")).unwrap());
+    let st = by_key(read_completions(&dir.path().join("st.parquet")).unwrap());
+    let stopped = st.iter().filter(|r| !r.completion.contains(&word)).count();
+    assert_eq!(stopped, st.len(), "a stop string is cut off");
+    let agree = key(&so)
+        .iter()
+        .zip(key(&st))
+        .filter(|(a, b)| **a == *b)
+        .count();
+    assert!(agree >= 34, "stop strings: {agree} of 36 match ours");
+}
+
+#[test]
+fn thinking_budget_and_resume_after_a_kill_run_through_our_rules() {
+    if shared("fixtures/tiny-qwen3").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The thinking budget: after 3 tokens without `</think>` the closing text goes in, token by
+    // token, and the sample answers within the rest of max_new_tokens.
+    let think = [
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "12",
+        "--max-thinking-tokens",
+        "3",
+    ];
+    for (engine, out) in [("selfdistill", "to.parquet"), ("mistralrs", "tt.parquet")] {
+        let o = sample(dir.path(), 6, engine, &think, out);
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let to = by_key(read_completions(&dir.path().join("to.parquet")).unwrap());
+    let tt = by_key(read_completions(&dir.path().join("tt.parquet")).unwrap());
+    let mut same = 0;
+    for (a, b) in to.iter().zip(&tt) {
+        assert!(b.completion.contains("</think>"), "{:?}", b.completion);
+        if ids(a) == ids(b) {
+            assert_eq!(a.finish_reason, b.finish_reason);
+            same += 1;
+        }
+    }
+    assert!(same >= 5, "thinking budget: {same} of 6 match ours");
+
+    // Killed after its first committed part, the run resumes to the uninterrupted rows.
+    let sampled = [
+        "--n",
+        "2",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "3",
+        "--max-new-tokens",
+        "8",
+    ];
+    let o = sample(dir.path(), 20, "mistralrs", &sampled, "clean.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    let killed = bin()
+        .args(["sample", "--model"])
+        .arg(shared("fixtures/tiny-qwen3").unwrap())
+        .args(["--input", "problems.jsonl", "--answer-field", "answer"])
+        .args(["--prompt-template", "raw", "--output", "killed.parquet"])
+        .args(["--engine", "mistralrs"])
+        .args(sampled)
+        .env(selfdistill::fault::ENV, "sample.part:1")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(killed.status.signal(), Some(9), "{}", text(&killed));
+    assert!(!dir.path().join("killed.parquet").exists());
+    let o = sample(dir.path(), 20, "mistralrs", &sampled, "killed.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("(0 resumed)"), "{}", text(&o));
+    let clean = by_key(read_completions(&dir.path().join("clean.parquet")).unwrap());
+    let resumed = by_key(read_completions(&dir.path().join("killed.parquet")).unwrap());
+    assert_eq!(clean.len(), 40);
+    let key = |rows: &[Completion]| {
+        rows.iter()
+            .map(|r| (r.problem_id.clone(), r.sample_index, ids(r).to_vec()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(key(&clean), key(&resumed));
+}
+
+#[test]
+fn settings_mistralrs_cannot_honour_are_refused_by_name() {
+    if shared("fixtures/tiny-qwen3").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for (flags, key) in [
+        (&["--ignore-eos"][..], "ignore_eos"),
+        (
+            &["--max-num-batched-tokens", "512"][..],
+            "max_num_batched_tokens",
+        ),
+        (&["--kv-cache", "4 MiB"][..], "kv_cache"),
+        (&["--block-size", "32"][..], "block_size"),
+    ] {
+        let o = sample(dir.path(), 2, "mistralrs", flags, "x.parquet");
+        assert!(!o.status.success(), "{flags:?}");
+        let flag = format!("--{}", key.replace('_', "-"));
+        assert!(
+            text(&o).contains(key) || text(&o).contains(&flag),
+            "{flags:?}: {}",
+            text(&o)
+        );
+        assert!(!dir.path().join("x.parquet").exists());
+    }
+}
+
+/// The adapter on the tiny-qwen3 fixture (skipped without `../shared`).
+fn engine(max_num_seqs: usize, max_new_tokens: usize) -> Option<MistralRsEngine> {
+    let dir = shared("fixtures/tiny-qwen3")?;
+    let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
+    let opts = Options {
+        model_dir: ck.dir.clone(),
+        device: Device::Cpu,
+        dtype: DType::F32,
+        max_num_seqs,
+        block_size: 16,
+        kv_cache_bytes: None,
+        kv_fp8: false,
+        context: 64,
+    };
+    let draws = Draws {
+        params: SamplingParams {
+            temperature: 1.0,
+            max_new_tokens,
+            seed: 5,
+            ..SamplingParams::default()
+        },
+        eos_token_ids: ck.eos_token_ids().unwrap(),
+        thinking: None,
+        logprobs: None,
+    };
+    Some(MistralRsEngine::new(&opts, draws, ck.tokenizer().unwrap()).unwrap())
+}
+
+#[test]
+fn a_cancel_drops_the_unsent_and_running_samples_and_keeps_finished_ones() {
+    let Some(mut e) = engine(1, 16) else {
+        return;
+    };
+    let prompt = vec![10, 20, 30, 40];
+    let r = e
+        .add(Request {
+            problem_id: "p".into(),
+            prompt: prompt.clone(),
+            n: 6,
+        })
+        .unwrap();
+    let other = e
+        .add(Request {
+            problem_id: "q".into(),
+            prompt,
+            n: 2,
+        })
+        .unwrap();
+    // one sequence at a time, two in flight: when the first sample is back, at least three
+    // have not been sent
+    let mut got = Vec::new();
+    while got.is_empty() {
+        got = e.step(None).unwrap();
+    }
+    assert!(got.iter().all(|s| s.request == r));
+    let cancelled = e.cancel(r);
+    assert!(cancelled >= 3, "{cancelled}");
+    let mut rest = Vec::new();
+    while !e.is_idle() {
+        rest.extend(e.step(None).unwrap());
+    }
+    let of_r = got.len() + rest.iter().filter(|s| s.request == r).count();
+    assert_eq!(
+        of_r as u64 + cancelled,
+        6,
+        "each sample finished or cancelled once"
+    );
+    assert_eq!(rest.iter().filter(|s| s.request == other).count(), 2);
+    assert!(rest
+        .iter()
+        .all(|s| !s.tokens.is_empty() && s.tokens.len() <= 16));
+    assert!(e.generated_tokens() as usize >= got[0].tokens.len());
+}
