@@ -313,6 +313,12 @@ fn run_mistralrs(
         a.repeat.max(1),
         dir.display()
     );
+    if dev.is_cpu() {
+        println!(
+            "(mistral.rs 0.8.1 batches without paged attention, as on the CPU, give sequences \
+             each other's KV caches: batched rows are its speed, not a correct run; see the README)"
+        );
+    }
     println!(
         "{:>6} {:>14} {:>14}",
         "batch", "prefill tok/s", "decode tok/s"

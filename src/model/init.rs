@@ -120,15 +120,30 @@ pub fn write_random_hf(name: &str, dir: &std::path::Path) -> Result<()> {
     };
     config["architectures"] = serde_json::json!([arch]);
     config["torch_dtype"] = serde_json::json!("float32");
-    config["hidden_act"] = serde_json::json!("silu");
-    config["attention_bias"] = serde_json::json!(false);
+    // what transformers writes and mistral.rs's Qwen3 config requires
+    for (k, v) in [
+        ("hidden_act", serde_json::json!("silu")),
+        ("attention_bias", serde_json::json!(false)),
+        ("attention_dropout", serde_json::json!(0.0)),
+        (
+            "max_window_layers",
+            serde_json::json!(cfg.layer_kinds.len()),
+        ),
+        ("sliding_window", serde_json::Value::Null),
+        ("use_sliding_window", serde_json::json!(false)),
+    ] {
+        config[k] = v;
+    }
     let vocab: serde_json::Map<String, serde_json::Value> = (0..cfg.vocab_size)
         .map(|i| (format!("t{i}"), serde_json::json!(i)))
         .collect();
     let tokenizer = serde_json::json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
         "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
-        "post_processor": null, "decoder": null,
+        "post_processor": null,
+        // mistral.rs (llguidance) reads token bytes through a byte-level or byte-fallback decoder
+        "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
+                    "use_regex": false},
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
     });
     let tmp = dir.with_extension("tmp");
