@@ -347,23 +347,7 @@ impl MistralRsEngine {
                 ..MrsParams::neutral()
             };
             let (tx, mut rx) = tokio::sync::mpsc::channel(1);
-            let req = mistralrs::Request::Normal(Box::new(NormalRequest {
-                messages: RequestMessage::CompletionTokens(info.prompt.to_vec()),
-                sampling_params: params,
-                response: tx,
-                return_logprobs: false,
-                is_streaming: false,
-                id: key as usize,
-                constraint: Constraint::None,
-                suffix: None,
-                tools: None,
-                tool_choice: None,
-                logits_processors: Some(vec![tap]),
-                return_raw_logits: false,
-                web_search_options: None,
-                model_id: None,
-                truncate_sequence: false,
-            }));
+            let req = completion_request(info.prompt.to_vec(), params, key as usize, tap, tx);
             let sender = self
                 .model
                 .inner()
@@ -373,22 +357,14 @@ impl MistralRsEngine {
             self.rt.spawn(async move {
                 let outcome = match sender.send(req).await {
                     Err(e) => Err(format!("cannot send to mistral.rs: {e}")),
-                    Ok(()) => match rx.recv().await {
-                        Some(Response::CompletionDone(c)) => Ok(ReplyOk {
-                            prompt_tokens: c.usage.prompt_tokens,
-                            finish_reason: c
-                                .choices
-                                .first()
-                                .map(|c| c.finish_reason.clone())
-                                .unwrap_or_default(),
-                        }),
-                        Some(Response::CompletionModelError(e, _)) => Err(e),
-                        Some(Response::InternalError(e)) | Some(Response::ValidationError(e)) => {
-                            Err(e.to_string())
-                        }
-                        Some(_) => Err("mistral.rs answered with another kind of response".into()),
-                        None => Err("mistral.rs dropped the request".into()),
-                    },
+                    Ok(()) => completion_reply(rx.recv().await).map(|c| ReplyOk {
+                        prompt_tokens: c.usage.prompt_tokens,
+                        finish_reason: c
+                            .choices
+                            .first()
+                            .map(|c| c.finish_reason.clone())
+                            .unwrap_or_default(),
+                    }),
                 };
                 let _ = replies.send(Reply { key, outcome });
             });
@@ -430,6 +406,47 @@ impl MistralRsEngine {
                 .logprobs
                 .map(|_| std::mem::take(&mut s.token_logprobs)),
         }))
+    }
+}
+
+/// One completion request: our prompt ids, mistral.rs's sampling settings, our logits processor,
+/// no streaming, no logprobs from mistral.rs.
+fn completion_request(
+    prompt: Vec<u32>,
+    params: MrsParams,
+    id: usize,
+    processor: Arc<dyn CustomLogitsProcessor>,
+    response: tokio::sync::mpsc::Sender<Response>,
+) -> mistralrs::Request {
+    mistralrs::Request::Normal(Box::new(NormalRequest {
+        messages: RequestMessage::CompletionTokens(prompt),
+        sampling_params: params,
+        response,
+        return_logprobs: false,
+        is_streaming: false,
+        id,
+        constraint: Constraint::None,
+        suffix: None,
+        tools: None,
+        tool_choice: None,
+        logits_processors: Some(vec![processor]),
+        return_raw_logits: false,
+        web_search_options: None,
+        model_id: None,
+        truncate_sequence: false,
+    }))
+}
+
+/// mistral.rs's answer to a completion request: the completion, or its error as text.
+fn completion_reply(
+    reply: Option<Response>,
+) -> std::result::Result<mistralrs::CompletionResponse, String> {
+    match reply {
+        Some(Response::CompletionDone(c)) => Ok(c),
+        Some(Response::CompletionModelError(e, _)) => Err(e),
+        Some(Response::InternalError(e)) | Some(Response::ValidationError(e)) => Err(e.to_string()),
+        Some(_) => Err("mistral.rs answered with another kind of response".into()),
+        None => Err("mistral.rs dropped the request".into()),
     }
 }
 
@@ -664,36 +681,11 @@ impl Bench {
                     max_len: Some(new),
                     ..MrsParams::neutral()
                 };
-                let req = mistralrs::Request::Normal(Box::new(NormalRequest {
-                    messages: RequestMessage::CompletionTokens(p.clone()),
-                    sampling_params: params,
-                    response: tx,
-                    return_logprobs: false,
-                    is_streaming: false,
-                    id: i,
-                    constraint: Constraint::None,
-                    suffix: None,
-                    tools: None,
-                    tool_choice: None,
-                    logits_processors: Some(vec![tap]),
-                    return_raw_logits: false,
-                    web_search_options: None,
-                    model_id: None,
-                    truncate_sequence: false,
-                }));
+                let req = completion_request(p.clone(), params, i, tap, tx);
                 if let Err(e) = sender.send(req).await {
                     return vec![Err(format!("cannot send to mistral.rs: {e}"))];
                 }
-                waits.push(async move {
-                    match rx.recv().await {
-                        Some(Response::CompletionDone(_)) => Ok(()),
-                        Some(Response::CompletionModelError(e, _)) => Err(e),
-                        Some(Response::InternalError(e)) | Some(Response::ValidationError(e)) => {
-                            Err(e.to_string())
-                        }
-                        _ => Err("mistral.rs gave no completion".to_string()),
-                    }
-                });
+                waits.push(async move { completion_reply(rx.recv().await).map(|_| ()) });
             }
             let mut out = Vec::new();
             for w in waits {
