@@ -158,11 +158,13 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
     let dev = crate::model::parse_device(&a.device)?;
     let dtype = crate::model::parse_dtype(&a.dtype, &dev)?;
     match a.engine.as_str() {
-        "selfdistill" => {}
+        crate::jobs::sample::ENGINE_OURS => {}
         #[cfg(feature = "mistralrs")]
-        "mistralrs" => return run_mistralrs(a, &cfg, &batches, &dev, dtype),
+        crate::jobs::sample::ENGINE_MISTRALRS => {
+            return run_mistralrs(a, &cfg, &batches, &dev, dtype)
+        }
         #[cfg(not(feature = "mistralrs"))]
-        "mistralrs" => {
+        crate::jobs::sample::ENGINE_MISTRALRS => {
             bail!("--engine mistralrs: this binary was built without the mistralrs feature")
         }
         e => bail!("--engine {e}: use selfdistill or mistralrs"),

@@ -660,8 +660,11 @@ pub fn run_settings(
     };
     let eos = ck.eos_token_ids()?;
     if s.engine == ENGINE_MISTRALRS {
+        #[cfg(not(feature = "mistralrs"))]
+        bail!("engine: `{ENGINE_MISTRALRS}` needs a binary built with `--features mistralrs`");
+        #[cfg(feature = "mistralrs")]
         return run_mistralrs(
-            s, &ck, &tok, &eos, problems, &prompts, &cfg, &template, output,
+            s, &ck, device, dtype, &tok, &eos, problems, &prompts, &cfg, &template, output,
         );
     }
     let mut model = ck.load_transformer(&device, dtype)?;
@@ -698,6 +701,8 @@ pub fn run_settings(
 fn run_mistralrs(
     s: &SampleSettings,
     ck: &crate::model::Checkpoint,
+    device: candle_core::Device,
+    dtype: candle_core::DType,
     tok: &TextTokenizer,
     eos: &[u32],
     problems: &[Problem],
@@ -706,8 +711,6 @@ fn run_mistralrs(
     template: &PromptTemplate,
     output: &Path,
 ) -> Result<JobSummary> {
-    let device = crate::model::parse_device(&s.device)?;
-    let dtype = crate::model::parse_dtype(&s.dtype, &device)?;
     let kv_cache_bytes = s
         .kv_cache
         .as_deref()
@@ -732,22 +735,6 @@ fn run_mistralrs(
     };
     let mut engine = super::mistralrs::MistralRsEngine::new(&opts, draws, tok.clone())?;
     run(&mut engine, tok, problems, prompts, cfg, template, output)
-}
-
-#[cfg(not(feature = "mistralrs"))]
-#[allow(clippy::too_many_arguments)]
-fn run_mistralrs(
-    _: &SampleSettings,
-    _: &crate::model::Checkpoint,
-    _: &TextTokenizer,
-    _: &[u32],
-    _: &[Problem],
-    _: &[(String, Vec<u32>)],
-    _: &JobConfig,
-    _: &PromptTemplate,
-    _: &Path,
-) -> Result<JobSummary> {
-    bail!("engine: `{ENGINE_MISTRALRS}` needs a binary built with `--features mistralrs`")
 }
 
 /// Figures for the end-of-run summary.
