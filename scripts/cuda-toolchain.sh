@@ -11,7 +11,7 @@
 #   lib/stubs/lib{cuda,nvrtc,curand,cublas,cublasLt}.so   link-time stubs: every entry point
 #       cudarc declares, as an empty function, under the real library's soname. They exist only so
 #       the linker can resolve names; the binary loads the GPU machine's own libraries at run time
-#       (see the README's GPU section) and carries no rpath to this directory.
+#       (see docs/gpu.md) and carries no rpath to this directory.
 # Re-running is cheap: a finished install is marked by .complete and reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need (pyarrow, to check our Parquet files read in
-# pyarrow) and runs the whole test suite. Works on a fresh machine with Rust and Python 3.
+# pyarrow) and runs the whole test suite, the mistral.rs engine included (one test build with
+# `--features mistralrs`, so that CI compiles one set of features, not two). Works on a fresh
+# machine with Rust and Python 3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -c 'import pyarrow' 2>/dev/null; then
@@ -8,4 +10,4 @@ if ! python3 -c 'import pyarrow' 2>/dev/null; then
 fi
 # Tests that read ../shared or need pyarrow fail instead of skipping.
 export SELFDISTILL_REQUIRE_PYARROW=1 SELFDISTILL_REQUIRE_SHARED=1
-cargo test --all-targets "$@"
+cargo test --all-targets --features mistralrs "$@"

@@ -13,7 +13,9 @@ use serde::{Deserialize, Serialize};
 use crate::bytes::parse_bytes;
 use crate::data::source::{resolve, source_from_toml, Location, RawSource, SourceSpec};
 use crate::eval::EvalConfig;
-use crate::jobs::sample::SampleSettings;
+use crate::jobs::sample::settings::KeyError;
+use crate::jobs::sample::settings::SampleSettings;
+use crate::names::closest;
 use crate::train::settings::TrainSettings;
 
 /// A config error, already phrased for a person: it names the file and, where known, line and key.
@@ -32,10 +34,11 @@ struct RawConfig {
     run: RawRun,
     data: Option<RawData>,
     pretrain: Option<RawPretrain>,
-    sample: Option<SampleSettings>,
+    // [sample] and [eval] are read from tables (see `read_section`)
+    sample: Option<toml::Table>,
     filter: Option<RawFilter>,
     train: Option<TrainSettings>,
-    eval: Option<EvalConfig>,
+    eval: Option<toml::Table>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -259,6 +262,8 @@ impl Config {
         let has_pretrain = raw.pretrain.is_some();
         let sample = raw
             .sample
+            .map(|t| read_section(text, origin, "sample", &t, SampleSettings::from_table))
+            .transpose()?
             .map(|s| validate_sample(s, base, origin, has_pretrain))
             .transpose()?;
         let filter = raw
@@ -304,6 +309,8 @@ impl Config {
         }
         let eval = raw
             .eval
+            .map(|t| read_section(text, origin, "eval", &t, EvalConfig::from_table))
+            .transpose()?
             .map(|e| {
                 validate_eval(
                     e,
@@ -432,12 +439,8 @@ fn validate_eval(
         .load_sets(base)
         .map_err(|x| err("sets", format!("{x:#}")))?;
     for s in &sets {
-        let mut st = s
-            .settings(&model)
+        e.settings(s, &model)
             .map_err(|x| err("sets", format!("{x:#}")))?;
-        e.apply(&mut st);
-        st.validate()
-            .map_err(|x| err("sets", format!("`{}` with the overrides: {x}", s.name)))?;
     }
     Ok(EvalPlan {
         settings: e,
@@ -764,6 +767,55 @@ fn check_completions_source(
     }
 }
 
+/// Reads a section the raw parse kept as a table: [`SampleSettings`] flattens the sampling
+/// parameters in, and serde's errors from inside a flattened struct name neither the key nor
+/// its line. `read` names the key; this finds its line.
+fn read_section<T>(
+    text: &str,
+    origin: &str,
+    section: &str,
+    t: &toml::Table,
+    read: impl Fn(&toml::Table) -> Result<T, KeyError>,
+) -> Result<T, ConfigError> {
+    read(t).map_err(|e| {
+        let at = match e.key().and_then(|k| key_position(text, section, k)) {
+            Some((line, col)) => format!("{origin}:{line}:{col}: "),
+            None => format!("{origin}: "),
+        };
+        ConfigError(match &e {
+            KeyError::Unknown { key, valid } => format!(
+                "{at}unknown key `{key}` in [{section}]{} (valid: {})",
+                closest(key, valid)
+                    .map(|b| format!("; did you mean `{b}`?"))
+                    .unwrap_or_default(),
+                valid.join(", ")
+            ),
+            KeyError::Value {
+                key: Some(k),
+                message,
+            } => format!("{at}`{section}.{k}`: {message}"),
+            KeyError::Value { key: None, message } => format!("{at}[{section}]: {message}"),
+        })
+    })
+}
+
+/// Where `key` is set in the `[section]` of `text`: (line, column), from 1.
+fn key_position(text: &str, section: &str, key: &str) -> Option<(usize, usize)> {
+    let mut inside = false;
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim_start();
+        if t.starts_with('[') {
+            inside = header_name(t).as_deref() == Some(section);
+            continue;
+        }
+        let name = t.split('=').next().unwrap_or("").trim().trim_matches('"');
+        if inside && t.contains('=') && name == key {
+            return Some((i + 1, line.len() - t.len() + 1));
+        }
+    }
+    None
+}
+
 /// Rewrites a TOML/serde error as `file:line:col: message`, adding the closest valid key or value.
 fn toml_error(text: &str, origin: &str, e: &toml::de::Error) -> ConfigError {
     let (line, col) = e.span().map(|s| line_col(text, s.start)).unwrap_or((0, 0));
@@ -807,16 +859,6 @@ fn parse_unknown(msg: &str) -> Option<(String, Vec<String>)> {
     Some((bad, ticks.collect()))
 }
 
-/// The valid name nearest to `bad`, if it is near enough to be a typo.
-pub fn closest(bad: &str, valid: &[String]) -> Option<String> {
-    valid
-        .iter()
-        .map(|v| (strsim::damerau_levenshtein(bad, v), v))
-        .filter(|(d, v)| *d <= 2.max(v.len() / 3))
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, v)| v.clone())
-}
-
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = text.get(..offset).unwrap_or(text);
     let line = before.matches('\n').count() + 1;
@@ -846,231 +888,4 @@ fn header_name(line: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(text: &str) -> Result<Config, ConfigError> {
-        Config::from_toml(text, "pipelines/t.toml", Path::new("/cfg"), "t")
-    }
-
-    const OK: &str = r#"
-[run]
-name = "t"
-disk_budget = "2 GiB"
-[[data.sources]]
-name = "math500"
-format = "math"
-path = "data/math500.jsonl"
-[filter]
-max_per_problem = 2
-[filter.completions]
-path = "c.parquet"
-"#;
-
-    #[test]
-    fn valid_config_resolves_paths_against_the_config_folder() {
-        let c = parse(OK).unwrap();
-        assert_eq!(c.disk_budget_bytes, Some(2 << 30));
-        let d = c.data.unwrap();
-        assert_eq!(
-            d.sources[0].location,
-            Location::Local(PathBuf::from("/cfg/data/math500.jsonl"))
-        );
-        assert_eq!(c.workdir, PathBuf::from("runs/t"));
-    }
-
-    #[test]
-    fn misspelled_key_names_file_line_and_closest_key() {
-        let bad = OK.replace("max_per_problem", "max_per_problm");
-        let e = parse(&bad).unwrap_err().0;
-        assert!(e.starts_with("pipelines/t.toml:10:"), "{e}");
-        assert!(
-            e.contains("unknown key `max_per_problm` in [filter]"),
-            "{e}"
-        );
-        assert!(e.contains("did you mean `max_per_problem`?"), "{e}");
-    }
-
-    #[test]
-    fn sample_device_dtype_and_kv_cache_dtype_are_checked_at_parse_time() {
-        let with = |extra: &str| {
-            format!("{OK}[sample]\nmodel = \"m\"\nprompt_template = \"raw\"\n{extra}\n")
-        };
-        assert!(parse(&with("device = \"cpu\"")).is_ok());
-        assert!(parse(&with("device = \"cuda:1\"\nkv_cache_dtype = \"fp8\"")).is_ok());
-        for (extra, want) in [
-            (
-                "device = \"cdua\"",
-                "sample.device must be cpu, cuda or cuda:N, got `cdua`",
-            ),
-            ("dtype = \"bf16\"", "sample.dtype bf16 needs a cuda device"),
-            (
-                "kv_cache_dtype = \"fp8\"",
-                "sample.kv_cache_dtype fp8 needs a cuda device",
-            ),
-            (
-                "device = \"cuda\"\nkv_cache_dtype = \"int4\"",
-                "sample.kv_cache_dtype must be auto or fp8, got `int4`",
-            ),
-        ] {
-            let e = parse(&with(extra)).unwrap_err().0;
-            assert!(e.contains(want), "{extra}: {e}");
-        }
-    }
-
-    /// vLLM's sampling keys parse in [sample] and reach the engine; unset, they are left out of
-    /// the stage config (so stages configured before they existed keep their keys); bad values
-    /// name the key.
-    #[test]
-    fn every_sampling_parameter_is_a_sample_key() {
-        let with = |extra: &str| {
-            format!("{OK}[sample]\nmodel = \"m\"\nprompt_template = \"raw\"\n{extra}\n")
-        };
-        let c = parse(&with(
-            "repetition_penalty = 1.2\npresence_penalty = -0.5\nfrequency_penalty = 0.25\n\
-             stop_token_ids = [7, 9]\nlogprobs = 5",
-        ))
-        .unwrap();
-        let s = c.sample.unwrap();
-        let p = s.params();
-        assert_eq!(
-            (
-                p.repetition_penalty,
-                p.presence_penalty,
-                p.frequency_penalty
-            ),
-            (1.2, -0.5, 0.25)
-        );
-        assert_eq!((p.stop_token_ids, s.logprobs), (vec![7, 9], Some(5)));
-        let plain = parse(&with("")).unwrap().sample.unwrap();
-        let v = serde_json::to_value(&plain).unwrap();
-        for key in [
-            "repetition_penalty",
-            "presence_penalty",
-            "frequency_penalty",
-            "stop_token_ids",
-            "logprobs",
-        ] {
-            assert!(v.get(key).is_none(), "{key} in {v}");
-        }
-        for (extra, want) in [
-            ("repetition_penalty = 0", "repetition_penalty must be"),
-            ("logprobs = 50", "logprobs must be at most 20"),
-            (
-                "repetition_penaly = 1.1",
-                "did you mean `repetition_penalty`?",
-            ),
-        ] {
-            let e = parse(&with(extra)).unwrap_err().0;
-            assert!(e.contains(want), "{extra}: {e}");
-        }
-    }
-
-    #[test]
-    fn misspelled_enum_value_suggests_the_variant() {
-        let bad = OK.replace("format = \"math\"", "format = \"maht\"");
-        let e = parse(&bad).unwrap_err().0;
-        assert!(e.contains("unknown value `maht`"), "{e}");
-        assert!(e.contains("did you mean `math`?"), "{e}");
-    }
-
-    #[test]
-    fn disk_size_typo_is_an_error_naming_the_key() {
-        let bad = OK.replace("2 GiB", "2 GiBB");
-        let e = parse(&bad).unwrap_err().0;
-        assert!(e.contains("`run.disk_budget`"), "{e}");
-        assert!(e.contains("unknown unit"), "{e}");
-    }
-
-    #[test]
-    fn filter_without_data_is_rejected() {
-        let e = parse("[filter]\n[filter.completions]\npath = \"x\"\n")
-            .unwrap_err()
-            .0;
-        assert!(e.contains("add a [data] section"), "{e}");
-    }
-
-    #[test]
-    fn misspelled_table_is_named_as_a_top_level_key() {
-        let bad = OK.replace("[filter]", "[filtr]");
-        let e = parse(&bad).unwrap_err().0;
-        assert!(e.contains("unknown key `filtr`"), "{e}");
-        assert!(e.contains("did you mean `filter`?"), "{e}");
-        assert!(!e.contains(" in ["), "{e}");
-    }
-
-    #[test]
-    fn closest_only_suggests_near_names() {
-        let valid = vec!["temperature".to_string(), "top_p".to_string()];
-        assert_eq!(closest("tempurature", &valid), Some("temperature".into()));
-        assert_eq!(closest("zzzzzz", &valid), None);
-    }
-
-    /// The embedded default parses; `[pretrain]` gives the sampler, trainer and eval the
-    /// pretrained model, and its mistakes are named: a model given anyway, a prompt format the
-    /// sampler does not share, a source without solutions, zero rounds, rounds without training.
-    #[test]
-    fn pretrain_and_rounds_are_validated() {
-        let c = Config::embedded_default().unwrap();
-        assert_eq!(c.rounds, 2);
-        assert_eq!(c.sample.as_ref().unwrap().model, PRETRAINED);
-        assert_eq!(c.train.as_ref().unwrap().model.as_deref(), Some(PRETRAINED));
-        assert_eq!(c.eval.as_ref().unwrap().base_model, PRETRAINED);
-        let p = c.pretrain.as_ref().unwrap();
-        // the tokenizer covers the sampled problems and both eval sets
-        let names: Vec<&str> = p
-            .tokenizer_sources
-            .iter()
-            .map(|s| s.name.as_str())
-            .collect();
-        assert_eq!(names, ["arith", "eval-arith_hard", "eval-arith_easy"]);
-
-        let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines");
-        let bad = |from: &str, to: &str, want: &str| {
-            assert!(EMBEDDED_DEFAULT.contains(from), "{from}");
-            let text = EMBEDDED_DEFAULT.replacen(from, to, 1);
-            let e = match Config::from_toml(&text, "t.toml", &base, "t") {
-                Ok(_) => panic!("accepted: {to}"),
-                Err(e) => e.0,
-            };
-            assert!(e.contains(want), "{want}: {e}");
-        };
-        bad(
-            "[sample]\n",
-            "[sample]\nmodel = \"Qwen/Qwen3-4B\"\n",
-            "`sample.model`",
-        );
-        bad(
-            "[train]\n",
-            "[train]\nmodel = \"Qwen/Qwen3-4B\"\n",
-            "`train.model`",
-        );
-        bad(
-            "[sample]\nprompt_template = \"raw\"",
-            "[sample]\nprompt_template = \"chat\"",
-            "differs from `pretrain.prompt_template`",
-        );
-        bad("\nrounds = 2\n", "\nrounds = 0\n", "`run.rounds`");
-        bad(
-            "[pretrain.train]\n",
-            "[pretrain.train]\nmodel = \"x\"\n",
-            "pretrain.train.model",
-        );
-        bad(
-            "format = \"arith\"\npath = \"../data/arith/pretrain.jsonl\"",
-            "format = \"mapped\"\nproblem_field = \"problem\"\nanswer_field = \"answer\"\n\
-             path = \"../data/arith/pretrain.jsonl\"",
-            "worked solutions",
-        );
-        let no_train = EMBEDDED_DEFAULT
-            .split("[train]")
-            .next()
-            .unwrap()
-            .to_string()
-            + "[eval]\nsets = [\"arith_hard\"]\n";
-        let e = Config::from_toml(&no_train, "t.toml", &base, "t")
-            .unwrap_err()
-            .0;
-        assert!(e.contains("`run.rounds`") && e.contains("[train]"), "{e}");
-    }
-}
+mod tests;

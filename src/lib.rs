@@ -17,7 +17,7 @@
 //!   gemm simd cuda machine bytes rng fault logging  the CPU kernels, our CUDA kernels, machine
 //!                                          facts, logs
 //! ```
-//! The binary (`main.rs`) only parses arguments and prints errors.
+//! The binary (`main.rs`) only parses arguments, dispatches to `cmd` and prints errors.
 
 pub mod arith;
 pub mod bytes;
@@ -34,6 +34,7 @@ pub mod jobs;
 pub mod logging;
 pub mod machine;
 pub mod model;
+pub mod names;
 pub mod pretrain;
 pub mod progress;
 pub mod report;

@@ -681,6 +681,78 @@ fn shipped_pipelines_pass_preflight_plan_only_offline_without_shared() {
     }
 }
 
+/// The stage keys of the embedded default, of every shipped pipeline and of a config that sets
+/// every `[sample]` key and `[eval]` override, as `preflight
+/// --plan-only` prints them on a user's machine (no network, an empty Hugging Face cache), equal
+/// `tests/stage-keys.txt`: a refactor that changes a key makes every user's cached stage run
+/// again. A change that means to change keys rewrites the file with `SELFDISTILL_WRITE_KEYS=1`
+/// and says why in its commit.
+#[test]
+fn stage_keys_of_the_embedded_default_and_every_shipped_pipeline_stay_the_same() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let user = tempfile::tempdir().unwrap();
+    let clone = user.path().join("clone");
+    std::fs::create_dir_all(clone.join("pipelines")).unwrap();
+    for d in ["data", "evals"] {
+        std::os::unix::fs::symlink(root.join(d), clone.join(d)).unwrap();
+    }
+    let mut configs: Vec<(String, Option<std::path::PathBuf>)> = vec![("<embedded>".into(), None)];
+    let mut files: Vec<_> = std::fs::read_dir(root.join("pipelines"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    // every [sample] key and [eval] override set (not a pipeline to run)
+    files.push(root.join("tests/fixtures/stage-keys.toml"));
+    for p in files {
+        let copy = clone.join("pipelines").join(p.file_name().unwrap());
+        std::fs::copy(&p, &copy).unwrap();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        configs.push((name, Some(copy)));
+    }
+    let mut got = String::new();
+    for (i, (name, config)) in configs.iter().enumerate() {
+        let mut cmd = bin();
+        cmd.args(["preflight", "--plan-only", "--workdir"])
+            .arg(user.path().join(format!("work{i}")));
+        if let Some(c) = config {
+            cmd.arg("--config").arg(c);
+        }
+        let o = cmd
+            .current_dir(&clone)
+            .env("HF_HUB_OFFLINE", "1")
+            .env("HF_HOME", user.path().join("hf"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{name}: {}", text(&o));
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let mut table = false;
+        for line in out.lines() {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            if cols.first() == Some(&"stage") && cols.get(1) == Some(&"key") {
+                table = true;
+                continue;
+            }
+            if table && cols.len() >= 3 && cols[1].len() == 12 {
+                got.push_str(&format!("{name} {} {}\n", cols[0], cols[1]));
+            } else if table {
+                table = false;
+            }
+        }
+    }
+    let golden = root.join("tests/stage-keys.txt");
+    if std::env::var_os("SELFDISTILL_WRITE_KEYS").is_some() {
+        std::fs::write(&golden, &got).unwrap();
+    }
+    let want = std::fs::read_to_string(&golden).unwrap();
+    assert!(got.lines().count() >= 20, "too few stages planned:\n{got}");
+    assert_eq!(
+        got, want,
+        "stage keys changed (left: now, right: tests/stage-keys.txt)"
+    );
+}
+
 /// `preflight --plan-only --gpu` checks a GPU train stage against the named GPU: the shipped
 /// Qwen3-4B run (bf16 compute, fp32 master weights and moments, recompute, 4,096 tokens per
 /// micro-batch) fits an H100; without recompute it does not, and the refusal names the stage,

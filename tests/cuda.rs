@@ -3,7 +3,7 @@
 //! GPU against the CPU sampler, and the trainer on the GPU against the CPU (the same 8 steps in
 //! f32 and bf16, and a SIGKILLed GPU run resumed). CI compiles them (`cargo check --features cuda --all-targets`)
 //! but has no GPU to run them on; without a GPU every test fails rather than passing vacuously.
-//! Run them on a GPU machine as the README's GPU section says; the fixture folder is found at
+//! Run them on a GPU machine as docs/gpu.md says; the fixture folder is found at
 //! `$SELFDISTILL_SHARED/fixtures/tiny-qwen3` or `../shared/fixtures/tiny-qwen3`.
 #![cfg(feature = "cuda")]
 
@@ -18,7 +18,7 @@ use selfdistill::sampler::block_pool::{BlockPool, BlockTable};
 use selfdistill::sampler::engine::{Engine, EngineConfig, Request, Sample};
 use selfdistill::sampler::gpu::{GpuKvCache, GpuPagedAttention, GpuStep};
 use selfdistill::sampler::kv_cache::{KvCache, PagedAttention, SeqStep};
-use selfdistill::sampler::sampling::SamplingParams;
+use selfdistill::sampler::params::SamplingParams;
 use selfdistill::sampler::scheduler::SchedulerConfig;
 
 fn gpu() -> Device {
@@ -419,7 +419,6 @@ fn run_fixture_at(
         params,
         eos_token_ids: vec![],
         kv_fp8: false,
-        logprobs: None,
         thinking: None,
     };
     let mut e = Engine::new(&model, cfg).unwrap();

@@ -139,6 +139,46 @@ fn eval_writes_samples_metrics_and_a_table_and_reuses_samples() {
     assert!(text(&o).contains("gsm8k_test"), "{}", text(&o));
 }
 
+/// `pipeline eval`'s sampling flags set only what they name over each set's own settings, a
+/// flag typed at its default included (`--temperature 0` makes the set's 0.8 greedy); flags not
+/// typed leave the set's values.
+#[test]
+fn eval_flags_override_only_the_keys_typed() {
+    let Some(model) = shared("fixtures/tiny-qwen3") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    toy_set(dir.path());
+    let m = model.to_str().unwrap();
+    let samples = |extra: &[&str], out: &str| {
+        let mut args = vec!["eval", "--model", m, "--sets", "toy.toml", "--output", out];
+        args.extend(["--n", "2", "--limit", "4"]);
+        args.extend(extra);
+        let o = run(&args, dir.path());
+        assert!(o.status.success(), "{}", text(&o));
+        let slug = selfdistill::eval::model_slug(m);
+        read_completions(&dir.path().join(out).join(slug).join("toy/samples.parquet")).unwrap()
+    };
+    let same_pairs = |rows: &[selfdistill::data::schema::Completion]| {
+        assert_eq!(rows.len(), 8);
+        rows.chunks(2)
+            .filter(|p| p[0].completion_token_ids == p[1].completion_token_ids)
+            .count()
+    };
+    let greedy = samples(&["--temperature", "0"], "greedy");
+    assert_eq!(same_pairs(&greedy), 4);
+    let set_temperature = samples(&[], "set");
+    assert!(same_pairs(&set_temperature) < 4);
+    let o = run(
+        &[
+            "eval", "--model", m, "--sets", "toy.toml", "--top-p", "0", "--output", "x",
+        ],
+        dir.path(),
+    );
+    assert!(!o.status.success());
+    assert!(text(&o).contains("top_p must be in (0, 1]"), "{}", text(&o));
+}
+
 /// The shipped `evals/<name>.toml` written into `dir`, reading the copy of its data in
 /// `../shared/data/<file>` instead of the hub (tests run offline).
 fn local_set(dir: &std::path::Path, name: &str, file: &str) -> Option<()> {

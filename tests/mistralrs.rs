@@ -16,10 +16,10 @@ use candle_core::{DType, Device};
 use common::*;
 use selfdistill::data::schema::{read_completions, Completion};
 use selfdistill::jobs::mistralrs::{Draws, MistralRsEngine, Options};
-use selfdistill::jobs::sample::SampleEngine;
+use selfdistill::jobs::sample::engine::SampleEngine;
 use selfdistill::model::Checkpoint;
 use selfdistill::sampler::engine::Request;
-use selfdistill::sampler::sampling::SamplingParams;
+use selfdistill::sampler::params::SamplingParams;
 
 /// `pipeline sample` on `rows` toy problems with the fixture and raw prompts.
 fn sample(
@@ -345,7 +345,6 @@ fn engine(max_num_seqs: usize, max_new_tokens: usize) -> Option<MistralRsEngine>
         },
         eos_token_ids: ck.eos_token_ids().unwrap(),
         thinking: None,
-        logprobs: None,
     };
     Some(MistralRsEngine::new(&opts, draws, ck.tokenizer().unwrap()).unwrap())
 }

@@ -20,7 +20,7 @@ use crate::model::init::{random_model, shape};
 use crate::model::{LayerKind, ModelConfig, Transformer};
 use crate::sampler::engine::{Engine, EngineConfig, Request};
 use crate::sampler::kv_cache::KvCache;
-use crate::sampler::sampling::SamplingParams;
+use crate::sampler::params::SamplingParams;
 use crate::sampler::scheduler::SchedulerConfig;
 use crate::sampler::state_slots::StateSlots;
 
@@ -106,7 +106,6 @@ fn timed_run(
         },
         eos_token_ids: Vec::new(),
         kv_fp8: a.kv_fp8,
-        logprobs: None,
         thinking: None,
     };
     let mut e = Engine::new(model, ecfg)?;
@@ -158,13 +157,13 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
     let dev = crate::model::parse_device(&a.device)?;
     let dtype = crate::model::parse_dtype(&a.dtype, &dev)?;
     match a.engine.as_str() {
-        crate::jobs::sample::ENGINE_OURS => {}
+        crate::jobs::sample::settings::ENGINE_OURS => {}
         #[cfg(feature = "mistralrs")]
-        crate::jobs::sample::ENGINE_MISTRALRS => {
+        crate::jobs::sample::settings::ENGINE_MISTRALRS => {
             return run_mistralrs(a, &cfg, &batches, &dev, dtype)
         }
         #[cfg(not(feature = "mistralrs"))]
-        crate::jobs::sample::ENGINE_MISTRALRS => {
+        crate::jobs::sample::settings::ENGINE_MISTRALRS => {
             bail!("--engine mistralrs: this binary was built without the mistralrs feature")
         }
         e => bail!("--engine {e}: use selfdistill or mistralrs"),
@@ -318,7 +317,7 @@ fn run_mistralrs(
     if dev.is_cpu() {
         println!(
             "(mistral.rs 0.8.1 batches without paged attention, as on the CPU, give sequences \
-             each other's KV caches: batched rows are its speed, not a correct run; see the README)"
+             each other's KV caches: batched rows are its speed, not a correct run; see docs/mistralrs.md)"
         );
     }
     println!(

@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Result;
 
 use crate::eval::{self, EvalConfig};
+use crate::jobs::sample::settings::SampleOverrides;
+use crate::sampler::params::SamplingParams;
 
 #[derive(Debug, clap::Args)]
 pub struct EvalArgs {
@@ -15,48 +17,21 @@ pub struct EvalArgs {
     /// Eval sets, comma-separated: names of `evals/<name>.toml` or paths of definition files.
     #[arg(long, value_delimiter = ',', required = true)]
     pub sets: Vec<String>,
-    /// Samples per problem (default: the set's).
-    #[arg(long)]
-    pub n: Option<u32>,
-    /// Sampling temperature (default: the set's; 0 = greedy).
-    #[arg(long)]
-    pub temperature: Option<f32>,
-    #[arg(long)]
-    pub top_p: Option<f32>,
-    #[arg(long)]
-    pub top_k: Option<usize>,
-    #[arg(long)]
-    pub min_p: Option<f32>,
-    /// vLLM's repetition penalty (1 = off).
-    #[arg(long)]
-    pub repetition_penalty: Option<f32>,
-    /// vLLM's presence penalty (0 = off).
-    #[arg(long, allow_negative_numbers = true)]
-    pub presence_penalty: Option<f32>,
-    /// vLLM's frequency penalty (0 = off).
-    #[arg(long, allow_negative_numbers = true)]
-    pub frequency_penalty: Option<f32>,
-    /// Token ids that end a sample like EOS (comma-separated).
-    #[arg(long, value_delimiter = ',')]
-    pub stop_token_ids: Option<Vec<u32>>,
-    /// Per-token log-probabilities (and K alternatives) in each set's samples Parquet.
-    #[arg(long)]
-    pub logprobs: Option<usize>,
-    #[arg(long)]
-    pub max_new_tokens: Option<usize>,
-    /// Chat template's `enable_thinking` (Qwen3), over the sets' own.
-    #[arg(long)]
-    pub enable_thinking: Option<bool>,
     /// Only the first N problems of each set.
     #[arg(long)]
     pub limit: Option<usize>,
+    /// The sampling parameters: each one given here is set over every set's own (the rest
+    /// keep the set's values, not these defaults).
+    #[command(flatten)]
+    pub params: SamplingParams,
+    /// Chat template's `enable_thinking` (Qwen3), over the sets' own.
+    #[arg(long)]
+    pub enable_thinking: Option<bool>,
     /// `cpu`, or `cuda` / `cuda:N` (default: the set's, cpu).
     #[arg(long)]
     pub device: Option<String>,
     #[arg(long)]
     pub max_num_seqs: Option<usize>,
-    #[arg(long)]
-    pub seed: Option<u64>,
     /// `selfdistill` (ours) or `mistralrs` (a binary built with `--features mistralrs`).
     #[arg(long)]
     pub engine: Option<String>,
@@ -64,30 +39,33 @@ pub struct EvalArgs {
     pub output: PathBuf,
 }
 
-pub fn run(a: &EvalArgs) -> Result<()> {
+/// `matches`: the subcommand's, which say which sampling flags the user typed.
+pub fn run(a: &EvalArgs, matches: &clap::ArgMatches) -> Result<()> {
+    let mut t = toml::Table::try_from(&a.params)?;
+    t.retain(|k, _| typed(matches, k));
+    let mut job = |key: &str, v: Option<toml::Value>| {
+        if let Some(v) = v {
+            t.insert(key.into(), v);
+        }
+    };
+    job("enable_thinking", a.enable_thinking.map(Into::into));
+    job("device", a.device.clone().map(Into::into));
+    job("max_num_seqs", a.max_num_seqs.map(|n| (n as i64).into()));
+    job("engine", a.engine.clone().map(Into::into));
     let cfg = EvalConfig {
         sets: a.sets.clone(),
         model: None,
-        n: a.n,
-        temperature: a.temperature,
-        top_p: a.top_p,
-        top_k: a.top_k,
-        max_new_tokens: a.max_new_tokens,
-        enable_thinking: a.enable_thinking,
         limit: a.limit,
-        seed: a.seed,
-        device: a.device.clone(),
-        max_num_seqs: a.max_num_seqs,
-        min_p: a.min_p,
-        repetition_penalty: a.repetition_penalty,
-        presence_penalty: a.presence_penalty,
-        frequency_penalty: a.frequency_penalty,
-        stop_token_ids: a.stop_token_ids.clone(),
-        logprobs: a.logprobs,
-        engine: a.engine.clone(),
+        overrides: SampleOverrides::new(t).map_err(|e| anyhow::anyhow!("--{e}"))?,
     };
     let sets = cfg.load_sets(Path::new("."))?;
     eval::evaluate(&a.models, &sets, &cfg, &a.output, None)?;
     println!("wrote {}", a.output.display());
     Ok(())
+}
+
+/// Whether the flag with this id was typed (not its default).
+fn typed(matches: &clap::ArgMatches, id: &str) -> bool {
+    matches.try_get_raw(id).is_ok_and(|v| v.is_some())
+        && matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
 }

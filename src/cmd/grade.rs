@@ -18,9 +18,9 @@ use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
 use serde_json::{Map, Value};
 
-use crate::config::closest;
 use crate::data::records::{field_text, open_parquet, read_records, FileKind};
 use crate::data::schema::writer_properties;
+use crate::names::closest;
 use crate::store::commit_file;
 use crate::verify::{grade, GradeOptions, Verdict};
 

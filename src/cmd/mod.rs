@@ -1,16 +1,42 @@
-//! Commands that are not pipeline stages: `grade`, `data inspect`, `status`, `preflight`, `bench`,
-//! `sample`.
+//! The commands of the `pipeline` binary, one file each: `run`, `status`, `report`,
+//! `preflight`, `sample`, `eval`, `train`, `merge`, `grade`, `data`, `bench`. Each takes its
+//! parsed arguments (an `*Args` struct that `main.rs` flattens into its subcommands), does its
+//! work through the library, and prints.
 //!
-//! Each reads files or the work dir and prints; none of them writes a stage.
+//! Only `run` writes stages (through [`crate::stages`]); the others read files or the work dir,
+//! or write the files they are asked for.
 
 pub mod bench;
 pub mod bench_attention;
 pub mod bench_sample;
 pub mod bench_train;
+pub mod data;
 pub mod eval;
 pub mod grade;
 pub mod inspect;
+pub mod merge;
 pub mod preflight;
+pub mod report;
+pub mod run;
 pub mod sample;
 pub mod status;
 pub mod train;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use crate::config::Config;
+
+/// The config at `path`, or the embedded default without one; `workdir` overrides its
+/// `run.workdir`.
+pub fn load_config(path: Option<PathBuf>, workdir: Option<PathBuf>) -> Result<Config> {
+    let mut cfg = match path {
+        Some(path) => Config::load(&path)?,
+        None => Config::embedded_default()?,
+    };
+    if let Some(w) = workdir {
+        cfg.workdir = w;
+    }
+    Ok(cfg)
+}

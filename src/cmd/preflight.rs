@@ -5,6 +5,8 @@
 //! Prints each stage's time and cost estimate (`stages::cost`). Cached stages need nothing new. Estimates come from input sizes (see each stage's `plan`), so
 //! they are coarse; the check exists to catch the run that cannot fit, hours before it fails.
 
+use std::path::PathBuf;
+
 use anyhow::{bail, Result};
 
 use crate::bytes::format_bytes;
@@ -12,11 +14,32 @@ use crate::config::Config;
 use crate::machine::{available_memory_bytes, free_disk_bytes};
 use crate::stages::{stage_state, Plan, Resolve, StageState};
 
+#[derive(Debug, clap::Args)]
+pub struct PreflightArgs {
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+    /// Plan for another machine (a GPU box): validate and estimate, but do not compare the
+    /// estimates with this machine's free disk and memory (`run.disk_budget` still applies).
+    #[arg(long)]
+    pub plan_only: bool,
+    /// With --plan-only: the GPU the GPU stages are planned for (h100, h200, b200, a100,
+    /// or its memory, e.g. 80GB); their memory is checked against it.
+    #[arg(long, requires = "plan_only")]
+    pub gpu: Option<String>,
+}
+
+pub fn run(a: &PreflightArgs) -> Result<()> {
+    let cfg = super::load_config(a.config.clone(), a.workdir.clone())?;
+    check(&cfg, a.plan_only, a.gpu.as_deref())
+}
+
 /// `plan_only`: skip the comparison with this machine's free disk and memory; `gpu` (with it):
 /// the GPU the GPU stages are checked against (a name of `train::memory::GPUS` or a size).
 /// Without `plan_only`, a GPU stage is checked against its device's memory when this binary
 /// can open it.
-pub fn run(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
+pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
     let gpu = gpu.map(crate::train::memory::parse_gpu).transpose()?;
     println!("config {}: valid", cfg.origin);
     // a hub model that is not downloaded is planned from its built-in card (config only)
@@ -40,8 +63,8 @@ pub fn run(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
     let mut peak_mem = 0u64;
     let mut gpu_stages: Vec<(String, u64, crate::stages::StageKind)> = Vec::new();
     println!(
-        "{:<11} {:<12} {:>12} {:>12} {:>12}",
-        "stage", "state", "disk", "memory", "GPU memory"
+        "{:<11} {:<12} {:<12} {:>12} {:>12} {:>12}",
+        "stage", "key", "state", "disk", "memory", "GPU memory"
     );
     for s in &plan.stages {
         let done = matches!(stage_state(&s.dir)?, StageState::Done(_));
@@ -57,8 +80,9 @@ pub fn run(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
             gpu_stages.push((s.name.clone(), g, s.kind));
         }
         println!(
-            "{:<11} {:<12} {:>12} {:>12} {:>12}",
+            "{:<11} {:<12} {:<12} {:>12} {:>12} {:>12}",
             s.name,
+            s.key.get(..12).unwrap_or(&s.key),
             if done { "cached" } else { "to run" },
             format_bytes(d),
             format_bytes(m),

@@ -10,7 +10,9 @@ use anyhow::{bail, Context, Result};
 
 use crate::data::source::{AnswerExtract, FieldMap, Location, SourceFormat, SourceSpec};
 use crate::data::{hub, load_source};
-use crate::jobs::sample::{self as job, SampleSettings};
+use crate::jobs::sample::run::run_settings;
+use crate::jobs::sample::settings::SampleSettings;
+use crate::jobs::sample::shard::{in_shard, resolve_shard};
 
 #[derive(Debug, clap::Args)]
 pub struct SampleArgs {
@@ -95,9 +97,9 @@ pub fn run(a: &SampleArgs) -> Result<()> {
             p.gold_answer.clear();
         }
     }
-    let shard = job::resolve_shard(a.shard.as_deref(), a.num_shards)?;
+    let shard = resolve_shard(a.shard.as_deref(), a.num_shards)?;
     if let Some(shard) = shard {
-        problems.retain(|p| job::in_shard(&p.problem_id, shard));
+        problems.retain(|p| in_shard(&p.problem_id, shard));
         tracing::info!("shard {}/{}: {} problems", shard.0, shard.1, problems.len());
     }
     let label = match shard {
@@ -105,7 +107,7 @@ pub fn run(a: &SampleArgs) -> Result<()> {
         None => "sample".into(),
     };
     let progress = crate::progress::Target::new(label, None);
-    let s = job::run_settings(
+    let s = run_settings(
         settings,
         &problems,
         shard.unwrap_or((0, 1)),

@@ -71,7 +71,18 @@ pub struct StageStatus {
     pub note: String,
 }
 
-pub fn run(a: &StatusArgs, cfg: Option<&Config>) -> Result<()> {
+pub fn run(a: &StatusArgs) -> Result<()> {
+    let cfg = match (&a.config, &a.workdir) {
+        (Some(p), w) => Some(super::load_config(Some(p.clone()), w.clone())?),
+        (None, Some(_)) => None,
+        // the embedded default's work dir, as `run all` with no config
+        (None, None) => Some(super::load_config(None, None)?),
+    };
+    show(a, cfg.as_ref())
+}
+
+/// The status of the work dir of `cfg` (or `--workdir`).
+fn show(a: &StatusArgs, cfg: Option<&Config>) -> Result<()> {
     let root = match (&a.workdir, cfg) {
         (Some(w), _) => w.clone(),
         (None, Some(c)) => c.workdir.clone(),

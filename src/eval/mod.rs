@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::source::SourceSpec;
 use crate::data::{hub, load_source};
-use crate::jobs::sample::{self as job, SampleSettings};
+use crate::jobs::sample::run::run_settings;
+use crate::jobs::sample::settings::{KeyError, SampleOverrides, SampleSettings};
 use metrics::{Outcome, SetMetrics};
 
 /// One eval set: where its problems come from and how to sample them.
@@ -128,9 +129,10 @@ impl EvalSet {
     pub fn settings(&self, model: &str) -> Result<SampleSettings> {
         let mut t = self.sample.clone();
         t.insert("model".into(), toml::Value::String(model.into()));
-        let s: SampleSettings = toml::Value::Table(t)
-            .try_into()
-            .map_err(|e| anyhow::anyhow!("{}: `sample`: {e}", self.file.display()))?;
+        let s = SampleSettings::from_table(&t).map_err(|e| match e.key() {
+            Some(k) => anyhow::anyhow!("{}: `sample.{k}`: {}", self.file.display(), e.reason()),
+            None => anyhow::anyhow!("{}: `sample`: {}", self.file.display(), e.reason()),
+        })?;
         s.validate()
             .map_err(|e| anyhow::anyhow!("{}: `sample.{e}`", self.file.display()))?;
         Ok(s)
@@ -138,48 +140,68 @@ impl EvalSet {
 }
 
 /// The `[eval]` section of a config, and the flags of `pipeline eval`: which sets, whose base
-/// model (the stage's; the command takes `--model`), and what to override in every set's
-/// sampling settings.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// model (the stage's; the command takes `--model`), how many problems, and what to override in
+/// every set's sampling settings (any `[sample]` key but `model`).
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct EvalConfig {
     /// Names of `evals/<name>.toml`, or paths of definition files (relative to the config).
     pub sets: Vec<String>,
     /// The base model; default: `[train].model`, else `[sample].model`.
     pub model: Option<String>,
-    pub n: Option<u32>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    pub top_k: Option<usize>,
-    pub max_new_tokens: Option<usize>,
-    /// Passed to the chat template (Qwen3: thinking on or off), over the sets' own.
-    pub enable_thinking: Option<bool>,
     /// Only the first N problems of each set.
     pub limit: Option<usize>,
-    pub seed: Option<u64>,
-    pub device: Option<String>,
-    pub max_num_seqs: Option<usize>,
-    // The overrides below are left out of the serialized config when unset, so adding them kept
-    // every existing eval key.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min_p: Option<f32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub repetition_penalty: Option<f32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub presence_penalty: Option<f32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub frequency_penalty: Option<f32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop_token_ids: Option<Vec<u32>>,
-    /// Per-token log-probabilities in the samples' Parquet (see `[sample] logprobs`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub logprobs: Option<usize>,
-    /// The sampling engine (see `[sample] engine`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub engine: Option<String>,
+    /// Set over every set's `[sample]` keys.
+    pub overrides: SampleOverrides,
 }
 
+/// The keys of `[eval]` that are its own; every other key is an override.
+const EVAL_KEYS: [&str; 3] = ["sets", "model", "limit"];
+
 impl EvalConfig {
+    /// An `[eval]` table; the error names the key.
+    pub fn from_table(t: &toml::Table) -> std::result::Result<EvalConfig, KeyError> {
+        let value = |key: &str, message: String| KeyError::Value {
+            key: Some(key.into()),
+            message,
+        };
+        let own = |key: &str| -> std::result::Result<Option<toml::Value>, KeyError> {
+            Ok(t.get(key).cloned())
+        };
+        let sets: Vec<String> = match own("sets")? {
+            Some(v) => v
+                .try_into()
+                .map_err(|e: toml::de::Error| value("sets", e.message().trim().to_string()))?,
+            None => return Err(value("sets", "missing: name at least one eval set".into())),
+        };
+        let model: Option<String> = own("model")?
+            .map(|v| v.try_into())
+            .transpose()
+            .map_err(|e: toml::de::Error| value("model", e.message().trim().to_string()))?;
+        let limit: Option<usize> = own("limit")?
+            .map(|v| v.try_into())
+            .transpose()
+            .map_err(|e: toml::de::Error| value("limit", e.message().trim().to_string()))?;
+        let rest: toml::Table = t
+            .iter()
+            .filter(|(k, _)| !EVAL_KEYS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let overrides = SampleOverrides::new(rest).map_err(|e| match e {
+            KeyError::Unknown { key, mut valid } => {
+                valid.retain(|k| k != "model");
+                valid.splice(0..0, EVAL_KEYS.iter().map(|k| k.to_string()));
+                KeyError::Unknown { key, valid }
+            }
+            e => e,
+        })?;
+        Ok(EvalConfig {
+            sets,
+            model,
+            limit,
+            overrides,
+        })
+    }
+
     /// The sets, resolved (names through [`search_dirs`], paths ending in `.toml` against
     /// `base`).
     pub fn load_sets(&self, base: &Path) -> Result<Vec<EvalSet>> {
@@ -195,56 +217,76 @@ impl EvalConfig {
             .collect()
     }
 
-    /// Sets every overridden field of `s`.
-    pub fn apply(&self, s: &mut SampleSettings) {
-        if let Some(n) = self.n {
-            s.n = n;
+    /// A set's sampling settings for `model`, with the overrides.
+    pub fn settings(&self, set: &EvalSet, model: &str) -> Result<SampleSettings> {
+        let s = set.settings(model)?;
+        let s = self
+            .overrides
+            .apply(&s)
+            .map_err(|e| anyhow::anyhow!("eval set `{}` with the overrides: {e}", set.name))?;
+        s.validate()
+            .map_err(|e| anyhow::anyhow!("eval set `{}` with the overrides: {e}", set.name))?;
+        Ok(s)
+    }
+}
+
+/// The keys an eval stage's key has always hashed, in order: these are written even when unset
+/// (as null); other overrides only when set, the ones of [`LATER_KEYS`] first. Frozen, so that
+/// every existing eval stage keeps its key.
+const ALWAYS_KEYS: [&str; 10] = [
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_new_tokens",
+    "enable_thinking",
+    "limit",
+    "seed",
+    "device",
+    "max_num_seqs",
+];
+const LATER_KEYS: [&str; 7] = [
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "stop_token_ids",
+    "logprobs",
+    "engine",
+];
+
+/// The stage key's form of the section: `sets`, `model`, then [`ALWAYS_KEYS`], then the other
+/// overrides that are set ([`LATER_KEYS`] first, the rest by name), each value as its field's
+/// type writes it ([`SampleOverrides::typed_json`]).
+impl Serialize for EvalConfig {
+    fn serialize<S: serde::Serializer>(&self, ser: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let value = |key: &str| -> serde_json::Value {
+            if key == "limit" {
+                return serde_json::json!(self.limit);
+            }
+            self.overrides
+                .get(key)
+                .map(|v| SampleOverrides::typed_json(key, v))
+                .unwrap_or(serde_json::Value::Null)
+        };
+        let mut m = ser.serialize_map(None)?;
+        m.serialize_entry("sets", &self.sets)?;
+        m.serialize_entry("model", &self.model)?;
+        for k in ALWAYS_KEYS {
+            m.serialize_entry(k, &value(k))?;
         }
-        if let Some(t) = self.temperature {
-            s.temperature = t;
+        for k in LATER_KEYS {
+            if self.overrides.get(k).is_some() {
+                m.serialize_entry(k, &value(k))?;
+            }
         }
-        if let Some(p) = self.top_p {
-            s.top_p = p;
+        for (k, _) in self.overrides.iter() {
+            if !ALWAYS_KEYS.contains(&k.as_str()) && !LATER_KEYS.contains(&k.as_str()) {
+                m.serialize_entry(k, &value(k))?;
+            }
         }
-        if let Some(k) = self.top_k {
-            s.top_k = k;
-        }
-        if let Some(m) = self.max_new_tokens {
-            s.max_new_tokens = m;
-        }
-        if self.enable_thinking.is_some() {
-            s.enable_thinking = self.enable_thinking;
-        }
-        if let Some(d) = &self.device {
-            s.device = d.clone();
-        }
-        if let Some(b) = self.max_num_seqs {
-            s.max_num_seqs = b;
-        }
-        if let Some(seed) = self.seed {
-            s.seed = seed;
-        }
-        if let Some(m) = self.min_p {
-            s.min_p = m;
-        }
-        if let Some(r) = self.repetition_penalty {
-            s.repetition_penalty = r;
-        }
-        if let Some(p) = self.presence_penalty {
-            s.presence_penalty = p;
-        }
-        if let Some(f) = self.frequency_penalty {
-            s.frequency_penalty = f;
-        }
-        if let Some(ids) = &self.stop_token_ids {
-            s.stop_token_ids = ids.clone();
-        }
-        if let Some(e) = &self.engine {
-            s.engine = e.clone();
-        }
-        if self.logprobs.is_some() {
-            s.logprobs = self.logprobs;
-        }
+        m.end()
     }
 }
 
@@ -306,10 +348,7 @@ pub fn evaluate(
             .filter_map(|p| Some((p.problem_id.as_str(), p.level.as_deref()?)))
             .collect();
         for model in models {
-            let mut s = set.settings(model)?;
-            ov.apply(&mut s);
-            s.validate()
-                .map_err(|e| anyhow::anyhow!("eval set `{}`: {e}", set.name))?;
+            let s = ov.settings(set, model)?;
             let dir = out.join(model_slug(model)).join(&set.name);
             std::fs::create_dir_all(&dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
@@ -319,15 +358,15 @@ pub fn evaluate(
                 model,
                 set.name,
                 problems.len(),
-                s.n
+                s.params.n
             );
             let target = crate::progress::Target::new(
                 format!("eval {} {}", set.name, model_slug(model)),
                 progress_file.map(Path::to_path_buf),
             );
-            let summary = job::run_settings(&s, &problems, (0, 1), &samples, &target)?;
+            let summary = run_settings(&s, &problems, (0, 1), &samples, &target)?;
             let outcomes = outcomes(&samples, &levels)?;
-            let m = metrics::compute(&outcomes, s.seed);
+            let m = metrics::compute(&outcomes, s.params.seed);
             let r = EvalResult {
                 model: model.clone(),
                 set: set.name.clone(),

@@ -19,7 +19,7 @@
 //! next token. On the CPU mistral.rs runs one sequence at a time: its batches without paged
 //! attention mix up the sequences' KV caches (see [`MistralRsEngine::new`]).
 //!
-//! Knows nothing of parts, grading or stages: [`super::sample::run`] drives it like ours.
+//! Knows nothing of parts, grading or stages: [`super::sample::run::run`] drives it like ours.
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
@@ -35,12 +35,13 @@ use mistralrs::{
     SamplingParams as MrsParams, StopTokens, TextModelBuilder, TokenSource,
 };
 
-use super::sample::SampleEngine;
+use super::sample::engine::SampleEngine;
 use crate::model::TextTokenizer;
 use crate::sampler::engine::{
     after_token, After, Decoder, FinishReason, Request, Sample, ThinkingBudget, TokenLogprob,
 };
-use crate::sampler::sampling::{sample, top_logprobs, SampleRng, SamplingParams, Scratch};
+use crate::sampler::params::SamplingParams;
+use crate::sampler::sampling::{sample, top_logprobs, SampleRng, Scratch};
 
 /// How mistral.rs loads and runs the model.
 #[derive(Debug, Clone)]
@@ -66,7 +67,6 @@ pub struct Draws {
     pub params: SamplingParams,
     pub eos_token_ids: Vec<u32>,
     pub thinking: Option<ThinkingBudget>,
-    pub logprobs: Option<usize>,
 }
 
 /// One sample's state, shared by the processor (mistral.rs's threads) and the engine.
@@ -157,7 +157,7 @@ impl Tap {
         }
         if let Some(t) = s.closing.pop_front() {
             s.generated.push(t);
-            if d.logprobs.is_some() {
+            if d.params.logprobs.is_some() {
                 s.token_logprobs.push(TokenLogprob {
                     logprob: None,
                     top: Vec::new(),
@@ -186,7 +186,7 @@ impl Tap {
         );
         s.generated.push(drawn.token);
         s.logprob += drawn.logprob as f64;
-        if let Some(k) = d.logprobs {
+        if let Some(k) = d.params.logprobs {
             s.token_logprobs.push(TokenLogprob {
                 logprob: Some(drawn.logprob),
                 top: top_logprobs(&row, k),
@@ -403,6 +403,7 @@ impl MistralRsEngine {
             logprobs: self
                 .shared
                 .draws
+                .params
                 .logprobs
                 .map(|_| std::mem::take(&mut s.token_logprobs)),
         }))

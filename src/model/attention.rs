@@ -162,8 +162,8 @@ pub fn attend_one(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> 
     let (_, hkv, _) = k.dims3()?;
     // (L, H, D) -> (H, L, D)
     let q = q.transpose(0, 1)?.contiguous()?;
-    let k = repeat_kv(&k.transpose(0, 1)?.contiguous()?, hq / hkv)?;
-    let v = repeat_kv(&v.transpose(0, 1)?.contiguous()?, hq / hkv)?;
+    let k = super::block_attention::repeat_kv(&k.transpose(0, 1)?.contiguous()?, hq / hkv)?;
+    let v = super::block_attention::repeat_kv(&v.transpose(0, 1)?.contiguous()?, hq / hkv)?;
     let scale = 1.0 / (d as f64).sqrt();
     // (H, Lq, D) x (H, D, Lk) -> (H, Lq, Lk)
     let dtype = q.dtype();
@@ -185,31 +185,4 @@ pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
     let e = x.broadcast_sub(&max)?.exp()?;
     let sum = e.sum_keepdim(D::Minus1)?;
     e.broadcast_div(&sum)
-}
-
-/// (Hkv, L, D) -> (Hkv * n_rep, L, D), each KV head repeated for its query heads.
-pub fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
-    if n_rep == 1 {
-        return Ok(x.clone());
-    }
-    let (hkv, l, d) = x.dims3()?;
-    x.unsqueeze(1)?
-        .expand((hkv, n_rep, l, d))?
-        .reshape((hkv * n_rep, l, d))
-}
-
-/// Additive mask (Lq, Lk): query i (at absolute position `offset + i`) sees keys `0..=offset+i`.
-pub fn causal_mask(lq: usize, lk: usize, offset: usize, device: &Device) -> Result<Tensor> {
-    let mask: Vec<f32> = (0..lq)
-        .flat_map(|i| {
-            (0..lk).map(move |j| {
-                if j <= offset + i {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
-                }
-            })
-        })
-        .collect();
-    Tensor::from_vec(mask, (lq, lk), device)?.to_dtype(DType::F32)
 }

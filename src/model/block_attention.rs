@@ -12,9 +12,10 @@
 //! CPU kernel ([`super::fused_attention`]) stays the CPU's fast path. Knows nothing of layers.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor, D};
+use candle_core::{
+    CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor, D,
+};
 
-use super::attention::repeat_kv;
 use super::ops::matmul;
 
 /// Query rows per block: a block's f32 scores are `heads * BLOCK * L * 4` bytes (32 heads at
@@ -77,7 +78,7 @@ fn block_scores(qb: &Tensor, kh: &Tensor, s: usize, e: usize, scale: f64) -> Res
     if e - s == 1 {
         return Ok(scores); // one query row, the last key: it sees every key
     }
-    let mask = super::attention::causal_mask(e - s, e, s, qb.device())?;
+    let mask = causal_mask(e - s, e, s, qb.device())?;
     scores.broadcast_add(&mask)
 }
 
@@ -194,11 +195,39 @@ impl CustomOp3 for Attach {
     }
 }
 
+/// (Hkv, L, D) -> (Hkv * n_rep, L, D), each KV head repeated for its query heads.
+pub fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
+    if n_rep == 1 {
+        return Ok(x.clone());
+    }
+    let (hkv, l, d) = x.dims3()?;
+    x.unsqueeze(1)?
+        .expand((hkv, n_rep, l, d))?
+        .reshape((hkv * n_rep, l, d))
+}
+
+/// Additive mask (Lq, Lk): query i (at absolute position `offset + i`) sees keys `0..=offset+i`.
+pub fn causal_mask(lq: usize, lk: usize, offset: usize, device: &Device) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..lq)
+        .flat_map(|i| {
+            (0..lk).map(move |j| {
+                if j <= offset + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
+        .collect();
+    Tensor::from_vec(mask, (lq, lk), device)?.to_dtype(DType::F32)
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::{DType, Device, Tensor, Var};
 
-    use crate::model::attention::{attend_one, causal_mask};
+    use super::causal_mask;
+    use crate::model::attention::attend_one;
     use crate::model::tests::max_abs_diff;
 
     /// Output and the three gradients equal the composed attention's (which materialises the

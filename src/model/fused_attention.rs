@@ -519,7 +519,8 @@ mod kernels {
 mod tests {
     use candle_core::{Device, Tensor, Var};
 
-    use super::super::attention::{attend_one, causal_mask};
+    use super::super::attention::attend_one;
+    use super::super::block_attention::causal_mask;
     use super::fused_causal;
     use crate::model::tests::max_abs_diff;
 

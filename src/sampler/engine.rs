@@ -25,7 +25,8 @@ use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
 use super::kv_cache::{KvCache, PagedAttention, SeqStep};
-use super::sampling::{sample, stop_string_hit, SampleRng, Sampled, SamplingParams, Scratch};
+use super::params::SamplingParams;
+use super::sampling::{sample, stop_string_hit, SampleRng, Sampled, Scratch};
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, SeqState};
 use super::state_slots::StateSlots;
 use crate::model::Transformer;
@@ -70,7 +71,7 @@ pub struct Sample {
     pub finish_reason: FinishReason,
     /// Sum of the chosen tokens' log-probabilities under the raw model distribution.
     pub cumulative_logprob: f64,
-    /// With [`EngineConfig::logprobs`]: one entry per token of `tokens`.
+    /// With `logprobs` in [`EngineConfig::params`]: one entry per token of `tokens`.
     pub logprobs: Option<Vec<TokenLogprob>>,
 }
 
@@ -97,14 +98,14 @@ pub struct ThinkingBudget {
 pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     pub num_blocks: usize,
+    /// Every request's parameters; with `logprobs`, each drawn token's log-probability and
+    /// that many alternatives are recorded (otherwise nothing is, and the GPU keeps its
+    /// candidate-only draw).
     pub params: SamplingParams,
     pub eos_token_ids: Vec<u32>,
     pub thinking: Option<ThinkingBudget>,
     /// Keys and values in fp8 e4m3 (CUDA, bf16 models): half the cache bytes of bf16.
     pub kv_fp8: bool,
-    /// Record each drawn token's log-probability and this many alternatives (vLLM's
-    /// `logprobs`); `None`: nothing recorded, and the GPU keeps its candidate-only draw.
-    pub logprobs: Option<usize>,
 }
 
 /// Counters for the end-of-run summary.
@@ -147,7 +148,7 @@ struct SeqMeta {
     thinking_closed: bool,
     /// The thinking budget forced the closing text in.
     thinking_forced: bool,
-    /// Per generated token, with [`EngineConfig::logprobs`].
+    /// Per generated token, with `logprobs` in [`EngineConfig::params`].
     token_logprobs: Vec<TokenLogprob>,
 }
 
@@ -631,12 +632,14 @@ impl<'m> Engine<'m> {
     ) -> Result<Vec<Sample>> {
         // Logprobs need every row's alternatives: the rows go to the host whole.
         let logits = match logits {
-            Logits::Device(t) if self.cfg.logprobs.is_some() => Logits::Host(logits_to_host(&t)?),
+            Logits::Device(t) if self.cfg.params.logprobs.is_some() => {
+                Logits::Host(logits_to_host(&t)?)
+            }
             l => l,
         };
         let drawn = self.draw(&samplers, &logits)?;
         let mut tops = Vec::new();
-        if let (Some(k), Logits::Host(rows)) = (self.cfg.logprobs, &logits) {
+        if let (Some(k), Logits::Host(rows)) = (self.cfg.params.logprobs, &logits) {
             let vocab = (rows.len() / samplers.len()).max(1);
             tops = rows
                 .par_chunks(vocab)
@@ -651,7 +654,7 @@ impl<'m> Engine<'m> {
         for (id, (s, rng)) in samplers.into_iter().zip(drawn) {
             self.fork_siblings(id);
             self.meta[id.0].rng = rng;
-            if self.cfg.logprobs.is_some() {
+            if self.cfg.params.logprobs.is_some() {
                 self.meta[id.0].token_logprobs.push(TokenLogprob {
                     logprob: Some(s.logprob),
                     top: tops.next().unwrap_or_default(),
@@ -829,7 +832,7 @@ impl<'m> Engine<'m> {
             After::Close(add) => {
                 // Force the closing text in; the next steps compute it like a prompt chunk.
                 m.tokens.extend_from_slice(add);
-                if self.cfg.logprobs.is_some() {
+                if self.cfg.params.logprobs.is_some() {
                     m.token_logprobs.extend(add.iter().map(|_| TokenLogprob {
                         logprob: None,
                         top: Vec::new(),
@@ -856,6 +859,7 @@ impl<'m> Engine<'m> {
             cumulative_logprob: m.logprob,
             logprobs: self
                 .cfg
+                .params
                 .logprobs
                 .map(|_| std::mem::take(&mut m.token_logprobs)),
         };

@@ -12,6 +12,7 @@ pub mod engine;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod kv_cache;
+pub mod params;
 pub mod sampling;
 pub mod scheduler;
 pub mod state_slots;

@@ -334,7 +334,7 @@ fn paged_greedy_equals_full_recompute_on_a_random_mqa_llama() {
 
 mod engine {
     use super::super::engine::{Engine, EngineConfig, FinishReason, Request, Sample};
-    use super::super::sampling::SamplingParams;
+    use super::super::params::SamplingParams;
     use super::super::scheduler::SchedulerConfig;
     use super::*;
 
@@ -388,7 +388,6 @@ mod engine {
             params,
             eos_token_ids: vec![482, 480],
             kv_fp8: false,
-            logprobs: None,
             thinking: None,
         };
         let mut e = Engine::new(model, cfg).unwrap();
@@ -513,7 +512,6 @@ mod engine {
             },
             eos_token_ids: vec![482],
             kv_fp8: false,
-            logprobs: None,
             thinking: None,
         };
         let mut e = Engine::new(&model, cfg).unwrap();
@@ -555,7 +553,6 @@ mod engine {
             },
             eos_token_ids: vec![482],
             kv_fp8: false,
-            logprobs: None,
             thinking: Some(super::super::engine::ThinkingBudget {
                 max_thinking_tokens: 5,
                 think_end_id: 484,
@@ -615,7 +612,6 @@ mod engine {
             },
             eos_token_ids: vec![482, 480],
             kv_fp8: false,
-            logprobs: None,
             thinking: None,
         };
         let mut e = Engine::new(&model, cfg).unwrap();

@@ -71,14 +71,16 @@ pub fn plan(
     let mut device = String::from("cpu");
     let mut batch = 0;
     for s in sets {
-        let mut st = s.settings(&base.input.location)?;
-        e.apply(&mut st);
-        memory_bytes = memory_bytes.max(crate::jobs::sample::host_memory_estimate(
+        let st = e.settings(s, &base.input.location)?;
+        memory_bytes = memory_bytes.max(crate::jobs::sample::memory::host_memory_estimate(
             &st,
             &base.config,
             base.weight_bytes,
         )?);
-        gpu_bytes = gpu_bytes.max(crate::jobs::sample::gpu_memory_estimate(&st, &base.config)?);
+        gpu_bytes = gpu_bytes.max(crate::jobs::sample::memory::gpu_memory_estimate(
+            &st,
+            &base.config,
+        )?);
         let problems = crate::data::hub::resolve(&s.source.location)
             .ok()
             .and_then(|files| {
@@ -91,8 +93,9 @@ pub fn plan(
                 Some(l) => r.min(l as u64),
                 None => r,
             });
-        let set_tokens = problems
-            .map(|p| p * st.n as u64 * super::expected_completion_tokens(st.max_new_tokens));
+        let set_tokens = problems.map(|p| {
+            p * st.params.n as u64 * super::expected_completion_tokens(st.params.max_new_tokens)
+        });
         tokens = tokens.zip(set_tokens).map(|(a, b)| a + b * models);
         device = st.device.clone();
         batch = st.max_num_seqs;

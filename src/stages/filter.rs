@@ -275,7 +275,7 @@ fn check_field_present(path: &Path, field: &str) -> Result<()> {
     if let Some(rec) = first {
         if !rec.fields.contains_key(field) {
             let have: Vec<String> = rec.fields.keys().cloned().collect();
-            let hint = crate::config::closest(field, &have)
+            let hint = crate::names::closest(field, &have)
                 .map(|c| format!("; did you mean `{c}`?"))
                 .unwrap_or_default();
             bail!(

@@ -16,7 +16,7 @@ use super::{output_file, Estimate, ModelFacts, PlannedStage, StageOutput};
 use crate::data::load_source;
 use crate::data::schema::{completions_batch, completions_schema, write_parquet_atomic};
 use crate::data::schema::{Completion, ROW_GROUP_ROWS};
-use crate::jobs::sample::{build_prompts, PromptTemplate};
+use crate::jobs::sample::prompt::{build_prompts, PromptTemplate};
 use crate::pretrain::{write_initial_checkpoint, PretrainConfig};
 
 /// Bump when the output for the same inputs changes.
@@ -182,7 +182,8 @@ pub fn run(p: &PretrainConfig, stage: &PlannedStage) -> Result<StageOutput> {
     let mut settings = p.train.clone();
     let init = init.display().to_string();
     settings.model = Some(init.clone());
-    let (summary, model_files) = super::train_into(stage, settings, init, rows_path.clone())?;
+    let (summary, model_files) =
+        super::train::train_into(stage, settings, init, rows_path.clone())?;
     let mut outputs = vec![output_file(&stage.dir, &rows_path, rows.len() as u64)?];
     outputs.extend(model_files);
     Ok(StageOutput {

@@ -20,7 +20,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{output_file, Counts, Estimate, Plan, PlannedStage, StageOutput};
 use crate::data::schema::read_problems;
-use crate::jobs::sample::{in_shard, merge_ordered, run_settings, JobSummary, SampleSettings};
+use crate::jobs::sample::run::{run_settings, JobSummary};
+use crate::jobs::sample::settings::SampleSettings;
+use crate::jobs::sample::shard::{in_shard, merge_ordered};
 use crate::store::{self, InputRef};
 
 /// The folder of the shards' parts in the stage dir.
@@ -39,7 +41,7 @@ pub fn plan(
 ) -> Result<PlannedStage> {
     let model = facts.input.clone();
     let memory_bytes =
-        crate::jobs::sample::host_memory_estimate(s, &facts.config, facts.weight_bytes)?;
+        crate::jobs::sample::memory::host_memory_estimate(s, &facts.config, facts.weight_bytes)?;
     let inputs = vec![
         InputRef {
             name: "problems".into(),
@@ -57,12 +59,12 @@ pub fn plan(
         config,
         inputs,
     );
-    let expected = super::expected_completion_tokens(s.max_new_tokens);
-    let rows = data.estimate.rows.map(|p| p * s.n as u64);
+    let expected = super::expected_completion_tokens(s.params.max_new_tokens);
+    let rows = data.estimate.rows.map(|p| p * s.params.n as u64);
     st.estimate = Estimate {
         disk_bytes: 64 << 20,
         memory_bytes,
-        gpu_bytes: crate::jobs::sample::gpu_memory_estimate(s, &facts.config)?,
+        gpu_bytes: crate::jobs::sample::memory::gpu_memory_estimate(s, &facts.config)?,
         rows,
         row_tokens: Some(super::ASSUMED_PROMPT_TOKENS + expected),
         work: rows.map(|r| super::Work {
@@ -73,8 +75,8 @@ pub fn plan(
             batch: s.max_num_seqs,
             basis: format!(
                 "{} problems x n {} x {expected} tokens (half of max_new_tokens, assumed)",
-                r / s.n.max(1) as u64,
-                s.n
+                r / s.params.n.max(1) as u64,
+                s.params.n
             ),
         }),
     };

@@ -5,12 +5,12 @@
 //! stage resumes from the newest checkpoint (the stage dir is keyed by the settings and inputs,
 //! so a checkpoint found there belongs to this run). Knows nothing of the sampler.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use super::{Estimate, Plan, PlannedStage, StageOutput};
-use crate::store::InputRef;
+use super::{output_file, Estimate, Plan, PlannedStage, StageOutput, MODEL_DIR, TRAIN_STATE_DIR};
+use crate::store::{self, InputRef, OutputFile};
 use crate::train::settings::TrainSettings;
 
 /// Bump when the output for the same inputs changes.
@@ -96,7 +96,7 @@ pub fn run(s: &TrainSettings, plan: &Plan, stage: &PlannedStage) -> Result<Stage
         None => model_name(s)?.to_string(),
     };
     let data = filter.dir.join(super::SFT);
-    let (summary, outputs) = super::train_into(stage, s.clone(), model, data)?;
+    let (summary, outputs) = train_into(stage, s.clone(), model, data)?;
     Ok(StageOutput {
         outputs,
         counts: vec![
@@ -108,4 +108,38 @@ pub fn run(s: &TrainSettings, plan: &Plan, stage: &PlannedStage) -> Result<Stage
         ],
         rows: summary.rows as u64,
     })
+}
+
+/// Trains `model` on the SFT rows in `data` into the stage dir's `model/` (state in
+/// `train_state/`, resuming from its newest checkpoint); returns the summary and the model's
+/// files as outputs. The pretrain stage trains through here too (the one import between
+/// stages: see [`super`]).
+pub(crate) fn train_into(
+    stage: &PlannedStage,
+    settings: crate::train::settings::TrainSettings,
+    model: String,
+    data: PathBuf,
+) -> Result<(crate::train::trainer::TrainSummary, Vec<OutputFile>)> {
+    let job = crate::train::trainer::TrainJob {
+        settings,
+        model,
+        data,
+        output: stage.dir.join(MODEL_DIR),
+        state_dir: stage.dir.join(TRAIN_STATE_DIR),
+        stop_after: None,
+        progress_file: Some(stage.dir.join(store::PROGRESS)),
+    };
+    let summary = crate::train::trainer::run(&job)?;
+    summary.print(&job.output);
+    let mut files: Vec<_> = std::fs::read_dir(&job.output)
+        .with_context(|| format!("cannot read {}", job.output.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    let outputs = files
+        .iter()
+        .map(|f| output_file(&stage.dir, f, 0))
+        .collect::<Result<_>>()?;
+    Ok((summary, outputs))
 }

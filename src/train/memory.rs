@@ -160,7 +160,7 @@ pub fn budget(cfg: &ModelConfig, params: u64, s: &TrainSettings) -> Budget {
 /// [`budget`] for data whose share `loss_share` of the tokens carries a loss (completion
 /// tokens: only they reach the LM head).
 ///
-/// Calibrated on the CPU with `pipeline bench train` (peak RSS of a step, see the README's
+/// Calibrated on the CPU with `pipeline bench train` (peak RSS of a step, see docs/training.md's
 /// table): what each layer keeps is counted from the ops that run, the rest is measured: the
 /// backward's peak over the kept activations (see `backward` below), the candle-op head's 2.5
 /// f32 copies of its logits, the update's nine f32 temporaries per slice.

@@ -16,11 +16,11 @@ use super::super::attention::AttentionBackend;
 use super::super::config::ModelConfig;
 use super::super::ops::{linear, project, stack_linears, Exec, RmsNorm, RopeRows};
 use super::super::packed::{dropped, inv_rms, min_rows, sized, Buffers, PackedLinear};
+use super::weight_init::Init;
 
 /// Every weight of the layer's attention under `prefix` (`model.layers.N`): (name, shape, is a
 /// norm weight).
-pub fn weight_shapes(cfg: &ModelConfig, prefix: &str) -> Vec<(String, Vec<usize>, super::Init)> {
-    use super::Init;
+pub fn weight_shapes(cfg: &ModelConfig, prefix: &str) -> Vec<(String, Vec<usize>, Init)> {
     let norm = if cfg.norm_offset {
         Init::Const(0.0)
     } else {

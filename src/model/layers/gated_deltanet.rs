@@ -24,6 +24,7 @@ use super::super::attention::AttentionBackend;
 use super::super::config::{LinearAttention, ModelConfig};
 use super::super::ops::{project, stack_linears, Exec, RmsNorm};
 use super::super::packed::{dropped, inv_rms, sized, Buffers, PackedLinear};
+use super::weight_init::Init;
 use rayon::prelude::*;
 
 /// Tokens per chunk of the chunked form (transformers' default).
@@ -33,8 +34,7 @@ pub const CHUNK: usize = 64;
 const RECURRENT_MAX: usize = 1;
 
 /// Every weight of the layer under `prefix` (`model.layers.N`): (name, shape, initial value).
-pub fn weight_shapes(cfg: &ModelConfig, prefix: &str) -> Vec<(String, Vec<usize>, super::Init)> {
-    use super::Init;
+pub fn weight_shapes(cfg: &ModelConfig, prefix: &str) -> Vec<(String, Vec<usize>, Init)> {
     let Some(l) = cfg.linear else {
         return Vec::new();
     };

@@ -9,6 +9,7 @@
 
 pub mod attention;
 pub mod gated_deltanet;
+pub mod weight_init;
 
 use candle_core::{Result, Tensor};
 use candle_nn::{Linear, VarBuilder};
@@ -21,19 +22,7 @@ use super::packed::{
     add_into, dropped, min_rows, norm_row, rms_rows, sized, Buffers, PackedLinear,
 };
 use crate::simd::exp_sub_sum;
-
-/// A weight's initial value (see `model::init`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Init {
-    /// Normal(0, the init's standard deviation).
-    Normal,
-    Const(f32),
-}
-
-/// The initial value of an RMS norm's weight: a scale of one.
-pub fn norm_init(cfg: &ModelConfig) -> Init {
-    Init::Const(if cfg.norm_offset { 0.0 } else { 1.0 })
-}
+pub use weight_init::{norm_init, Init};
 
 /// Every weight of layer `i` under `prefix` (`model.layers.N`): (name, shape, initial value),
 /// in checkpoint order.

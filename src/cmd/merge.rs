@@ -1,0 +1,24 @@
+//! `pipeline merge`: joins the outputs of a sharded `pipeline sample` run into one completions
+//! file; refuses incomplete sets (the join is `jobs::sample::shard::merge`).
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+#[derive(Debug, clap::Args)]
+pub struct MergeArgs {
+    #[arg(long)]
+    pub output: PathBuf,
+    /// The shard outputs (all N of them).
+    pub inputs: Vec<PathBuf>,
+}
+
+pub fn run(a: &MergeArgs) -> Result<()> {
+    let n = crate::jobs::sample::shard::merge(&a.inputs, &a.output)?;
+    println!(
+        "merged {} shards, {n} rows -> {}",
+        a.inputs.len(),
+        a.output.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,54 @@
+//! `pipeline run [STAGE]`: builds the plan of a config (the embedded default without one), runs
+//! the stages that are not cached, then writes the report. A shard's run (`--shard`, Slurm or
+//! Kubernetes indexed jobs) samples its shard and stops.
+//!
+//! Knows nothing of what the stages do: the plan and runner are `stages`.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use crate::jobs::sample::shard::resolve_shard;
+use crate::stages::{self, Target};
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// `all`, or one stage (it runs with the stages before it).
+    #[arg(default_value = "all")]
+    pub stage: String,
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Overrides `run.workdir`.
+    #[arg(long)]
+    pub workdir: Option<PathBuf>,
+    /// Re-run this stage and every stage after it, even if cached (repeatable).
+    #[arg(long)]
+    pub force: Vec<String>,
+    /// Run one shard of the sample stage, I/N, and stop (also from SLURM_ARRAY_TASK_ID /
+    /// SLURM_ARRAY_TASK_COUNT, or JOB_COMPLETION_INDEX with --num-shards or
+    /// SELFDISTILL_NUM_SHARDS); a later run without a shard joins the shards and goes on.
+    #[arg(long)]
+    pub shard: Option<String>,
+    /// Shard count with JOB_COMPLETION_INDEX (Kubernetes indexed Jobs).
+    #[arg(long)]
+    pub num_shards: Option<usize>,
+}
+
+pub fn run(a: &RunArgs) -> Result<()> {
+    let cfg = super::load_config(a.config.clone(), a.workdir.clone())?;
+    let target = if a.stage == "all" {
+        Target::All
+    } else {
+        Target::Stage(a.stage.clone())
+    };
+    let shard = resolve_shard(a.shard.as_deref(), a.num_shards)?;
+    if !stages::run(&cfg, &target, &a.force, shard)? {
+        return Ok(());
+    }
+    // the stages are done whatever happens here: a report that cannot be drawn is a warning
+    match crate::report::write(&cfg.workdir) {
+        Ok(p) => println!("report: {}", p.display()),
+        Err(e) => eprintln!("warning: no report: {e:#}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,84 @@
+//! How a problem becomes a prompt: the checkpoint's chat template, the raw text, or a Jinja
+//! file with `{{ problem }}`, rendered and tokenized.
+//!
+//! Knows nothing of sampling: the job hands the token ids to an engine.
+
+use anyhow::{Context, Result};
+
+use super::settings::SampleSettings;
+use crate::data::schema::Problem;
+use crate::model::{ChatTemplate, Message, TextTokenizer};
+
+/// How a problem becomes a prompt.
+#[derive(Debug, Clone)]
+pub enum PromptTemplate {
+    /// The checkpoint's chat template, with an optional system message.
+    Chat {
+        system: Option<String>,
+        enable_thinking: Option<bool>,
+    },
+    /// The problem text unchanged.
+    Raw,
+    /// A Jinja template with `{{ problem }}`.
+    File(String),
+}
+
+impl PromptTemplate {
+    /// `chat`, `raw`, or a Jinja file's path (read here).
+    pub fn parse(
+        name: &str,
+        system: Option<String>,
+        enable_thinking: Option<bool>,
+    ) -> Result<PromptTemplate> {
+        Ok(match name {
+            "chat" => PromptTemplate::Chat {
+                system,
+                enable_thinking,
+            },
+            "raw" => PromptTemplate::Raw,
+            path => PromptTemplate::File(std::fs::read_to_string(path).with_context(|| {
+                format!("prompt_template `{path}`: not chat, raw or a readable file")
+            })?),
+        })
+    }
+
+    pub fn from_settings(s: &SampleSettings) -> Result<PromptTemplate> {
+        PromptTemplate::parse(&s.prompt_template, s.system.clone(), s.enable_thinking)
+    }
+}
+
+/// Renders and tokenizes every problem's prompt.
+pub fn build_prompts(
+    problems: &[Problem],
+    template: &PromptTemplate,
+    chat: Option<&ChatTemplate>,
+    tok: &TextTokenizer,
+) -> Result<Vec<(String, Vec<u32>)>> {
+    problems
+        .iter()
+        .map(|p| {
+            let text = match template {
+                PromptTemplate::Raw => p.problem.clone(),
+                PromptTemplate::Chat {
+                    system,
+                    enable_thinking,
+                } => {
+                    let chat = chat.context("the checkpoint has no chat template")?;
+                    let mut msgs = Vec::new();
+                    if let Some(s) = system {
+                        msgs.push(Message::new("system", s));
+                    }
+                    msgs.push(Message::new("user", &p.problem));
+                    chat.render(&msgs, true, *enable_thinking)?
+                }
+                PromptTemplate::File(src) => {
+                    let env = minijinja::Environment::new();
+                    env.render_str(src, minijinja::context! { problem => p.problem.clone() })
+                        .with_context(|| format!("prompt template for {}", p.problem_id))?
+                }
+            };
+            let ids = tok.encode(&text)?;
+            Ok((text, ids))
+        })
+        .collect()
+}

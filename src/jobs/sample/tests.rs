@@ -1,0 +1,108 @@
+//! Tests of the sampling job's settings, overrides and hash (`jobs/sample/`).
+
+use super::prompt::PromptTemplate;
+use super::run::sampling_hash;
+use super::settings::{KeyError, SampleOverrides, SampleSettings, ENGINE_OURS};
+use crate::sampler::params::SamplingParams;
+
+/// The sampling hash `pipeline sample` wrote before the parameters were defined once (the
+/// `sampling_hash` column of `pipeline sample --model /work/shared/fixtures/tiny-qwen3
+/// --prompt-template raw --n 2 --temperature 0.7 --top-k 20 --stop-token-ids 7 --stop '\n\n'
+/// --seed 3 --max-new-tokens 8 --repetition-penalty 1.1 --logprobs 2`): the same settings hash
+/// the same.
+#[test]
+fn the_sampling_hash_of_existing_settings_stands() {
+    let params = SamplingParams {
+        n: 2,
+        temperature: 0.7,
+        top_k: 20,
+        repetition_penalty: 1.1,
+        stop_token_ids: vec![7],
+        logprobs: Some(2),
+        max_new_tokens: 8,
+        stop_strings: vec!["\\n\\n".into()],
+        seed: 3,
+        ..SamplingParams::default()
+    };
+    let hash = |p: &SamplingParams, engine: &str| {
+        sampling_hash(
+            "/work/shared/fixtures/tiny-qwen3",
+            p,
+            &PromptTemplate::Raw,
+            engine,
+        )
+    };
+    assert_eq!(hash(&params, ENGINE_OURS), "b7c7946c99905f88");
+    // logprobs do not change the tokens; n, the engine and every parameter do
+    let no_logprobs = SamplingParams {
+        logprobs: None,
+        ..params.clone()
+    };
+    assert_eq!(hash(&no_logprobs, ENGINE_OURS), "b7c7946c99905f88");
+    let n3 = SamplingParams {
+        n: 3,
+        ..params.clone()
+    };
+    assert_ne!(hash(&n3, ENGINE_OURS), "b7c7946c99905f88");
+    assert_ne!(hash(&params, "mistralrs"), "b7c7946c99905f88");
+}
+
+/// The `[sample]` keys: the job's around the sampling parameters, in the order stage keys hash
+/// them; a table's errors name the key.
+#[test]
+fn sample_tables_are_read_key_by_key() {
+    let keys = SampleSettings::keys();
+    let params = SamplingParams::keys();
+    let at = keys.iter().position(|k| k == "n").unwrap();
+    assert_eq!(keys[at - 1], "enable_thinking");
+    assert_eq!(keys[at..at + params.len()], params[..]);
+    assert_eq!(keys[at + params.len()], "max_num_seqs");
+    let table = |text: &str| -> toml::Table { toml::from_str(text).unwrap() };
+    let s = SampleSettings::from_table(&table("model = \"m\"\ntemperature = 0.5\nn = 4")).unwrap();
+    assert_eq!((s.params.temperature, s.params.n), (0.5, 4));
+    match SampleSettings::from_table(&table("temperatur = 0.5")).unwrap_err() {
+        KeyError::Unknown { key, valid } => {
+            assert_eq!(key, "temperatur");
+            assert_eq!(valid, keys);
+        }
+        e => panic!("{e}"),
+    }
+    let e = SampleSettings::from_table(&table("n = 2\ntemperature = \"hot\"")).unwrap_err();
+    assert_eq!(e.key(), Some("temperature"), "{e}");
+    let e = SampleSettings::from_table(&table("max_num_seqs = -1")).unwrap_err();
+    assert_eq!(e.key(), Some("max_num_seqs"), "{e}");
+}
+
+/// Overrides set only their keys, refuse `model` and unknown keys, and check values.
+#[test]
+fn overrides_set_their_keys_over_the_settings() {
+    let table = |text: &str| -> toml::Table { toml::from_str(text).unwrap() };
+    let base = SampleSettings::from_table(&table(
+        "model = \"m\"\nn = 8\ntemperature = 0.6\nmax_num_seqs = 4",
+    ))
+    .unwrap();
+    let o =
+        SampleOverrides::new(table("temperature = 0\nstop = [\"x\"]\ndevice = \"cpu\"")).unwrap();
+    let s = o.apply(&base).unwrap();
+    assert_eq!(s.params.temperature, 0.0);
+    assert_eq!(s.params.stop_strings, vec!["x".to_string()]);
+    assert_eq!((s.params.n, s.max_num_seqs, s.model.as_str()), (8, 4, "m"));
+    assert_eq!(SampleOverrides::default().apply(&base).unwrap(), base);
+    for (bad, key) in [
+        ("model = \"x\"", "model"),
+        ("temprature = 1.0", "temprature"),
+        ("top_k = 1.5", "top_k"),
+    ] {
+        let e = SampleOverrides::new(table(bad)).unwrap_err();
+        assert_eq!(e.key(), Some(key), "{bad}: {e}");
+    }
+    // a float key hashes as its f32, however the TOML wrote it
+    assert_eq!(
+        SampleOverrides::typed_json("temperature", &toml::Value::Integer(1)),
+        serde_json::json!(1.0f32)
+    );
+    assert_eq!(
+        SampleOverrides::typed_json("n", &toml::Value::Integer(4)),
+        serde_json::json!(4)
+    );
+}

@@ -1,0 +1,142 @@
+//! Building the plan: a validated config becomes the ordered list of stages it configures
+//! (sample, filter and train repeated per round), each planned by its own file and keyed.
+//!
+//! Knows the order of stages and which stage reads which, not what they compute, and nothing of
+//! running them ([`super::runner`]).
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+use super::resolve::{ModelFacts, Resolve};
+use super::stage::{Plan, PlannedStage, StageKind};
+use super::{data, eval, filter, pretrain, sample, train};
+use crate::config::{Config, PRETRAINED};
+
+impl Plan {
+    /// Resolves every input (downloading hub files when needed) and keys every stage.
+    pub fn build(cfg: &Config, workdir: &Path) -> Result<Plan> {
+        Plan::build_with(cfg, workdir, Resolve::default())
+    }
+
+    /// [`Self::build`], finding inputs through `resolve`.
+    pub fn build_with(cfg: &Config, workdir: &Path, resolve: Resolve) -> Result<Plan> {
+        let mut stages: Vec<PlannedStage> = Vec::new();
+        if let Some(d) = &cfg.data {
+            stages.push(data::plan(d, workdir, &resolve)?);
+        }
+        let pretrained = match &cfg.pretrain {
+            Some(p) => {
+                let (stage, facts) = pretrain::plan(p, workdir, &resolve)?;
+                stages.push(stage);
+                Some(facts)
+            }
+            None => None,
+        };
+        // A model by name: the pretrain stage's, or a checkpoint / hub id.
+        let facts = |name: &str| -> Result<ModelFacts> {
+            if name == PRETRAINED {
+                return pretrained
+                    .clone()
+                    .context("`@pretrain` names the pretrain stage's model: add [pretrain]");
+            }
+            resolve.facts(name)
+        };
+        let rounds = cfg.rounds.max(1);
+        let named = |kind: &str, r: u32| {
+            if rounds == 1 {
+                kind.to_string()
+            } else {
+                format!("{kind}-r{r}")
+            }
+        };
+        // The model the round before trained: (its folder, facts). Round 1 samples the [sample]
+        // model and trains the [train] model (by default the same).
+        let mut prev: Option<(String, ModelFacts)> = None;
+        for r in 1..=rounds {
+            let start =
+                |configured: &str, stages: &[PlannedStage]| -> Result<(String, ModelFacts)> {
+                    match &prev {
+                        Some(p) => Ok(p.clone()),
+                        None => Ok((model_path(stages, configured), facts(configured)?)),
+                    }
+                };
+            let mut sampled = None;
+            if let Some(s) = &cfg.sample {
+                let data =
+                    find(&stages, StageKind::Data).context("the sample stage needs [data]")?;
+                let (model, mf) = start(&s.model, &stages)?;
+                let mut st = sample::plan(s, data, workdir, &mf)?;
+                st.name = named("sample", r);
+                st.deps.push(("data", data.name.clone()));
+                st.model = Some(model);
+                sampled = Some(stages.len());
+                stages.push(st);
+            }
+            if let Some(f) = &cfg.filter {
+                let data =
+                    find(&stages, StageKind::Data).context("the filter needs the data stage")?;
+                let from = sampled.map(|i| &stages[i]);
+                let mut st = filter::plan(f, data, from, workdir, &resolve)?;
+                st.name = named("filter", r);
+                st.deps.push(("data", data.name.clone()));
+                if let Some(i) = sampled {
+                    st.deps.push(("completions", stages[i].name.clone()));
+                }
+                stages.push(st);
+            }
+            if let Some(t) = &cfg.train {
+                let filter = stages.last().filter(|s| s.kind == StageKind::Filter);
+                let filter = filter.context("the train stage needs the filter stage")?;
+                let configured = t.model.as_deref().context("train.model is unresolved")?;
+                let (model, mf) = start(configured, &stages)?;
+                let mut st = train::plan(t, filter, workdir, &mf)?;
+                st.name = named("train", r);
+                st.deps.push(("sft", filter.name.clone()));
+                st.model = Some(model);
+                prev = Some((
+                    st.model_input().location,
+                    ModelFacts {
+                        input: st.model_input(),
+                        ..mf
+                    },
+                ));
+                stages.push(st);
+            }
+        }
+        if let Some(e) = &cfg.eval {
+            let base = facts(&e.base_model)?;
+            let trained: Vec<&PlannedStage> = stages
+                .iter()
+                .filter(|s| s.kind == StageKind::Train)
+                .collect();
+            let mut st = eval::plan(&e.settings, &base, &e.sets, &trained, workdir, &resolve)?;
+            st.model = Some(model_path(&stages, &e.base_model));
+            stages.push(st);
+        }
+        if stages.is_empty() {
+            bail!(
+                "{} configures no stage: add a [data] section (see pipelines/reference.toml)",
+                cfg.origin
+            );
+        }
+        Ok(Plan {
+            workdir: workdir.to_path_buf(),
+            stages,
+        })
+    }
+}
+
+/// The first planned stage of `kind`.
+fn find(stages: &[PlannedStage], kind: StageKind) -> Option<&PlannedStage> {
+    stages.iter().find(|s| s.kind == kind)
+}
+
+/// Where a model named in the config lives: the pretrain stage's output folder for
+/// `@pretrain`, else the name itself (a folder or hub id).
+fn model_path(stages: &[PlannedStage], model: &str) -> String {
+    match find(stages, StageKind::Pretrain).filter(|_| model == PRETRAINED) {
+        Some(s) => s.model_input().location,
+        None => model.to_string(),
+    }
+}
