@@ -504,6 +504,51 @@ unsafe fn fma_chains_avx2(iters: usize, seed: f32) -> f32 {
     total
 }
 
+/// A kernel written once and compiled twice: defines `fn $name(args)` that runs `$body` compiled
+/// for AVX2 and FMA where the CPU has them (the runtime check of [`has_avx2_fma`]), else `$body`
+/// as the portable build compiles it. `$body::<SIMD>` with `generic`: the body takes a `const`
+/// telling it which, to choose its own vector code. `unsafe fn` for a body that is unsafe to
+/// call (the caller's promise is passed on).
+macro_rules! avx2_fma_dispatch {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $($body:tt)+) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            if $crate::simd::has_avx2_fma() {
+                #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                fn avx2($($arg: $ty),*) {
+                    $crate::simd::avx2_fma_dispatch!(@call true, $($body)+; $($arg),*)
+                }
+                // SAFETY: the CPU has AVX2 and FMA (checked above).
+                return unsafe { avx2($($arg),*) };
+            }
+            $crate::simd::avx2_fma_dispatch!(@call false, $($body)+; $($arg),*)
+        }
+    };
+    ($(#[$m:meta])* $vis:vis unsafe fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $($body:tt)+) => {
+        $(#[$m])*
+        $vis unsafe fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            if $crate::simd::has_avx2_fma() {
+                #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn avx2($($arg: $ty),*) {
+                    // SAFETY: passed on from the caller.
+                    unsafe { $crate::simd::avx2_fma_dispatch!(@call true, $($body)+; $($arg),*) }
+                }
+                // SAFETY: the CPU has AVX2 and FMA (checked above); the rest is the caller's.
+                return unsafe { avx2($($arg),*) };
+            }
+            // SAFETY: the caller's promise.
+            unsafe { $crate::simd::avx2_fma_dispatch!(@call false, $($body)+; $($arg),*) }
+        }
+    };
+    (@call $simd:tt, generic $body:ident; $($arg:ident),*) => { $body::<$simd>($($arg),*) };
+    (@call $simd:tt, $body:ident; $($arg:ident),*) => { $body($($arg),*) };
+}
+pub(crate) use avx2_fma_dispatch;
+
 /// Whether this x86-64 CPU has AVX2 and FMA (std caches the answer).
 #[cfg(target_arch = "x86_64")]
 #[inline]

@@ -262,34 +262,13 @@ fn swiglu_bwd_body<const FAST: bool>(
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn swiglu_fwd_avx2(ys: &mut [f32], gs: &[f32], us: &[f32]) {
-    swiglu_fwd_body::<true>(ys, gs, us)
+crate::simd::avx2_fma_dispatch! {
+    fn swiglu_fwd_chunk(ys: &mut [f32], gs: &[f32], us: &[f32]) => generic swiglu_fwd_body
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn swiglu_bwd_avx2(dgs: &mut [f32], dus: &mut [f32], gs: &[f32], us: &[f32], dys: &[f32]) {
-    swiglu_bwd_body::<true>(dgs, dus, gs, us, dys)
-}
-
-fn swiglu_fwd_chunk(ys: &mut [f32], gs: &[f32], us: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (checked above).
-        return unsafe { swiglu_fwd_avx2(ys, gs, us) };
-    }
-    swiglu_fwd_body::<false>(ys, gs, us)
-}
-
-fn swiglu_bwd_chunk(dgs: &mut [f32], dus: &mut [f32], gs: &[f32], us: &[f32], dys: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma() {
-        // SAFETY: the CPU has AVX2 and FMA (checked above).
-        return unsafe { swiglu_bwd_avx2(dgs, dus, gs, us, dys) };
-    }
-    swiglu_bwd_body::<false>(dgs, dus, gs, us, dys)
+crate::simd::avx2_fma_dispatch! {
+    fn swiglu_bwd_chunk(dgs: &mut [f32], dus: &mut [f32], gs: &[f32], us: &[f32], dys: &[f32])
+        => generic swiglu_bwd_body
 }
 
 impl CustomOp2 for SwiGluOp {

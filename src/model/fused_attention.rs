@@ -181,78 +181,35 @@ mod kernels {
         pub go: &'a [f32],
     }
 
-    /// # Safety
-    /// `out` points to a buffer shaped like `q`, and no other thread writes the rows of this
-    /// task (sequence `start..start + len`, the query heads of KV head `g`).
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn forward(
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        out: SendPtr,
-        dims: Dims,
-        start: usize,
-        len: usize,
-        g: usize,
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        if crate::simd::has_avx2_fma() {
-            // SAFETY: the CPU has AVX2 and FMA; the caller's promise covers `out`.
-            return unsafe { forward_avx2(q, k, v, out, dims, start, len, g) };
-        }
-        // SAFETY: the caller's promise covers `out`.
-        unsafe { forward_body::<false>(q, k, v, out, dims, start, len, g) }
+    crate::simd::avx2_fma_dispatch! {
+        /// # Safety
+        /// `out` points to a buffer shaped like `q`, and no other thread writes the rows of this
+        /// task (sequence `start..start + len`, the query heads of KV head `g`).
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe fn forward(
+            q: &[f32],
+            k: &[f32],
+            v: &[f32],
+            out: SendPtr,
+            dims: Dims,
+            start: usize,
+            len: usize,
+            g: usize,
+        ) => generic forward_body
     }
 
-    /// # Safety
-    /// The pointers point to buffers shaped like q, k and v, and no other thread writes this
-    /// task's rows of them.
-    pub unsafe fn backward(
-        ins: BwdInputs,
-        outs: (SendPtr, SendPtr, SendPtr),
-        dims: Dims,
-        start: usize,
-        len: usize,
-        g: usize,
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        if crate::simd::has_avx2_fma() {
-            // SAFETY: the CPU has AVX2 and FMA; the caller's promise covers the pointers.
-            return unsafe { backward_avx2(ins, outs, dims, start, len, g) };
-        }
-        // SAFETY: the caller's promise covers the pointers.
-        unsafe { backward_body::<false>(ins, outs, dims, start, len, g) }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn forward_avx2(
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        out: SendPtr,
-        dims: Dims,
-        start: usize,
-        len: usize,
-        g: usize,
-    ) {
-        // SAFETY: passed on from the caller.
-        unsafe { forward_body::<true>(q, k, v, out, dims, start, len, g) }
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn backward_avx2(
-        ins: BwdInputs,
-        outs: (SendPtr, SendPtr, SendPtr),
-        dims: Dims,
-        start: usize,
-        len: usize,
-        g: usize,
-    ) {
-        // SAFETY: passed on from the caller.
-        unsafe { backward_body::<true>(ins, outs, dims, start, len, g) }
+    crate::simd::avx2_fma_dispatch! {
+        /// # Safety
+        /// The pointers point to buffers shaped like q, k and v, and no other thread writes this
+        /// task's rows of them.
+        pub unsafe fn backward(
+            ins: BwdInputs,
+            outs: (SendPtr, SendPtr, SendPtr),
+            dims: Dims,
+            start: usize,
+            len: usize,
+            g: usize,
+        ) => generic backward_body
     }
 
     /// `a * b + c`, fused where the CPU has FMA (`F`), so that the portable build does not call

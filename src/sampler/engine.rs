@@ -10,9 +10,9 @@
 //!    not depend on what else is in the batch. 4) A sample ends on EOS or a stop id, a stop string,
 //!    or `max_new_tokens`.
 //!
-//! The KV cache's device decisions live here too: which cache a model's device gets, the bytes
-//! a token takes in it ([`kv_cache_bytes_per_token`]) and the memory a default cache may take
-//! ([`kv_cache_memory`]).
+//! What differs between devices (the cache, attention, where logits land, candidate draws) is
+//! the [`Backend`]'s, decided once when the engine starts; the loop here is the same on every
+//! device.
 //!
 //! Knows nothing of Parquet, verification or problems beyond their ids: the caller grades
 //! finished samples and may [`Engine::cancel`] a request (the verifier in the loop).
@@ -24,7 +24,8 @@ use anyhow::{bail, Result};
 use candle_core::{Device, Tensor};
 use rayon::prelude::*;
 
-use super::kv_cache::{KvCache, PagedAttention, SeqStep};
+use super::backend::{logits_to_host, Backend, Logits, StepInputs};
+use super::kv_cache::SeqStep;
 use super::params::SamplingParams;
 use super::sampling::{sample, stop_string_hit, SampleRng, Sampled, Scratch};
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, SeqState};
@@ -154,21 +155,6 @@ struct SeqMeta {
 
 /// The logits rows as host f32. A bf16 model's logits cross as bf16 (half the bytes; the same
 /// values) and widen on the host, in parallel.
-fn logits_to_host(logits: &Tensor) -> Result<Vec<f32>> {
-    let flat = logits.flatten_all()?;
-    if flat.dtype() == candle_core::DType::BF16 {
-        let v: Vec<half::bf16> = flat.to_vec1()?;
-        return Ok(v.par_iter().map(|x| x.to_f32()).collect());
-    }
-    Ok(flat.to_dtype(candle_core::DType::F32)?.to_vec1()?)
-}
-
-/// A step's logits rows, end to end.
-enum Logits {
-    Host(Vec<f32>),
-    Device(Tensor),
-}
-
 /// Turns text back from tokens, for stop strings.
 pub type Decoder<'a> = &'a (dyn Fn(&[u32]) -> String + Sync);
 
@@ -238,76 +224,11 @@ pub fn after_token<'c>(
     }
 }
 
-/// The paged KV cache on the model's device.
-enum Cache {
-    Cpu(KvCache),
-    #[cfg(feature = "cuda")]
-    Cuda(crate::sampler::gpu::GpuKvCache),
-}
-
-/// Bytes one token's keys and values take in the cache on the model's device.
-pub fn kv_cache_bytes_per_token(model: &Transformer, kv_fp8: bool) -> usize {
-    #[cfg(feature = "cuda")]
-    if model.device().is_cuda() {
-        return crate::sampler::gpu::GpuKvCache::bytes_per_token(
-            model.config(),
-            model.dtype(),
-            kv_fp8,
-        );
-    }
-    let _ = kv_fp8;
-    KvCache::bytes_per_token(model.config())
-}
-
-/// Memory a default KV cache may take on `device`: a quarter of the host's available memory, or 90% of
-/// the GPU's free memory (the weights are loaded by then).
-pub fn kv_cache_memory(device: &Device) -> Result<u64> {
-    #[cfg(feature = "cuda")]
-    if device.is_cuda() {
-        let (free, _) = crate::cuda::kernels::memory_info(device)?;
-        return Ok(free / 10 * 9);
-    }
-    let _ = device;
-    Ok(crate::machine::available_memory_bytes().unwrap_or(4 << 30) / 4)
-}
-
-impl Cache {
-    fn new(model: &Transformer, cfg: &EngineConfig) -> Result<Cache> {
-        let (bs, nb) = (cfg.scheduler.block_size, cfg.num_blocks);
-        if model.device().is_cuda() {
-            #[cfg(feature = "cuda")]
-            return Ok(Cache::Cuda(crate::sampler::gpu::GpuKvCache::new(
-                model.config(),
-                bs,
-                nb,
-                model.device(),
-                model.dtype(),
-                cfg.kv_fp8,
-            )?));
-        }
-        if !model.device().is_cpu() {
-            bail!("the sampler runs on the CPU or, built with the cuda feature, on CUDA GPUs");
-        }
-        if cfg.kv_fp8 {
-            bail!("an fp8 KV cache needs the CUDA sampler (build with --features cuda)");
-        }
-        Ok(Cache::Cpu(KvCache::new(model.config(), bs, nb)))
-    }
-
-    fn copy_block(&mut self, c: crate::sampler::block_pool::CopyOnWrite) -> Result<()> {
-        match self {
-            Cache::Cpu(k) => k.copy_block(c.src, c.dst),
-            #[cfg(feature = "cuda")]
-            Cache::Cuda(k) => k.copy_block(c.src, c.dst)?,
-        }
-        Ok(())
-    }
-}
-
 pub struct Engine<'m> {
     model: &'m Transformer,
     cfg: EngineConfig,
-    cache: Cache,
+    /// The device's cache and step work.
+    backend: Backend,
     sched: Scheduler,
     seqs: Vec<SeqState>,
     meta: Vec<SeqMeta>,
@@ -315,8 +236,6 @@ pub struct Engine<'m> {
     cancelled: Vec<bool>,
     /// One per sampling worker thread.
     scratch: Vec<Scratch>,
-    /// The CPU's logits rows, reused from step to step.
-    logits_buf: Vec<f32>,
     /// The recurrent layers' state slots (none for an attention-only model) and each
     /// sequence's slot while it runs.
     states: StateSlots,
@@ -336,19 +255,18 @@ impl<'m> Engine<'m> {
             bail!("sampling parameters: {e}");
         }
         let states = StateSlots::new(model.config(), cfg.scheduler.max_num_seqs);
-        let cache = Cache::new(model, &cfg)?;
+        let backend = Backend::new(model, cfg.scheduler.block_size, cfg.num_blocks, cfg.kv_fp8)?;
         let sched = Scheduler::new(cfg.scheduler, cfg.num_blocks);
         Ok(Engine {
             model,
             cfg,
-            cache,
+            backend,
             sched,
             seqs: Vec::new(),
             meta: Vec::new(),
             requests: Vec::new(),
             cancelled: Vec::new(),
             scratch: Vec::new(),
-            logits_buf: Vec::new(),
             states,
             slot_of: Vec::new(),
             prompt_states: HashMap::new(),
@@ -481,7 +399,7 @@ impl<'m> Engine<'m> {
         // from outside rayon's pool, each loop would hand its work to the pool and put this
         // thread to sleep until it is done; run on one of the pool's threads, the loops split
         // with the other workers, which stay awake between them.
-        if self.model.device().is_cpu() && rayon::current_thread_index().is_none() {
+        if self.backend.is_host() && rayon::current_thread_index().is_none() {
             return rayon::scope(|_| self.step_inner(decode));
         }
         self.step_inner(decode)
@@ -498,7 +416,7 @@ impl<'m> Engine<'m> {
         }
         self.stats.steps += 1;
         for c in &step.copies {
-            self.cache.copy_block(*c)?;
+            self.backend.copy_block(*c)?;
         }
         let (tokens, positions) = self.batch(&step);
         let slots = if self.states.is_used() {
@@ -566,8 +484,6 @@ impl<'m> Engine<'m> {
         positions: &[u32],
         slots: Option<Vec<usize>>,
     ) -> Result<(Tensor, f64)> {
-        let model = self.model;
-        let dev = model.device();
         let seqs = &self.seqs;
         let seq_steps: Vec<SeqStep> = step
             .scheduled
@@ -578,48 +494,19 @@ impl<'m> Engine<'m> {
                 num_new: n,
             })
             .collect();
-        let tokens = Tensor::new(tokens, dev)?;
-        let positions = Tensor::new(positions, dev)?;
-        match &mut self.cache {
-            Cache::Cpu(cache) => {
-                let mut attn = PagedAttention::new(cache, seq_steps);
-                if let Some(slots) = slots {
-                    attn = attn.with_states(&mut self.states, slots);
-                }
-                let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
-                Ok((h, attn.seconds))
-            }
-            #[cfg(feature = "cuda")]
-            Cache::Cuda(cache) => {
-                let meta =
-                    crate::sampler::gpu::GpuStep::new(cache, &seq_steps, model.config().num_heads)?;
-                let mut attn = crate::sampler::gpu::GpuPagedAttention {
-                    cache,
-                    step: &meta,
-                    sync_timing: self.sync_timing,
-                    variant: None,
-                    seconds: 0.0,
-                    seq_lens: step.scheduled.iter().map(|&(_, n)| n).collect(),
-                    states: slots.map(|s| (&mut self.states, s)),
-                };
-                let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
-                Ok((h, attn.seconds))
-            }
-        }
+        let inputs = StepInputs {
+            seq_steps,
+            tokens,
+            positions,
+            states: slots.map(|s| (&mut self.states, s)),
+            sync_timing: self.sync_timing,
+        };
+        self.backend.forward(self.model, inputs)
     }
 
-    /// The logits of the hidden `rows` that sample: on the CPU straight into a host vector (no
-    /// tensor round trip), into last step's buffer (a decode step's rows are megabytes, which a
-    /// fresh allocation would zero or fault in every step); elsewhere on the device.
+    /// The logits of the hidden `rows` that sample (see [`Backend::logits`]).
     fn logits(&mut self, hidden: &Tensor, rows: &[u32]) -> Result<Logits> {
-        let dev = hidden.device();
-        let picked = hidden.index_select(&Tensor::new(rows, dev)?, 0)?;
-        if dev.is_cpu() {
-            let mut rows = std::mem::take(&mut self.logits_buf);
-            self.model.logits_host_into(&picked, &mut rows)?;
-            return Ok(Logits::Host(rows));
-        }
-        Ok(Logits::Device(self.model.logits(&picked)?))
+        self.backend.logits(self.model, hidden, rows)
     }
 
     /// Draws each sampling sequence's token from its logits row (with its logprobs when asked),
@@ -647,7 +534,7 @@ impl<'m> Engine<'m> {
                 .collect();
         }
         if let Logits::Host(rows) = logits {
-            self.logits_buf = rows;
+            self.backend.recycle(rows);
         }
         let mut tops = tops.into_iter();
         let mut finished = Vec::new();
@@ -669,10 +556,7 @@ impl<'m> Engine<'m> {
 
     /// With `sync_timing`, waits for the device so that the next clock reading is device time.
     fn sync_device(&self, dev: &Device) -> Result<()> {
-        if self.sync_timing && !dev.is_cpu() {
-            dev.synchronize()?;
-        }
-        Ok(())
+        self.backend.synchronize(dev, self.sync_timing)
     }
 
     /// Draws one token per sampling sequence from `logits` (one row each). On a GPU, when the
@@ -683,30 +567,19 @@ impl<'m> Engine<'m> {
             Logits::Host(rows) => return Ok(self.draw_tokens(samplers, rows)),
             Logits::Device(t) => t,
         };
-        #[cfg(feature = "cuda")]
-        if logits.device().is_cuda() {
-            let fewest = samplers
-                .iter()
-                .map(|id| self.meta[id.0].tokens.len() - self.meta[id.0].prompt_len)
-                .min()
-                .unwrap_or(0);
-            if let Some(k) = super::sampling::candidates_needed(&self.cfg.params, fewest) {
-                let p = &self.cfg.params;
-                let rows = crate::sampler::gpu::sampling::top_candidates(
-                    logits,
-                    k,
-                    p.is_greedy(),
-                    p.temperature,
-                )?;
-                return self.draw_from_candidates(samplers, logits, &rows);
-            }
+        let fewest = samplers
+            .iter()
+            .map(|id| self.meta[id.0].tokens.len() - self.meta[id.0].prompt_len)
+            .min()
+            .unwrap_or(0);
+        if let Some(rows) = self.backend.candidates(logits, &self.cfg.params, fewest)? {
+            return self.draw_from_candidates(samplers, logits, &rows);
         }
         let host = logits_to_host(logits)?;
         Ok(self.draw_tokens(samplers, &host))
     }
 
     /// [`super::sampling::sample_candidates`] per row; a row without candidates is sampled densely.
-    #[cfg(feature = "cuda")]
     fn draw_from_candidates(
         &mut self,
         samplers: &[SeqId],

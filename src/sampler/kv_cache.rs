@@ -488,39 +488,19 @@ struct AttnScratch {
     units: Vec<Unit>,
 }
 
-/// One token's attention over positions `0..=pos` for the query heads `q` (group x D) of KV
-/// head `kvh`, into `out` (group x D). Runs the AVX2+FMA build of [`attend_group_body`] where
-/// the CPU has it (checked once, cached by std).
-fn attend_group(
-    g: &LayerView,
-    q: &[f32],
-    kvh: usize,
-    table: &BlockTable,
-    pos: usize,
-    scratch: &mut AttnScratch,
-    out: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::simd::has_avx2_fma() {
-        // SAFETY: the CPU supports the features the function is compiled for (checked above).
-        unsafe { attend_group_avx2(g, q, kvh, table, pos, scratch, out) };
-        return;
-    }
-    attend_group_body(g, q, kvh, table, pos, scratch, out);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_group_avx2(
-    g: &LayerView,
-    q: &[f32],
-    kvh: usize,
-    table: &BlockTable,
-    pos: usize,
-    scratch: &mut AttnScratch,
-    out: &mut [f32],
-) {
-    attend_group_body(g, q, kvh, table, pos, scratch, out);
+crate::simd::avx2_fma_dispatch! {
+    /// One token's attention over positions `0..=pos` for the query heads `q` (group x D) of
+    /// KV head `kvh`, into `out` (group x D). Runs the AVX2+FMA build of [`attend_group_body`]
+    /// where the CPU has it (checked once, cached by std).
+    fn attend_group(
+        g: &LayerView,
+        q: &[f32],
+        kvh: usize,
+        table: &BlockTable,
+        pos: usize,
+        scratch: &mut AttnScratch,
+        out: &mut [f32],
+    ) => attend_group_body
 }
 
 /// The attention of one token's query heads that share KV head `kvh`. Each cached block is

@@ -7,6 +7,7 @@
 //! draw. The sampling job that feeds it problems and writes Parquet is [`crate::jobs::sample`].
 //! Knows nothing of Parquet, grading or stages.
 
+pub mod backend;
 pub mod block_pool;
 pub mod engine;
 #[cfg(feature = "cuda")]

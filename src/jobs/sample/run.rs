@@ -19,10 +19,8 @@ use super::prompt::{build_prompts, PromptTemplate};
 use super::settings::{SampleSettings, ENGINE_MISTRALRS, ENGINE_OURS};
 use crate::data::schema::{Completion, Grade, Logprobs, Problem};
 use crate::model::{TextTokenizer, Transformer};
-use crate::sampler::engine::{
-    kv_cache_bytes_per_token, kv_cache_memory, Engine, EngineConfig, Request, Sample,
-    ThinkingBudget,
-};
+use crate::sampler::backend::{kv_cache_bytes_per_token, kv_cache_memory};
+use crate::sampler::engine::{Engine, EngineConfig, Request, Sample, ThinkingBudget};
 use crate::sampler::params::SamplingParams;
 use crate::sampler::scheduler::SchedulerConfig;
 use crate::sampler::state_slots::StateSlots;

@@ -1,0 +1,225 @@
+//! The sampler's device, decided once: [`Backend`] is built for the model's device when the
+//! engine starts and owns what differs between devices: the paged KV cache (its bytes per
+//! token, the memory a default one may take, block copies), how a step's attention runs over
+//! it, where the logits of the sampling rows land, which rows' candidates a draw needs, and
+//! whether timing waits for the device. The engine asks it and never branches on the device.
+//!
+//! On the CPU: [`KvCache`] with [`PagedAttention`], logits straight into a reused host buffer,
+//! steps run inside rayon's pool. On a CUDA GPU (the `cuda` feature): the GPU cache and kernels
+//! of [`super::gpu`], logits on the device, and only each row's best candidates brought to the
+//! host when the sampling settings allow it.
+//!
+//! Knows nothing of requests, sequences or sampling rules.
+
+use anyhow::{bail, Result};
+use candle_core::{Device, Tensor};
+
+use super::block_pool::CopyOnWrite;
+use super::kv_cache::{KvCache, PagedAttention, SeqStep};
+use super::params::SamplingParams;
+use super::sampling::CandidateRow;
+use super::state_slots::StateSlots;
+use crate::model::Transformer;
+
+/// A step's logits rows, end to end.
+pub enum Logits {
+    Host(Vec<f32>),
+    Device(Tensor),
+}
+
+/// The paged KV cache and the step's device work, on the model's device.
+pub enum Backend {
+    Cpu {
+        cache: KvCache,
+        /// The logits rows, reused from step to step (a decode step's rows are megabytes,
+        /// which a fresh allocation would zero or fault in every step).
+        logits_buf: Vec<f32>,
+    },
+    #[cfg(feature = "cuda")]
+    Cuda(super::gpu::GpuKvCache),
+}
+
+/// Bytes one token's keys and values take in the cache on the model's device.
+pub fn kv_cache_bytes_per_token(model: &Transformer, kv_fp8: bool) -> usize {
+    #[cfg(feature = "cuda")]
+    if model.device().is_cuda() {
+        return super::gpu::GpuKvCache::bytes_per_token(model.config(), model.dtype(), kv_fp8);
+    }
+    let _ = kv_fp8;
+    KvCache::bytes_per_token(model.config())
+}
+
+/// Memory a default KV cache may take on `device`: a quarter of the host's available memory, or
+/// 90% of the GPU's free memory (the weights are loaded by then).
+pub fn kv_cache_memory(device: &Device) -> Result<u64> {
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        let (free, _) = crate::cuda::kernels::memory_info(device)?;
+        return Ok(free / 10 * 9);
+    }
+    let _ = device;
+    Ok(crate::machine::available_memory_bytes().unwrap_or(4 << 30) / 4)
+}
+
+/// Brings device logits to the host as f32 rows.
+pub fn logits_to_host(logits: &Tensor) -> Result<Vec<f32>> {
+    use rayon::prelude::*;
+    let flat = logits.flatten_all()?;
+    if flat.dtype() == candle_core::DType::BF16 {
+        let v: Vec<half::bf16> = flat.to_vec1()?;
+        return Ok(v.par_iter().map(|x| x.to_f32()).collect());
+    }
+    Ok(flat.to_dtype(candle_core::DType::F32)?.to_vec1()?)
+}
+
+/// A step's work on the device: the sequences' block tables and positions, each one's new
+/// tokens, and the recurrent layers' state slots.
+pub struct StepInputs<'a> {
+    pub seq_steps: Vec<SeqStep<'a>>,
+    pub tokens: &'a [u32],
+    pub positions: &'a [u32],
+    /// The state slots and each scheduled sequence's slot (models with recurrent layers).
+    pub states: Option<(&'a mut StateSlots, Vec<usize>)>,
+    pub sync_timing: bool,
+}
+
+impl Backend {
+    /// The backend of `model`'s device, with a cache of `num_blocks` blocks of `block_size`
+    /// tokens (fp8 keys and values with `kv_fp8`, CUDA only).
+    pub fn new(
+        model: &Transformer,
+        block_size: usize,
+        num_blocks: usize,
+        kv_fp8: bool,
+    ) -> Result<Backend> {
+        if model.device().is_cuda() {
+            #[cfg(feature = "cuda")]
+            return Ok(Backend::Cuda(super::gpu::GpuKvCache::new(
+                model.config(),
+                block_size,
+                num_blocks,
+                model.device(),
+                model.dtype(),
+                kv_fp8,
+            )?));
+        }
+        if !model.device().is_cpu() {
+            bail!("the sampler runs on the CPU or, built with the cuda feature, on CUDA GPUs");
+        }
+        if kv_fp8 {
+            bail!("an fp8 KV cache needs the CUDA sampler (build with --features cuda)");
+        }
+        Ok(Backend::Cpu {
+            cache: KvCache::new(model.config(), block_size, num_blocks),
+            logits_buf: Vec::new(),
+        })
+    }
+
+    /// Whether the step runs on the host (whose parallel loops want rayon's pool).
+    pub fn is_host(&self) -> bool {
+        matches!(self, Backend::Cpu { .. })
+    }
+
+    pub fn copy_block(&mut self, c: CopyOnWrite) -> Result<()> {
+        match self {
+            Backend::Cpu { cache, .. } => cache.copy_block(c.src, c.dst),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(cache) => cache.copy_block(c.src, c.dst)?,
+        }
+        Ok(())
+    }
+
+    /// With `sync_timing`, waits for the device so that the next clock reading is device time.
+    pub fn synchronize(&self, dev: &Device, sync_timing: bool) -> Result<()> {
+        if sync_timing && !self.is_host() {
+            dev.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// The model's final hidden states for the step's tokens, through the paged cache; and the
+    /// seconds spent in attention.
+    pub fn forward(&mut self, model: &Transformer, step: StepInputs) -> Result<(Tensor, f64)> {
+        let dev = model.device();
+        let tokens = Tensor::new(step.tokens, dev)?;
+        let positions = Tensor::new(step.positions, dev)?;
+        match self {
+            Backend::Cpu { cache, .. } => {
+                let mut attn = PagedAttention::new(cache, step.seq_steps);
+                if let Some((states, slots)) = step.states {
+                    attn = attn.with_states(states, slots);
+                }
+                let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
+                Ok((h, attn.seconds))
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(cache) => {
+                let seq_lens = step.seq_steps.iter().map(|s| s.num_new).collect();
+                let meta =
+                    super::gpu::GpuStep::new(cache, &step.seq_steps, model.config().num_heads)?;
+                let mut attn = super::gpu::GpuPagedAttention {
+                    cache,
+                    step: &meta,
+                    sync_timing: step.sync_timing,
+                    variant: None,
+                    seconds: 0.0,
+                    seq_lens,
+                    states: step.states,
+                };
+                let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
+                Ok((h, attn.seconds))
+            }
+        }
+    }
+
+    /// The logits of the hidden `rows` that sample: on the host straight into last step's
+    /// buffer (no tensor round trip), on a GPU on the device.
+    pub fn logits(&mut self, model: &Transformer, hidden: &Tensor, rows: &[u32]) -> Result<Logits> {
+        let picked = hidden.index_select(&Tensor::new(rows, hidden.device())?, 0)?;
+        match self {
+            Backend::Cpu { logits_buf, .. } => {
+                let mut rows = std::mem::take(logits_buf);
+                model.logits_host_into(&picked, &mut rows)?;
+                Ok(Logits::Host(rows))
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => Ok(Logits::Device(model.logits(&picked)?)),
+        }
+    }
+
+    /// Takes back a step's host rows for the next step.
+    pub fn recycle(&mut self, rows: Vec<f32>) {
+        match self {
+            Backend::Cpu { logits_buf, .. } => *logits_buf = rows,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => {}
+        }
+    }
+
+    /// Each device row's best candidates, when the sampling settings let a draw use them alone
+    /// ([`super::sampling::candidates_needed`], for sequences with at least `fewest` generated
+    /// tokens); `None`: the draw needs the whole rows.
+    pub fn candidates(
+        &self,
+        logits: &Tensor,
+        params: &SamplingParams,
+        fewest: usize,
+    ) -> Result<Option<Vec<CandidateRow>>> {
+        match self {
+            Backend::Cpu { .. } => {
+                let _ = (logits, params, fewest);
+                Ok(None)
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(_) => match super::sampling::candidates_needed(params, fewest) {
+                Some(k) => Ok(Some(super::gpu::sampling::top_candidates(
+                    logits,
+                    k,
+                    params.is_greedy(),
+                    params.temperature,
+                )?)),
+                None => Ok(None),
+            },
+        }
+    }
+}
