@@ -497,3 +497,53 @@ fn qwen3_5_samples_are_independent_of_batch_size_and_preemption() {
     // the samples of a problem differ (their own seeds), and the text decodes
     assert_ne!(a[0].completion_token_ids, a[1].completion_token_ids);
 }
+
+/// `--truncate-prompt-tokens K` keeps the last K tokens of each prompt (vLLM's left
+/// truncation): the prompt ids written are the tail of the whole prompt's, the prompt text is
+/// theirs, and the sampling hash tells the runs apart.
+#[test]
+fn truncate_prompt_tokens_keeps_the_tail_of_each_prompt() {
+    if shared("fixtures/tiny-qwen3").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let o = sample(dir.path(), &[], "whole.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    let o = sample(
+        dir.path(),
+        &["--truncate-prompt-tokens", "3"],
+        "tail.parquet",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let whole = read_completions(&dir.path().join("whole.parquet")).unwrap();
+    let tail = read_completions(&dir.path().join("tail.parquet")).unwrap();
+    assert_eq!(whole.len(), tail.len());
+    let mut shortened = 0;
+    for (w, t) in whole.iter().zip(&tail) {
+        let (w_ids, t_ids) = (
+            w.prompt_token_ids.clone().unwrap(),
+            t.prompt_token_ids.clone().unwrap(),
+        );
+        assert_eq!(t_ids[..], w_ids[w_ids.len().saturating_sub(3)..]);
+        assert!(
+            w.prompt.ends_with(&t.prompt),
+            "{:?} {:?}",
+            w.prompt,
+            t.prompt
+        );
+        shortened += usize::from(w_ids.len() > 3);
+        assert_ne!(w.sampling_hash, t.sampling_hash);
+    }
+    assert!(shortened > 0, "no prompt was longer than 3 tokens");
+    let o = sample(
+        dir.path(),
+        &["--truncate-prompt-tokens", "0"],
+        "zero.parquet",
+    );
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--truncate-prompt-tokens must be at least 1"),
+        "{}",
+        text(&o)
+    );
+}

@@ -86,6 +86,11 @@ pub struct SamplingParams {
     /// Samples are seeded by (seed, problem id, sample index).
     #[arg(long, default_value_t = SamplingParams::default().seed)]
     pub seed: u64,
+    /// Keep only the last this many tokens of each prompt (vLLM's `truncate_prompt_tokens`:
+    /// left truncation, so that long few-shot prompts fit the context); unset: whole prompts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
+    pub truncate_prompt_tokens: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -106,6 +111,7 @@ impl Default for SamplingParams {
             stop_strings: Vec::new(),
             ignore_eos: false,
             seed: 0,
+            truncate_prompt_tokens: None,
         }
     }
 }
@@ -148,6 +154,9 @@ impl SamplingParams {
         })?;
         self.validate_additive_penalties()?;
         self.validate_lengths()?;
+        require(self.truncate_prompt_tokens != Some(0), || {
+            "truncate_prompt_tokens must be at least 1 (unset: whole prompts)".to_string()
+        })?;
         match self.logprobs {
             Some(k) if k > MAX_LOGPROBS => Err(format!(
                 "logprobs must be at most {MAX_LOGPROBS} (alternatives per token), got {k}"

@@ -69,7 +69,14 @@ pub fn run_settings(
         PromptTemplate::Chat { .. } => Some(ck.chat_template()?),
         _ => None,
     };
-    let prompts = build_prompts(problems, &template, chat.as_ref(), &tok)?;
+    let mut prompts = build_prompts(problems, &template, chat.as_ref(), &tok)?;
+    if let Some(k) = s.params.truncate_prompt_tokens {
+        // vLLM's left truncation; the prompt column holds what the model saw
+        for (text, ids) in prompts.iter_mut().filter(|(_, ids)| ids.len() > k) {
+            ids.drain(..ids.len() - k);
+            *text = tok.decode(ids)?;
+        }
+    }
     let device = crate::model::parse_device(&s.device)?;
     let dtype = crate::model::parse_dtype(&s.dtype, &device)?;
     let kv_fp8 = s.kv_cache_dtype == "fp8";

@@ -27,6 +27,22 @@ fn the_first_parameters_hash_as_their_old_debug_text() {
     );
 }
 
+/// A parameter added after the hash was introduced (`truncate_prompt_tokens`) joins the hash
+/// text only when set: runs that do not set it keep their hash.
+#[test]
+fn a_later_parameter_changes_the_hash_only_when_set() {
+    let unset = SamplingParams::default();
+    assert!(!unset.hash_text().contains('|'), "{}", unset.hash_text());
+    let set = SamplingParams {
+        truncate_prompt_tokens: Some(5),
+        ..SamplingParams::default()
+    };
+    assert_eq!(
+        set.hash_text(),
+        format!("{}|truncate_prompt_tokens=5", unset.hash_text())
+    );
+}
+
 /// `keys()` (the flag ids) are the serialised names, in field order, and the defaults of the
 /// flags, of an empty TOML table and of `Default` agree.
 #[test]
@@ -49,6 +65,7 @@ fn keys_flags_serde_and_defaults_agree() {
         stop_strings: vec!["x".into()],
         ignore_eos: true,
         seed: 7,
+        truncate_prompt_tokens: Some(5),
     };
     let serde_json::Value::Object(fields) = serde_json::to_value(&all).unwrap() else {
         panic!("not an object");
