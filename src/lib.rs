@@ -1,21 +1,23 @@
 //! selfdistill: math self-distillation end to end in one binary.
 //!
-//! Layers: each imports only the ones below it (`scripts/import-graph.py` checks there is no
-//! circle and no edge upward).
+//! Layers: each imports only the ones below it, and no two files import each other
+//! (`scripts/import-graph.py --check`, run by CI, checks for circles between modules and between
+//! files, and for edges upward; `verify/`'s files are the one exception it allows, with why).
 //!
 //! ```text
 //! main (argument parsing)  cmd (the commands)  report (reads the stage store)
-//!   stages      the plan, the stage cache and one runner per stage kind
+//!   stages      the plan, the stage cache, the runner and one file per stage kind
 //!   config      TOML -> a validated Config
 //!   jobs        sample (jobs::sample), eval, pretrain, train (train::trainer)
-//!   sampler     paged-KV engine: block pool, KV cache, scheduler, sampling, engine, gpu
+//!   sampler     paged-KV engine: the sampling parameters (defined once), block pool, KV cache,
+//!               scheduler, sampling, the device backend, engine, gpu
 //!   train       differentiable model, losses, AdamW, checkpoints
 //!   model       Hugging Face checkpoints, config readers, the decoder over layer kinds
 //!               (model/layers: attention, Gated DeltaNet), ops and their paths, weight init
 //!   data verify store digest arith progress loaders and schemas, the verifier, the work dir,
 //!                                          progress bars and progress.json
-//!   gemm simd cuda machine bytes rng fault logging  the CPU kernels, our CUDA kernels, machine
-//!                                          facts, logs
+//!   gemm simd cuda machine bytes rng fault logging names  the CPU kernels, our CUDA kernels,
+//!                                          machine facts, logs, "did you mean"
 //! ```
 //! The binary (`main.rs`) only parses arguments, dispatches to `cmd` and prints errors.
 

@@ -18,7 +18,7 @@ use super::block_pool::CopyOnWrite;
 use super::kv_cache::{KvCache, PagedAttention, SeqStep};
 use super::params::SamplingParams;
 use super::sampling::CandidateRow;
-use super::state_slots::StateSlots;
+use super::state_slots::StepSlots;
 use crate::model::Transformer;
 
 /// A step's logits rows, end to end.
@@ -79,7 +79,7 @@ pub struct StepInputs<'a> {
     pub tokens: &'a [u32],
     pub positions: &'a [u32],
     /// The state slots and each scheduled sequence's slot (models with recurrent layers).
-    pub states: Option<(&'a mut StateSlots, Vec<usize>)>,
+    pub states: StepSlots<'a>,
     pub sync_timing: bool,
 }
 

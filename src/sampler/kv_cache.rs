@@ -31,7 +31,7 @@ use candle_core::{DType, Result, Tensor};
 use rayon::prelude::*;
 
 use super::block_pool::{BlockId, BlockTable};
-use super::state_slots::StateSlots;
+use super::state_slots::{step_slots, StateSlots, StepSlots};
 use crate::model::attention::{AttentionBackend, AttnShape};
 use crate::model::ModelConfig;
 use crate::simd::{exp_sub_sum, SendPtr};
@@ -152,7 +152,7 @@ pub struct PagedAttention<'a> {
     /// Tokens each sequence brings to the step, in order.
     seq_lens: Vec<usize>,
     /// The recurrent layers' state slots and each sequence's slot, in order.
-    states: Option<(&'a mut StateSlots, Vec<usize>)>,
+    states: StepSlots<'a>,
 }
 
 fn to_vec(t: &Tensor) -> Result<Vec<f32>> {
@@ -166,9 +166,7 @@ impl AttentionBackend for PagedAttention<'_> {
         layer: usize,
         values: usize,
     ) -> Result<crate::model::attention::RecurrentStep> {
-        let Some((states, slots)) = &self.states else {
-            candle_core::bail!("layer {layer} is recurrent, and this step was given no state slots")
-        };
+        let (states, slots) = step_slots(&mut self.states, layer)?;
         states.step_state(
             layer,
             values,
@@ -179,9 +177,7 @@ impl AttentionBackend for PagedAttention<'_> {
     }
 
     fn store_recurrent_state(&mut self, layer: usize, state: Tensor) -> Result<()> {
-        let Some((states, slots)) = &mut self.states else {
-            candle_core::bail!("layer {layer} is recurrent, and this step was given no state slots")
-        };
+        let (states, slots) = step_slots(&mut self.states, layer)?;
         states.store_step_state(layer, slots, &state)
     }
 
@@ -192,9 +188,7 @@ impl AttentionBackend for PagedAttention<'_> {
         values: usize,
         f: &mut crate::model::attention::RecurrentHostFn<'_>,
     ) -> Result<()> {
-        let Some((states, slots)) = &mut self.states else {
-            candle_core::bail!("layer {layer} is recurrent, and this step was given no state slots")
-        };
+        let (states, slots) = step_slots(&mut self.states, layer)?;
         let Some(mut parts) = states.lend(layer, slots) else {
             candle_core::bail!("layer {layer}: no state slots, or a slot given twice")
         };

@@ -173,3 +173,21 @@ impl StateSlots {
             .map_err(candle_core::Error::Msg)
     }
 }
+
+/// A step's state slots as an attention backend holds them: the slots and each scheduled
+/// sequence's slot; `None` for a step given none (a model without recurrent layers).
+pub type StepSlots<'a> = Option<(&'a mut StateSlots, Vec<usize>)>;
+
+/// The slots of a step for recurrent layer `layer`, or the error of a step given none: what
+/// every attention backend's recurrent methods start with.
+pub fn step_slots<'s>(
+    s: &'s mut StepSlots<'_>,
+    layer: usize,
+) -> candle_core::Result<(&'s mut StateSlots, &'s [usize])> {
+    match s {
+        Some((states, slots)) => Ok((&mut **states, slots.as_slice())),
+        None => {
+            candle_core::bail!("layer {layer} is recurrent, and this step was given no state slots")
+        }
+    }
+}

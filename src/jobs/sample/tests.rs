@@ -106,3 +106,21 @@ fn overrides_set_their_keys_over_the_settings() {
         serde_json::json!(4)
     );
 }
+
+/// `pipelines/reference.toml` documents every `[sample]` key.
+#[test]
+fn the_reference_config_documents_every_sample_key() {
+    let text = include_str!("../../../pipelines/reference.toml");
+    let start = text.find("\n# [sample]").expect("a [sample] section");
+    let end = start
+        + text[start..]
+            .find("\n[filter]")
+            .expect("[filter] after [sample]");
+    let section = &text[start..end];
+    for key in SampleSettings::keys() {
+        assert!(
+            section.contains(&format!("# {key} = ")) || section.contains(&format!("\n{key} = ")),
+            "reference.toml does not document sample.{key}"
+        );
+    }
+}

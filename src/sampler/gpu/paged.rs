@@ -23,6 +23,7 @@ use crate::model::attention::AttentionBackend;
 use crate::model::ModelConfig;
 use crate::sampler::block_pool::BlockId;
 use crate::sampler::kv_cache::SeqStep;
+use crate::sampler::state_slots::step_slots;
 
 /// Threads per attention block (4 warps).
 const THREADS: u32 = 128;
@@ -301,7 +302,7 @@ pub struct GpuPagedAttention<'a> {
     /// Tokens each sequence brings to the step, and the recurrent layers' state slots with
     /// each sequence's slot (models with recurrent layers only).
     pub seq_lens: Vec<usize>,
-    pub states: Option<(&'a mut crate::sampler::state_slots::StateSlots, Vec<usize>)>,
+    pub states: crate::sampler::state_slots::StepSlots<'a>,
 }
 
 impl AttentionBackend for GpuPagedAttention<'_> {
@@ -311,17 +312,13 @@ impl AttentionBackend for GpuPagedAttention<'_> {
         layer: usize,
         values: usize,
     ) -> Result<crate::model::attention::RecurrentStep> {
-        let Some((states, slots)) = &self.states else {
-            bail!("layer {layer} is recurrent, and this step was given no state slots")
-        };
+        let (states, slots) = step_slots(&mut self.states, layer)?;
         let dev = Device::Cuda(self.cache.dev.clone());
         states.step_state(layer, values, slots, &self.seq_lens, &dev)
     }
 
     fn store_recurrent_state(&mut self, layer: usize, state: Tensor) -> Result<()> {
-        let Some((states, slots)) = &mut self.states else {
-            bail!("layer {layer} is recurrent, and this step was given no state slots")
-        };
+        let (states, slots) = step_slots(&mut self.states, layer)?;
         states.store_step_state(layer, slots, &state)
     }
 
