@@ -656,6 +656,8 @@ fn validate_sample(
             )));
         }
         s.prompt_template = p.display().to_string();
+        crate::jobs::sample::prompt::PromptTemplate::from_settings(&s)
+            .map_err(|e| ConfigError(format!("{origin}: {e:#}")))?;
     }
     Ok(s)
 }

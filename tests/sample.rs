@@ -547,3 +547,53 @@ fn truncate_prompt_tokens_keeps_the_tail_of_each_prompt() {
         text(&o)
     );
 }
+
+/// A run killed after its first committed part, rerun with other settings or other problems,
+/// is refused with what differs and how to start over, never resumed into a mix; `--overwrite`
+/// starts over; the same settings resume.
+#[test]
+fn a_resume_with_other_settings_or_problems_is_refused_not_mixed() {
+    if shared("fixtures/tiny-qwen3").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kill = Some((selfdistill::fault::ENV, "sample.part:1"));
+    let o = sample_with_env(dir.path(), &[], "k.parquet", kill);
+    assert_eq!(o.status.signal(), Some(9), "{}", text(&o));
+    // another top_k and a repetition penalty: refused, naming both
+    let o = sample(
+        dir.path(),
+        &["--top-k", "5", "--repetition-penalty", "1.2"],
+        "k.parquet",
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("top_k: 0 -> 5") && t.contains("repetition_penalty: unset -> 1.2"),
+        "{t}"
+    );
+    assert!(t.contains("--overwrite"), "{t}");
+    // other problems (a shorter list): refused, naming the problems
+    let o = sample(dir.path(), &["--limit", "5"], "k.parquet");
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("problems: "), "{}", text(&o));
+    // nothing was mixed in: the same settings resume to the clean run's rows
+    let o = sample(dir.path(), &[], "k.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("(0 resumed)"), "{}", text(&o));
+    let o = sample(dir.path(), &[], "clean.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    let clean = read_completions(&dir.path().join("clean.parquet")).unwrap();
+    let resumed = read_completions(&dir.path().join("k.parquet")).unwrap();
+    assert_eq!(key(&clean), key(&resumed));
+    // killed again, then --overwrite starts over with the new settings
+    let o = sample_with_env(dir.path(), &[], "w.parquet", kill);
+    assert_eq!(o.status.signal(), Some(9), "{}", text(&o));
+    let o = sample(dir.path(), &["--top-k", "5", "--overwrite"], "w.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("(0 resumed), 40 samples"), "{}", text(&o));
+    let rows = read_completions(&dir.path().join("w.parquet")).unwrap();
+    let hashes: std::collections::HashSet<_> =
+        rows.iter().map(|r| r.sampling_hash.clone()).collect();
+    assert_eq!((rows.len(), hashes.len()), (40, 1));
+}

@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::data::source::{AnswerExtract, FieldMap, Location, SourceFormat, SourceSpec};
 use crate::data::{hub, load_source};
+use crate::jobs::sample::parts::parts_dir;
 use crate::jobs::sample::run::run_settings;
 use crate::jobs::sample::settings::SampleSettings;
 use crate::jobs::sample::shard::{in_shard, resolve_shard};
@@ -43,6 +44,10 @@ pub struct SampleArgs {
     pub limit: Option<usize>,
     #[arg(long)]
     pub output: PathBuf,
+    /// Discard the samples committed for `--output` by an earlier run (a run with other
+    /// settings, problems or model is refused rather than resumed into a mix).
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 fn source_spec(a: &SampleArgs) -> Result<SourceSpec> {
@@ -107,6 +112,17 @@ pub fn run(a: &SampleArgs) -> Result<()> {
         None => "sample".into(),
     };
     let progress = crate::progress::Target::new(label, None);
+    if a.overwrite {
+        let parts = parts_dir(&a.output);
+        if parts.exists() {
+            std::fs::remove_dir_all(&parts)
+                .with_context(|| format!("cannot remove {}", parts.display()))?;
+            tracing::info!(
+                "--overwrite: discarded the samples committed in {}",
+                parts.display()
+            );
+        }
+    }
     let s = run_settings(
         settings,
         &problems,

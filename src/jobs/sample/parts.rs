@@ -1,14 +1,17 @@
 //! The committed parts of a sampling run (`<output>.parts/part-NNNNNN.parquet`): every finished
 //! problem's samples in one part, each part written whole, so a killed run resumes without
 //! duplicates or gaps; at the end the parts are joined, in input order, into the output with
-//! the file metadata [`super::shard::merge`] reads.
+//! the file metadata [`super::shard::merge`] reads. `run.json` beside the parts records what
+//! defines their samples ([`PartsKey`]): a rerun with other settings, problems or model is
+//! refused, never resumed into a mix.
 //!
-//! Knows nothing of engines or settings.
+//! Knows nothing of engines; of settings, only the key it is handed.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
 
 use crate::data::schema::{
     completions_batch, completions_schema, has_logprobs, read_completions, write_parquet_atomic,
@@ -20,7 +23,124 @@ pub const META_SHARD: &str = "selfdistill.shard";
 pub const META_SAMPLING_HASH: &str = "selfdistill.sampling_hash";
 pub const META_PROBLEMS: &str = "selfdistill.problems";
 
-pub(super) fn parts_dir(output: &Path) -> PathBuf {
+/// What defines the samples of a run's parts, as `run.json` beside them: the model (as named,
+/// and its files' digest), the problems (a digest of their ids, texts and gold answers, in
+/// order), the prompt template, the engine, the thinking budget, the grading, the shard and
+/// every sampling parameter.
+#[derive(Debug, Clone, Serialize)]
+pub struct PartsKey {
+    pub model: String,
+    pub model_digest: String,
+    pub problems: String,
+    pub prompt_template: String,
+    pub engine: String,
+    pub thinking: String,
+    pub grading: String,
+    pub shard: String,
+    #[serde(flatten)]
+    pub params: crate::sampler::params::SamplingParams,
+}
+
+/// The file of the [`PartsKey`] in the parts folder.
+pub const PARTS_KEY: &str = "run.json";
+
+/// A digest of the problems a run samples: their ids, texts and gold answers, in order.
+pub fn problems_digest(problems: &[Problem]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for p in problems {
+        for field in [&p.problem_id, &p.problem, &p.gold_answer] {
+            h.update((field.len() as u64).to_le_bytes());
+            h.update(field.as_bytes());
+        }
+    }
+    hex::encode(h.finalize())
+}
+
+/// Makes sure the parts in `parts` were committed under `key`: writes `run.json` for a new
+/// run; for a resumed one, refuses a key that differs and names the fields. Parts of an older
+/// version (no `run.json`) are kept when their rows carry `sampling_hash`.
+pub(super) fn check_key(parts: &Path, key: &PartsKey, sampling_hash: &str) -> Result<()> {
+    let file = parts.join(PARTS_KEY);
+    let new = serde_json::to_value(key)?;
+    let old: serde_json::Value = match std::fs::read(&file) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .with_context(|| format!("{} is not a run record", file.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            for part in part_files(parts)? {
+                if let Some(r) = read_completions(&part)?
+                    .iter()
+                    .find(|r| r.sampling_hash.as_deref() != Some(sampling_hash))
+                {
+                    bail!(
+                        "{} holds samples of other settings (sampling hash {}, not \
+                         {sampling_hash}); {}",
+                        parts.display(),
+                        r.sampling_hash.as_deref().unwrap_or("none"),
+                        start_over(parts)
+                    );
+                }
+            }
+            crate::store::write_json_atomic(&file, &new)?;
+            return Ok(());
+        }
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", file.display())),
+    };
+    let differs: Vec<String> = new
+        .as_object()
+        .into_iter()
+        .flatten()
+        .chain(old.as_object().into_iter().flatten())
+        .map(|(k, _)| k)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .filter(|k| old.get(k.as_str()) != new.get(k.as_str()))
+        .map(|k| {
+            let show = |v: Option<&serde_json::Value>| {
+                let t = match v {
+                    None => "unset".to_string(),
+                    // an f32 field, as it was written (0.7, not 0.699999988079071)
+                    Some(serde_json::Value::Number(n))
+                        if n.as_f64()
+                            .is_some_and(|f| f64::from(f as f32) == f && !n.is_i64()) =>
+                    {
+                        (n.as_f64().unwrap_or_default() as f32).to_string()
+                    }
+                    Some(v) => v.to_string(),
+                };
+                match t.char_indices().nth(48) {
+                    Some((i, _)) => format!("{}...", &t[..i]),
+                    None => t,
+                }
+            };
+            format!(
+                "{k}: {} -> {}",
+                show(old.get(k.as_str())),
+                show(new.get(k.as_str()))
+            )
+        })
+        .collect();
+    if differs.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "{} holds samples committed with other settings; resuming would mix them ({}); {}",
+        parts.display(),
+        differs.join("; "),
+        start_over(parts)
+    )
+}
+
+fn start_over(parts: &Path) -> String {
+    format!(
+        "to start over, delete {} (`pipeline sample --overwrite` does), or write to another \
+         output",
+        parts.display()
+    )
+}
+
+/// Where the parts of `output` are committed.
+pub fn parts_dir(output: &Path) -> PathBuf {
     let mut s = output.as_os_str().to_owned();
     s.push(".parts");
     PathBuf::from(s)

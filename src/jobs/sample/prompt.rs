@@ -24,7 +24,8 @@ pub enum PromptTemplate {
 }
 
 impl PromptTemplate {
-    /// `chat`, `raw`, or a Jinja file's path (read here).
+    /// `chat`, `raw`, or a Jinja file's path (read here). A file must be a template that reads
+    /// `problem`: one that never does would give every problem the same prompt.
     pub fn parse(
         name: &str,
         system: Option<String>,
@@ -36,9 +37,23 @@ impl PromptTemplate {
                 enable_thinking,
             },
             "raw" => PromptTemplate::Raw,
-            path => PromptTemplate::File(std::fs::read_to_string(path).with_context(|| {
-                format!("prompt_template `{path}`: not chat, raw or a readable file")
-            })?),
+            path => {
+                let src = std::fs::read_to_string(path).with_context(|| {
+                    format!("prompt_template `{path}`: not chat, raw or a readable file")
+                })?;
+                let env = minijinja::Environment::new();
+                let template = env
+                    .template_from_str(&src)
+                    .with_context(|| format!("prompt_template `{path}`: not a Jinja template"))?;
+                if !template.undeclared_variables(false).contains("problem") {
+                    anyhow::bail!(
+                        "prompt_template `{path}`: the template never reads `problem`, so every \
+                         prompt would be the same text; write {{{{ problem }}}} where the problem \
+                         goes"
+                    );
+                }
+                PromptTemplate::File(src)
+            }
         })
     }
 

@@ -14,7 +14,10 @@ use sha2::{Digest, Sha256};
 
 use super::engine::SampleEngine;
 use super::memory::KvNeed;
-use super::parts::{commit_part, committed_problems, join_parts, next_part_index, parts_dir};
+use super::parts::{
+    check_key, commit_part, committed_problems, join_parts, next_part_index, parts_dir,
+    problems_digest, PartsKey,
+};
 use super::prompt::{build_prompts, PromptTemplate};
 use super::settings::{SampleSettings, ENGINE_MISTRALRS, ENGINE_OURS};
 use crate::data::schema::{Completion, Grade, Logprobs, Problem};
@@ -31,6 +34,8 @@ pub struct JobConfig {
     pub model_name: String,
     /// [`ENGINE_OURS`] or [`ENGINE_MISTRALRS`]; part of the sampling hash when not ours.
     pub engine: String,
+    /// The content digest of the model's files (see [`crate::model::Checkpoint::digest`]).
+    pub model_digest: String,
     /// The sampling parameters (`n` and `logprobs` among them: `logprobs` is not part of the
     /// sampling hash, the tokens do not change).
     pub params: SamplingParams,
@@ -105,6 +110,7 @@ pub fn run_settings(
     let mut cfg = JobConfig {
         model_name: s.model.clone(),
         engine: s.engine.clone(),
+        model_digest: ck.digest()?.hex,
         params: s.params.clone(),
         block_size: s.block_size,
         max_num_seqs: s.max_num_seqs,
@@ -274,8 +280,20 @@ pub fn run(
     let parts = parts_dir(output);
     std::fs::create_dir_all(&parts)
         .with_context(|| format!("cannot create {}", parts.display()))?;
-    let done = committed_problems(&parts)?;
     let shash = sampling_hash(&cfg.model_name, &cfg.params, template, &cfg.engine);
+    let key = PartsKey {
+        model: cfg.model_name.clone(),
+        model_digest: cfg.model_digest.clone(),
+        problems: problems_digest(problems),
+        prompt_template: format!("{template:?}"),
+        engine: cfg.engine.clone(),
+        thinking: format!("{:?}", cfg.thinking),
+        grading: format!("{:?}", cfg.grade),
+        shard: format!("{}/{}", cfg.shard.0, cfg.shard.1),
+        params: cfg.params.clone(),
+    };
+    check_key(&parts, &key, &shash)?;
+    let done = committed_problems(&parts)?;
     let mut summary = JobSummary {
         problems: problems.len(),
         ..JobSummary::default()

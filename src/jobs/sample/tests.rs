@@ -124,3 +124,30 @@ fn the_reference_config_documents_every_sample_key() {
         );
     }
 }
+
+/// A prompt template file must read `problem` (directly or another way the template's own
+/// variables show), and parse; otherwise every problem would get the same prompt.
+#[test]
+fn a_prompt_template_that_never_reads_the_problem_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let parse = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        PromptTemplate::parse(p.to_str().unwrap(), None, None)
+    };
+    assert!(parse("a.jinja", "Q: {{ problem }}\nA:").is_ok());
+    assert!(parse("b.jinja", "{% set p = problem | trim %}Q: {{ p }}").is_ok());
+    let e = format!(
+        "{:#}",
+        parse("c.jinja", "Solve the problem step by step.").unwrap_err()
+    );
+    assert!(
+        e.contains("c.jinja") && e.contains("never reads `problem`"),
+        "{e}"
+    );
+    let e = format!("{:#}", parse("d.jinja", "{{ problem ").unwrap_err());
+    assert!(
+        e.contains("d.jinja") && e.contains("not a Jinja template"),
+        "{e}"
+    );
+}
