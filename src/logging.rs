@@ -6,6 +6,10 @@
 //! All bars live in one `MultiProgress`; a log line suspends them while it is written, so bars
 //! and lines never interleave. Knows nothing of stages: the runner names the stage's file
 //! ([`stage_log`]), and [`crate::progress`] draws the bars.
+//!
+//! Command output (plans, tables, reports) goes to stdout through [`outln!`](crate::outln): a
+//! closed stdout (`pipeline run all | head -1`) ends the output quietly, as Unix tools do, and
+//! never the program or a stage.
 
 use std::fs::File;
 use std::io::{IsTerminal, Write};
@@ -16,6 +20,50 @@ use anyhow::{Context, Result};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
+
+/// `println!` for command output, except that a closed stdout (its reader went away, as
+/// `| head` does) is the end of the output rather than a panic: nothing more is printed and
+/// the program goes on, so a stage's state never depends on whether its output was read.
+#[macro_export]
+macro_rules! outln {
+    () => {
+        $crate::logging::print_out(format_args!(""), true)
+    };
+    ($($arg:tt)*) => {
+        $crate::logging::print_out(format_args!($($arg)*), true)
+    };
+}
+
+/// [`outln!`](crate::outln) without the newline.
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::logging::print_out(format_args!($($arg)*), false)
+    };
+}
+
+/// Set once stdout is found closed.
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Writes command output to stdout, a line with `newline` (see [`outln!`](crate::outln)).
+pub fn print_out(args: std::fmt::Arguments, newline: bool) {
+    use std::sync::atomic::Ordering;
+    if STDOUT_CLOSED.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut out = std::io::stdout().lock();
+    let written = match newline {
+        true => writeln!(out, "{args}"),
+        false => write!(out, "{args}"),
+    };
+    if let Err(e) = written.and_then(|()| out.flush()) {
+        // a closed pipe ends the output; any other failure to print is said once on stderr
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("warning: cannot write to stdout: {e}; output stops here");
+        }
+        STDOUT_CLOSED.store(true, Ordering::Relaxed);
+    }
+}
 
 /// Events with this target go to the stage's log file only (a bar already shows them).
 pub const FILE_ONLY: &str = "selfdistill::file_only";

@@ -906,3 +906,37 @@ fn preflight_refuses_a_gpu_sample_stage_that_does_not_fit_and_prints_time_and_co
     assert!((cost - 3.0 * hours).abs() < 0.02, "{row}");
     assert!(out.contains("at 3 per GPU-hour"), "{out}");
 }
+
+/// A closed stdout (`| head -1`) ends the output, not the program: `pipeline run all` runs
+/// every stage and exits 0, and `preflight` and `data inspect` exit 0 without a panic.
+#[test]
+fn a_closed_stdout_ends_the_output_not_the_run() {
+    use std::process::Stdio;
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 2);
+    let cfg = cfg.to_str().unwrap();
+    let data = data.to_str().unwrap();
+    for args in [
+        vec!["preflight", "--config", cfg],
+        vec!["data", "inspect", data, "--rows", "3"],
+        vec!["run", "all", "--config", cfg],
+    ] {
+        let mut child = bin()
+            .args(&args)
+            .current_dir(dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // the reader goes away before the first line (the child is still starting): every
+        // write to stdout meets a closed pipe
+        drop(child.stdout.take());
+        let o = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    // every stage of the run finished
+    assert_eq!(glob_manifests(&dir.path().join("work")).len(), 2);
+}

@@ -58,7 +58,7 @@ pub fn verify(args: &VerifyBenchArgs) -> Result<()> {
             .collect();
         report_reference("GSM8K reference", &gsm, &opts);
     } else {
-        println!("GSM8K: {} missing, skipped", args.gsm8k.display());
+        crate::outln!("GSM8K: {} missing, skipped", args.gsm8k.display());
     }
 
     // Mismatched pairs: solution i against answer i+1, where the answers differ.
@@ -76,14 +76,14 @@ pub fn verify(args: &VerifyBenchArgs) -> Result<()> {
             accepted.push(format!("{own} ~ {other}"));
         }
     }
-    println!(
+    crate::outln!(
         "MATH-500 mismatched pairs (solution i vs answer i+1): {}/{} judged correct = {:.3}%",
         accepted.len(),
         pairs,
         100.0 * accepted.len() as f64 / pairs.max(1) as f64
     );
     for a in accepted.iter().take(10) {
-        println!("  accepted: {a}");
+        crate::outln!("  accepted: {a}");
     }
     // Every shift: each solution against every other problem's (different) answer.
     let (mut all_pairs, mut all_accepted) = (0u64, 0u64);
@@ -98,7 +98,7 @@ pub fn verify(args: &VerifyBenchArgs) -> Result<()> {
         }
     }
     if all_pairs > 0 {
-        println!(
+        crate::outln!(
             "MATH-500 mismatched pairs over shifts 1..{}: {all_accepted}/{all_pairs} judged correct = {:.3}%",
             args.shifts.min(n),
             100.0 * all_accepted as f64 / all_pairs as f64
@@ -125,7 +125,7 @@ pub fn verify(args: &VerifyBenchArgs) -> Result<()> {
             checks += pairs.len() as u64;
         }
         let secs = t0.elapsed().as_secs_f64();
-        println!(
+        crate::outln!(
             "throughput ({name}): {checks} checks in {secs:.2}s = {:.0} checks/s on one core",
             checks as f64 / secs
         );
@@ -146,12 +146,12 @@ fn report_reference(name: &str, rows: &[(String, String)], opts: &GradeOptions) 
         }
     }
     let ok = rows.len() - wrong.len();
-    println!(
+    crate::outln!(
         "{name}: {ok}/{} judged correct = {:.2}%",
         rows.len(),
         100.0 * ok as f64 / rows.len().max(1) as f64
     );
     for w in wrong.iter().take(10) {
-        println!("  missed: {w}");
+        crate::outln!("  missed: {w}");
     }
 }

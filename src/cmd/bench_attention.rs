@@ -128,7 +128,7 @@ fn run_cpu(a: &AttentionBenchArgs) -> Result<()> {
     let kv_bytes = (b * ctx * hkv * d * 2 * std::mem::size_of::<f32>()) as f64;
     let flops = (4 * b * ctx * hq * d) as f64;
     let bw = crate::machine::read_bandwidth();
-    println!(
+    crate::outln!(
         "decode attention on the CPU ({} threads), {hq} heads / {hkv} KV heads of {d}, batch {b}, \
          context {ctx}, blocks of {bs}, {layers} layers in turn: {:.1} MB of KV per layer, \
          {:.0} MB in all; read bandwidth {:.1} GB/s",
@@ -153,11 +153,14 @@ fn run_cpu(a: &AttentionBenchArgs) -> Result<()> {
         }
         Ok(best)
     })?;
-    println!(
+    crate::outln!(
         "{:>12} {:>10} {:>12} {:>10}",
-        "us/layer", "KV GB/s", "of read bw", "GFLOP/s"
+        "us/layer",
+        "KV GB/s",
+        "of read bw",
+        "GFLOP/s"
     );
-    println!(
+    crate::outln!(
         "{:>12.1} {:>10.1} {:>11.1}% {:>10.1}",
         best * 1e6,
         kv_bytes / best / 1e9,
@@ -213,7 +216,7 @@ fn run_gpu(a: &AttentionBenchArgs) -> Result<()> {
     let k = Tensor::randn(0f32, 1.0, (b, hkv, d), &dev)?.to_dtype(DType::BF16)?;
     let v = Tensor::randn(0f32, 1.0, (b, hkv, d), &dev)?.to_dtype(DType::BF16)?;
     let kv_bytes = (b * ctx * hkv * d * 2 * GpuKvCache::elem_bytes(DType::BF16, a.kv_fp8)) as f64;
-    println!(
+    crate::outln!(
         "decode attention, {} heads / {} KV heads of {d}, batch {b}, context {ctx}, KV {}: \
          {:.2} GB per call, {} partitions; copy ceiling {:.0} GB/s",
         hq,
@@ -232,9 +235,12 @@ fn run_gpu(a: &AttentionBenchArgs) -> Result<()> {
     } else {
         &[None]
     };
-    println!(
+    crate::outln!(
         "{:>10} {:>10} {:>10} {:>12}",
-        "variant", "ms/call", "GB/s", "of copy"
+        "variant",
+        "ms/call",
+        "GB/s",
+        "of copy"
     );
     for &variant in variants {
         let mut att = GpuPagedAttention {
@@ -256,7 +262,7 @@ fn run_gpu(a: &AttentionBenchArgs) -> Result<()> {
         }
         dev.synchronize()?;
         let s = t0.elapsed().as_secs_f64() / a.iters.max(1) as f64;
-        println!(
+        crate::outln!(
             "{:>10} {:>10.3} {:>10.0} {:>11.1}%",
             variant.unwrap_or("default"),
             s * 1e3,

@@ -182,7 +182,7 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
     }
     let mut model = random_model(&cfg)?;
     model.set_fused_inference(true)?;
-    println!(
+    crate::outln!(
         "shape {} ({:.1}M parameters, f32, {} threads), prompt {} tokens, {} new tokens, KV {} \
          bytes/token{}, temperature {} top-k {} top-p {}, best of {} runs",
         a.shape,
@@ -203,7 +203,7 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
     let (candle_rate, packed_rate) = (matmul_ceiling()?, packed_matmul_ceiling());
     let ceiling = candle_rate.max(packed_rate);
     let (peak, bw) = (fma_peak(), read_bandwidth());
-    println!(
+    crate::outln!(
         "machine: multiply-add peak {:.1} GFLOP/s, memory read bandwidth {:.1} GB/s; matmul \
          ({2}x{2}x{2}, f32): candle's gemm {3:.1} GFLOP/s, the sampler's packed gemm {4:.1} GFLOP/s",
         peak / 1e9,
@@ -212,13 +212,13 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
         candle_rate / 1e9,
         packed_rate / 1e9
     );
-    println!(
+    crate::outln!(
         "roofline: a decode step can go no faster than its FLOPs at the multiply-add peak, nor \
          than its bytes (every weight, {:.0} MB, plus each sequence's keys and values and its \
          recurrent state, read and written) at the read bandwidth",
         (cfg.num_params() * 4) as f64 / 1e6
     );
-    println!(
+    crate::outln!(
         "{:>6} {:>14} {:>14} {:>16} {:>11} {:>15} {:>12}",
         "batch",
         "prefill tok/s",
@@ -241,7 +241,7 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
         let ctx = a.prompt_len + a.new_tokens / 2;
         let flops = decode * decode_flops_per_token(&cfg, ctx);
         let roof = decode_roofline(&cfg, b, ctx, peak, bw);
-        println!(
+        crate::outln!(
             "{b:>6} {prefill:>14.1} {decode:>14.1} {:>16.1} {:>10.1}% {:>11.1} ({}) {:>11.1}%",
             flops / 1e9,
             100.0 * flops / ceiling,
@@ -249,14 +249,14 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
             if roof.1 { "FLOP" } else { "mem" },
             100.0 * decode / roof.0
         );
-        println!("       {split}");
+        crate::outln!("       {split}");
         remember(a, "cpu", &cfg, b, decode);
         if a.gemm_rates {
-            println!("       {}", decode_gemm_rates(&cfg, b));
+            crate::outln!("       {}", decode_gemm_rates(&cfg, b));
         }
         let base = *first_decode.get_or_insert((b, decode, roof.0));
         if b != base.0 {
-            println!(
+            crate::outln!(
                 "       decode at batch {b} = {:.1}x batch {} (their rooflines: {:.1}x)",
                 decode / base.1,
                 base.0,
@@ -296,7 +296,7 @@ fn run_mistralrs(
         context: a.prompt_len + a.new_tokens + 1,
     };
     let bench = crate::jobs::mistralrs::Bench::load(&opts)?;
-    println!(
+    crate::outln!(
         "shape {} ({:.1}M parameters, {dtype:?}) on mistral.rs 0.8.1 ({}), prompt {} tokens, {} \
          new tokens, temperature {} top-k {} top-p {}, best of {} runs; weights in {}",
         a.shape,
@@ -315,14 +315,16 @@ fn run_mistralrs(
         dir.display()
     );
     if dev.is_cpu() {
-        println!(
+        crate::outln!(
             "(mistral.rs 0.8.1 batches without paged attention, as on the CPU, give sequences \
              each other's KV caches: batched rows are its speed, not a correct run; see docs/mistralrs.md)"
         );
     }
-    println!(
+    crate::outln!(
         "{:>6} {:>14} {:>14}",
-        "batch", "prefill tok/s", "decode tok/s"
+        "batch",
+        "prefill tok/s",
+        "decode tok/s"
     );
     for &b in batches {
         let prompts: Vec<Vec<u32>> = (0..b)
@@ -334,7 +336,7 @@ fn run_mistralrs(
             prefill = prefill.max(p);
             decode = decode.max(d);
         }
-        println!("{b:>6} {prefill:>14.1} {decode:>14.1}");
+        crate::outln!("{b:>6} {prefill:>14.1} {decode:>14.1}");
     }
     Ok(())
 }
@@ -351,7 +353,7 @@ fn run_gpu(
     dtype: DType,
 ) -> Result<()> {
     let (bw, mm) = gpu_ceilings(dev)?;
-    println!(
+    crate::outln!(
         "device ceilings: copy {:.0} GB/s (bytes read + written, 2 GiB tensor copy), bf16 matmul \
          {:.0} TFLOP/s (8192^3)",
         bw / 1e9,
@@ -361,7 +363,7 @@ fn run_gpu(
     model.set_fused_inference(true)?;
     let weight_bytes = (cfg.num_params() * dtype.size_in_bytes()) as f64;
     let kv_tok = crate::sampler::gpu::GpuKvCache::bytes_per_token(cfg, dtype, a.kv_fp8) as f64;
-    println!(
+    crate::outln!(
         "shape {} ({:.2}B parameters, {dtype:?}, KV {} {} bytes/token), prompt {} tokens, {} new \
          tokens, ignore_eos, temperature {}",
         a.shape,
@@ -372,7 +374,7 @@ fn run_gpu(
         a.new_tokens,
         a.temperature
     );
-    println!(
+    crate::outln!(
         "{:>6} {:>9} {:>8} {:>14} {:>14} {:>16} {:>12}",
         "batch",
         "KV blocks",
@@ -393,7 +395,7 @@ fn run_gpu(
         // as timed_run sizes the cache: blocks of 16 tokens, one spare per sequence
         let blocks = ((a.prompt_len + a.new_tokens + 1).div_ceil(16) + 1) * b;
         let kv_gib = blocks as f64 * 16.0 * kv_tok / (1u64 << 30) as f64;
-        println!(
+        crate::outln!(
             "{b:>6} {blocks:>9} {kv_gib:>8.1} {prefill:>14.0} {decode:>14.0} {roofline:>16.0} \
              {:>11.1}%",
             100.0 * decode / roofline
@@ -401,7 +403,7 @@ fn run_gpu(
         remember(a, &crate::train::memory::device_name(dev), cfg, b, decode);
         let short = a.new_tokens.min(256);
         let (_, _, split) = timed_run(&model, b, a.prompt_len, short + 1, a, true)?;
-        println!("       time (synchronised run of {short} new tokens): {split}");
+        crate::outln!("       time (synchronised run of {short} new tokens): {split}");
     }
     Ok(())
 }

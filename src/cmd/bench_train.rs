@@ -139,7 +139,7 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
     opt.set_working(t.named_vars())?;
     opt.set_host(!composed);
     let ceiling = crate::train::memory::peak_flops(&dev, compute)?;
-    println!(
+    crate::outln!(
         "train bench: shape {} ({:.1}M parameters, {compute:?} compute over f32 master weights, \
          {}{}), {} rows x {} tokens per step ({} prompt), AdamW; peak {:.1} GFLOP/s",
         a.shape,
@@ -235,14 +235,20 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
         opt.step(&grads, 1e-5, Some(1.0))?;
         dev.synchronize()?;
         let adam = t0.elapsed().as_secs_f64();
-        println!(
+        crate::outln!(
             "time split of a step: forward {fwd:.2}s, forward + head + backward {fwd_bwd:.2}s, \
              AdamW {adam:.2}s"
         );
     }
-    println!(
+    crate::outln!(
         "{:>9} {:>8} {:>10} {:>7} {:>14} {:>14} {:>16}",
-        "recompute", "chunked", "tokens/s", "MFU", "step peak", "budget", "budget/measured"
+        "recompute",
+        "chunked",
+        "tokens/s",
+        "MFU",
+        "step peak",
+        "budget",
+        "budget/measured"
     );
     for ((&(recompute, chunked), tps), peak) in configs.iter().zip(speed).zip(peaks) {
         let g = gopt(recompute, chunked);
@@ -259,7 +265,7 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
         let transient = b.grad_sums + b.transient(&s);
         // the whole peak: weights and moments (their sizes are exact) plus the step's
         let resident = b.master + b.working + b.optimizer;
-        println!(
+        crate::outln!(
             "{:>9} {:>8} {:>10.0} {:>6.1}% {:>14} {:>14} {:>15.0}%",
             recompute,
             chunked,
@@ -270,7 +276,7 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
             100.0 * (resident + transient) as f64 / (resident + peak).max(1) as f64
         );
     }
-    println!(
+    crate::outln!(
         "step peak: peak RSS (CPU) or used GPU memory after each phase (GPU) during a step, minus \
          before it; budget: what the trainer's printed budget says the step adds (the gradient \
          sums and the step's peak: fresh gradients, activations, logits, or the update's \
@@ -284,7 +290,7 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
         ..base
     };
     let b = memory::budget_with(&cfg, params as u64, &s, share);
-    println!(
+    crate::outln!(
         "resident: master weights {}, working copy {}, AdamW moments {}",
         crate::bytes::format_bytes(b.master),
         crate::bytes::format_bytes(b.working),

@@ -35,7 +35,7 @@ pub fn run(c: &DataCommand) -> Result<()> {
                 .clone()
                 .unwrap_or_else(|| spec.parent().unwrap_or(Path::new(".")).into());
             for (path, rows) in s.write(&dir)? {
-                println!("{rows:>6} problems -> {}", path.display());
+                crate::outln!("{rows:>6} problems -> {}", path.display());
             }
             Ok(())
         }

@@ -60,7 +60,7 @@ pub fn run(a: &EvalArgs, matches: &clap::ArgMatches) -> Result<()> {
     };
     let sets = cfg.load_sets(Path::new("."))?;
     eval::evaluate(&a.models, &sets, &cfg, &a.output, None)?;
-    println!("wrote {}", a.output.display());
+    crate::outln!("wrote {}", a.output.display());
     Ok(())
 }
 

@@ -67,11 +67,11 @@ impl Tally {
         } else {
             100.0 * self.correct as f64 / self.rows as f64
         };
-        println!("accuracy: {}/{} = {pct:.2}%", self.correct, self.rows);
+        crate::outln!("accuracy: {}/{} = {pct:.2}%", self.correct, self.rows);
         let mut by_count: Vec<_> = self.reasons.iter().collect();
         by_count.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
         for (reason, n) in by_count {
-            println!("  {n:>8}  {reason}");
+            crate::outln!("  {n:>8}  {reason}");
         }
     }
 }
@@ -89,7 +89,7 @@ pub fn run(args: &GradeArgs) -> Result<()> {
     };
     tally.print();
     if let Some(o) = &args.output {
-        println!("wrote {}", o.display());
+        crate::outln!("wrote {}", o.display());
     }
     Ok(())
 }

@@ -22,7 +22,7 @@ pub fn run(path: &Path, rows: usize) -> Result<()> {
         .with_context(|| format!("cannot read {}", path.display()))?
         .len();
     let kind = FileKind::of(path)?;
-    println!(
+    crate::outln!(
         "file: {} ({:?}, {})",
         path.display(),
         kind,
@@ -32,11 +32,11 @@ pub fn run(path: &Path, rows: usize) -> Result<()> {
         FileKind::Parquet => parquet_summary(path)?,
         FileKind::Jsonl => jsonl_summary(path)?,
     }
-    println!("first {rows} rows:");
+    crate::outln!("first {rows} rows:");
     for rec in read_records(path)?.take(rows) {
         let rec = rec.map_err(anyhow::Error::from)?;
         let shown = shorten(&Value::Object(rec.fields));
-        println!("  [{}] {}", rec.row, shown);
+        crate::outln!("  [{}] {}", rec.row, shown);
     }
     Ok(())
 }
@@ -46,7 +46,7 @@ fn parquet_summary(path: &Path) -> Result<()> {
         .with_context(|| format!("{} is not a readable Parquet file", path.display()))?;
     let meta = reader.metadata();
     let fm = meta.file_metadata();
-    println!(
+    crate::outln!(
         "rows: {}  row groups: {}  written by: {}",
         fm.num_rows(),
         meta.num_row_groups(),
@@ -54,14 +54,14 @@ fn parquet_summary(path: &Path) -> Result<()> {
     );
     if let Some(rg) = meta.row_groups().first() {
         if let Some(c) = rg.columns().first() {
-            println!("compression: {:?}", c.compression());
+            crate::outln!("compression: {:?}", c.compression());
         }
     }
     let schema =
         parquet::arrow::parquet_to_arrow_schema(fm.schema_descr(), fm.key_value_metadata())?;
-    println!("schema:");
+    crate::outln!("schema:");
     for f in schema.fields() {
-        println!(
+        crate::outln!(
             "  {}: {}{}",
             f.name(),
             f.data_type(),
@@ -73,16 +73,16 @@ fn parquet_summary(path: &Path) -> Result<()> {
 
 fn jsonl_summary(path: &Path) -> Result<()> {
     let n = read_records(path)?.count();
-    println!("rows: {n}");
+    crate::outln!("rows: {n}");
     let f = File::open(path)?;
     match arrow_json::reader::infer_json_schema(BufReader::new(f), Some(1000)) {
         Ok((schema, _)) => {
-            println!("schema (inferred from the first 1000 rows):");
+            crate::outln!("schema (inferred from the first 1000 rows):");
             for f in schema.fields() {
-                println!("  {}: {}", f.name(), f.data_type());
+                crate::outln!("  {}: {}", f.name(), f.data_type());
             }
         }
-        Err(e) => println!("schema: cannot infer ({e})"),
+        Err(e) => crate::outln!("schema: cannot infer ({e})"),
     }
     Ok(())
 }

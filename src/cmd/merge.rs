@@ -15,7 +15,7 @@ pub struct MergeArgs {
 
 pub fn run(a: &MergeArgs) -> Result<()> {
     let n = crate::jobs::sample::shard::merge(&a.inputs, &a.output)?;
-    println!(
+    crate::outln!(
         "merged {} shards, {n} rows -> {}",
         a.inputs.len(),
         a.output.display()

@@ -41,7 +41,7 @@ pub fn run(a: &PreflightArgs) -> Result<()> {
 /// can open it.
 pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
     let gpu = gpu.map(crate::train::memory::parse_gpu).transpose()?;
-    println!("config {}: valid", cfg.origin);
+    crate::outln!("config {}: valid", cfg.origin);
     // a hub model that is not downloaded is planned from its built-in card (config only)
     let plan = Plan::build_with(cfg, &cfg.workdir, Resolve { preflight: true })?;
     for s in &plan.stages {
@@ -49,22 +49,29 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
             i.location.ends_with("(built-in card: not downloaded)")
                 || i.location.ends_with(crate::stages::NOT_DOWNLOADED)
         }) {
-            println!(
+            crate::outln!(
                 "note: {} of {}: {}; its stage keys are provisional",
-                i.name, s.name, i.location
+                i.name,
+                s.name,
+                i.location
             );
         }
     }
-    println!(
+    crate::outln!(
         "inputs: all {} resolved",
         plan.stages.iter().map(|s| s.inputs.len()).sum::<usize>()
     );
     let mut disk = 0u64;
     let mut peak_mem = 0u64;
     let mut gpu_stages: Vec<(String, u64, crate::stages::StageKind)> = Vec::new();
-    println!(
+    crate::outln!(
         "{:<11} {:<12} {:<12} {:>12} {:>12} {:>12}",
-        "stage", "key", "state", "disk", "memory", "GPU memory"
+        "stage",
+        "key",
+        "state",
+        "disk",
+        "memory",
+        "GPU memory"
     );
     for s in &plan.stages {
         let done = matches!(stage_state(&s.dir)?, StageState::Done(_));
@@ -79,7 +86,7 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
         if g > 0 {
             gpu_stages.push((s.name.clone(), g, s.kind));
         }
-        println!(
+        crate::outln!(
             "{:<11} {:<12} {:<12} {:>12} {:>12} {:>12}",
             s.name,
             s.key.get(..12).unwrap_or(&s.key),
@@ -91,7 +98,7 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
     }
     let free_disk = free_disk_bytes(&cfg.workdir)?;
     let avail_mem = available_memory_bytes();
-    println!(
+    crate::outln!(
         "needs {} of disk (free at {}: {}) and {} of memory (available: {})",
         format_bytes(disk),
         cfg.workdir.display(),
@@ -129,7 +136,7 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
     if !gpu_stages.is_empty() {
         match gpu_memory(plan_only, gpu)? {
             Some((what, have)) => {
-                println!("GPU memory: {what}: {}", format_bytes(have));
+                crate::outln!("GPU memory: {what}: {}", format_bytes(have));
                 for (name, need, kind) in &gpu_stages {
                     if *need > have {
                         use crate::stages::StageKind;
@@ -155,7 +162,7 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
                     }
                 }
             }
-            None => println!(
+            None => crate::outln!(
                 "GPU memory: not checked (name the GPU with --plan-only --gpu h100|h200|b200, \
                  or run preflight on the GPU machine)"
             ),
@@ -163,18 +170,20 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
     }
     let costs = crate::stages::cost::estimate(&plan, cost_gpu(gpu), cfg.gpu_hour_price);
     if !costs.is_empty() {
-        println!("time and cost of the stages to run:");
+        crate::outln!("time and cost of the stages to run:");
         for l in crate::stages::cost::table(&costs, cfg.gpu_hour_price) {
-            println!("  {l}");
+            crate::outln!("  {l}");
         }
     }
     if !problems.is_empty() {
         bail!("preflight failed:\n  - {}", problems.join("\n  - "));
     }
     if plan_only {
-        println!("preflight ok (plan only: not checked against this machine's disk and memory)");
+        crate::outln!(
+            "preflight ok (plan only: not checked against this machine's disk and memory)"
+        );
     } else {
-        println!("preflight ok");
+        crate::outln!("preflight ok");
     }
     Ok(())
 }

@@ -22,6 +22,6 @@ pub fn run(a: &ReportArgs) -> Result<()> {
         (None, None) => super::load_config(None, None)?.workdir,
     };
     let p = crate::report::write(&dir)?;
-    println!("wrote {}", p.display());
+    crate::outln!("wrote {}", p.display());
     Ok(())
 }

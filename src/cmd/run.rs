@@ -47,7 +47,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
     }
     // the stages are done whatever happens here: a report that cannot be drawn is a warning
     match crate::report::write(&cfg.workdir) {
-        Ok(p) => println!("report: {}", p.display()),
+        Ok(p) => crate::outln!("report: {}", p.display()),
         Err(e) => eprintln!("warning: no report: {e:#}"),
     }
     Ok(())

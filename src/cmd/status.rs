@@ -102,11 +102,11 @@ fn show(a: &StatusArgs, cfg: Option<&Config>) -> Result<()> {
             } else {
                 serde_json::to_string_pretty(&st)?
             };
-            println!("{text}");
+            crate::outln!("{text}");
         } else {
             if a.watch.is_some() {
                 // clear the screen and go home, as `watch` does
-                print!("\x1b[2J\x1b[H");
+                crate::out!("\x1b[2J\x1b[H");
             }
             print_status(&st);
         }
@@ -411,12 +411,17 @@ fn progress_text(p: &Progress) -> String {
 
 pub fn print_status(st: &Status) {
     match &st.config {
-        Some(c) => println!("work dir {} (last run: {c})", st.workdir),
-        None => println!("work dir {}", st.workdir),
+        Some(c) => crate::outln!("work dir {} (last run: {c})", st.workdir),
+        None => crate::outln!("work dir {}", st.workdir),
     }
-    println!(
+    crate::outln!(
         "{:<11} {:<12} {:<44} {:>10} {:>10} {:>8}",
-        "stage", "key", "state", "rows", "disk", "wall"
+        "stage",
+        "key",
+        "state",
+        "rows",
+        "disk",
+        "wall"
     );
     for s in &st.stages {
         let mut state = s.state.clone();
@@ -429,7 +434,7 @@ pub fn print_status(st: &Status) {
         if !s.in_last_plan {
             state = format!("{state} (not in the last plan)");
         }
-        println!(
+        crate::outln!(
             "{:<11} {:<12} {:<44} {:>10} {:>10} {:>8}",
             s.name,
             s.key,
@@ -456,10 +461,10 @@ pub fn print_status(st: &Status) {
             })
             .filter(|d| !d.is_empty());
         if let Some(d) = detail {
-            println!("{:<11} {d}", "");
+            crate::outln!("{:<11} {d}", "");
         }
         if !s.note.is_empty() {
-            println!("{:<11} {}", "", s.note);
+            crate::outln!("{:<11} {}", "", s.note);
         }
     }
 }

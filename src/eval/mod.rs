@@ -380,7 +380,7 @@ pub fn evaluate(
     crate::store::write_json_atomic(&out.join("metrics.json"), &results)?;
     let table = table(&results, models);
     crate::store::commit_file(&out.join("eval.md"), |tmp| Ok(std::fs::write(tmp, &table)?))?;
-    print!("{table}");
+    crate::out!("{table}");
     Ok(results)
 }
 

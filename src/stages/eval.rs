@@ -223,7 +223,7 @@ pub fn run(
     store::commit_file(&stage.dir.join(TABLE), |tmp| {
         Ok(std::fs::write(tmp, &table)?)
     })?;
-    println!("{table}");
+    crate::outln!("{table}");
     Ok(StageOutput {
         outputs: vec![
             output_file(

@@ -146,9 +146,9 @@ pub fn run(
     )?;
     print_plan(cfg, &plan, last, first_forced)?;
     if !estimates.is_empty() {
-        println!("estimated time and cost (assumptions in each row; `pipeline preflight`):");
+        crate::outln!("estimated time and cost (assumptions in each row; `pipeline preflight`):");
         for l in cost::table(&estimates, cfg.gpu_hour_price) {
-            println!("  {l}");
+            crate::outln!("  {l}");
         }
     }
     let total = Instant::now();
@@ -167,7 +167,7 @@ pub fn run(
             store::discard_dir(&stage.dir)?;
         }
         if let StageState::Done(m) = stage_state(&stage.dir)? {
-            println!(
+            crate::outln!(
                 "--> {} cached ({} rows, {})",
                 stage.name,
                 m.rows,
@@ -188,20 +188,22 @@ pub fn run(
             let _log = crate::logging::stage_log(&sample::shard_dir(stage, sh).join(STAGE_LOG))?;
             sample::run_shard(s, &plan, stage, sh)?;
             let (_, present, n) = sample::shard_summary(&stage.dir).unwrap_or_default();
-            println!(
+            crate::outln!(
                 "shard {}/{} of {} done ({present} of {n} shards committed); a run without a \
                  shard joins them and goes on",
-                sh.0, sh.1, stage.name
+                sh.0,
+                sh.1,
+                stage.name
             );
             return Ok(false);
         }
         run_stage(cfg, &plan, stage)?;
     }
     if let Some((i, n)) = shard {
-        println!("shard {i}/{n}: nothing to sample, the sample stages are done");
+        crate::outln!("shard {i}/{n}: nothing to sample, the sample stages are done");
         return Ok(false);
     }
-    println!(
+    crate::outln!(
         "all done in {:.1}s; work dir {}",
         total.elapsed().as_secs_f64(),
         wd.root.display()
@@ -210,7 +212,7 @@ pub fn run(
 }
 
 fn print_plan(cfg: &Config, plan: &Plan, last: usize, first_forced: Option<usize>) -> Result<()> {
-    println!(
+    crate::outln!(
         "plan for {} (work dir {}):",
         cfg.origin,
         plan.workdir.display()
@@ -238,7 +240,7 @@ fn print_plan(cfg: &Config, plan: &Plan, last: usize, first_forced: Option<usize
             .iter()
             .map(|i| format!("{}={}", i.name, i.location))
             .collect();
-        println!(
+        crate::outln!(
             "  {:<11} {}  {:<30} inputs: {}",
             s.name,
             s.key.get(..12).unwrap_or(&s.key),
