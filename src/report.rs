@@ -417,6 +417,42 @@ const COLOURS: [RGBColor; 7] = [
     RGBColor(0, 0, 0),
 ];
 
+/// Draws a chart into a temporary file beside `path` and renames it into place: a chart that
+/// cannot be written whole (a full disk) is never left half-written under its name.
+fn commit_png(path: &Path, draw: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let name = path
+        .file_stem()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp.png"));
+    let drawn = draw(&tmp).and_then(|()| {
+        std::fs::rename(&tmp, path).with_context(|| format!("cannot commit {}", path.display()))
+    });
+    if drawn.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    drawn
+}
+
+/// [`draw_line_chart`] committed whole.
+fn line_chart(
+    path: &Path,
+    title: &str,
+    axes: (&str, &str),
+    series: &[(String, Vec<(f64, f64)>)],
+    x_label: Option<&dyn Fn(f64) -> String>,
+    y_range: Option<(f64, f64)>,
+) -> Result<()> {
+    commit_png(path, |tmp| {
+        draw_line_chart(tmp, title, axes, series, x_label, y_range)
+    })
+}
+
+/// [`draw_histogram`] committed whole.
+fn histogram(path: &Path, title: &str, x_desc: &str, values: &[u64]) -> Result<()> {
+    commit_png(path, |tmp| draw_histogram(tmp, title, x_desc, values))
+}
+
 /// The legend's width, right of the plot (it never covers a line).
 const LEGEND_WIDTH: u32 = 150;
 
@@ -447,7 +483,7 @@ fn frame<'a, 'b>(
 
 /// Lines over a shared x axis; `x_label` names the ticks of a categorical axis (then padded by
 /// half a category each side), `y_range` fixes the y axis (accuracies: 0 to 100).
-fn line_chart(
+fn draw_line_chart(
     path: &Path,
     title: &str,
     (x_desc, y_desc): (&str, &str),
@@ -517,7 +553,7 @@ fn line_chart(
 }
 
 /// A histogram of `values` (sorted) in up to 40 equal bins.
-fn histogram(path: &Path, title: &str, x_desc: &str, values: &[u64]) -> Result<()> {
+fn draw_histogram(path: &Path, title: &str, x_desc: &str, values: &[u64]) -> Result<()> {
     let (lo, hi) = (values[0] as f64, *values.last().expect("non-empty") as f64);
     let bins = 40usize;
     let width = ((hi - lo) / bins as f64).max(1.0);
@@ -570,5 +606,26 @@ mod tests {
             assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
             assert!(bytes.len() > 2000);
         }
+        // no temporary left beside them
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| !n.starts_with('.')), "{names:?}");
+    }
+
+    /// A chart that fails while drawn (a full disk) leaves neither a half-written PNG under its
+    /// name nor its temporary.
+    #[test]
+    fn a_chart_that_fails_leaves_no_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.png");
+        let e = commit_png(&p, |tmp| {
+            std::fs::write(tmp, b"\x89PNG half").unwrap();
+            Err(anyhow!("No space left on device"))
+        })
+        .unwrap_err();
+        assert!(format!("{e}").contains("No space left"), "{e}");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }

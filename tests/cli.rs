@@ -940,3 +940,29 @@ fn a_closed_stdout_ends_the_output_not_the_run() {
     // every stage of the run finished
     assert_eq!(glob_manifests(&dir.path().join("work")).len(), 2);
 }
+
+/// A run whose report cannot be written (here `report` is a file, not a folder; a full disk
+/// does the same) exits non-zero and says so, its stages staying done; `pipeline report`
+/// writes the report once it can.
+#[test]
+fn a_report_that_cannot_be_written_fails_the_run_not_its_stages() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 2);
+    let cfg = cfg.to_str().unwrap();
+    let work = dir.path().join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    std::fs::write(work.join("report"), "in the way").unwrap();
+    let o = run(&["run", "all", "--config", cfg], dir.path());
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("every stage is done, but the report could not be written"),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(glob_manifests(&work).len(), 2);
+    std::fs::remove_file(work.join("report")).unwrap();
+    let o = run(&["report", "--workdir", "work"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(work.join("report/report.md").is_file());
+}

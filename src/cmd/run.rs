@@ -45,10 +45,15 @@ pub fn run(a: &RunArgs) -> Result<()> {
     if !stages::run(&cfg, &target, &a.force, shard)? {
         return Ok(());
     }
-    // the stages are done whatever happens here: a report that cannot be drawn is a warning
-    match crate::report::write(&cfg.workdir) {
-        Ok(p) => crate::outln!("report: {}", p.display()),
-        Err(e) => eprintln!("warning: no report: {e:#}"),
-    }
+    // the stages are done and stay done whatever happens here; the run promised a report, so a
+    // report that cannot be written fails the command (`pipeline report` writes it again)
+    let p = crate::report::write(&cfg.workdir).map_err(|e| {
+        e.context(format!(
+            "every stage is done, but the report could not be written (`pipeline report \
+             --workdir {}` writes it again)",
+            cfg.workdir.display()
+        ))
+    })?;
+    crate::outln!("report: {}", p.display());
     Ok(())
 }
