@@ -485,6 +485,7 @@ fn filter_applies_every_rule_to_a_completions_parquet() {
                 selfdistill::data::source::SourceFormat::Gsm8k,
             ),
             limit: None,
+            allow_empty: false,
         },
         std::slice::from_ref(&data),
         false,
@@ -965,4 +966,34 @@ fn a_report_that_cannot_be_written_fails_the_run_not_its_stages() {
     let o = run(&["report", "--workdir", "work"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
     assert!(work.join("report/report.md").is_file());
+}
+
+/// An empty data file is an error naming the source and the file, not a finished 0-row data
+/// stage; `allow_empty = true` in the source allows it.
+#[test]
+fn an_empty_source_is_an_error_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("empty.jsonl");
+    std::fs::write(&data, "").unwrap();
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 2);
+    let o = run(
+        &["run", "all", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("source `set` (") && text(&o).contains("empty.jsonl) has no rows"),
+        "{}",
+        text(&o)
+    );
+    assert!(glob_manifests(&dir.path().join("work")).is_empty());
+    let toml = std::fs::read_to_string(&cfg).unwrap();
+    let allowed = toml.replacen("name = \"set\"", "name = \"set\"\nallow_empty = true", 1);
+    std::fs::write(&cfg, allowed).unwrap();
+    let o = run(
+        &["run", "all", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    let data_stage = glob_manifests(&dir.path().join("work"));
+    assert!(!data_stage.is_empty(), "{}", text(&o));
 }

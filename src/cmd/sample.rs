@@ -78,6 +78,7 @@ fn source_spec(a: &SampleArgs) -> Result<SourceSpec> {
             .map_err(|e| anyhow::anyhow!("--input: {e}"))?,
         fields,
         limit: a.limit,
+        allow_empty: false,
     })
 }
 

@@ -94,6 +94,23 @@ pub fn load_source_with(
         }
     }
     rep.problems = out.len() as u64;
+    if out.is_empty() && !spec.allow_empty {
+        let what = match (rep.rows_read, rep.bad_rows) {
+            (0, _) => "has no rows".to_string(),
+            (n, b) if b == n => format!("has {n} rows, every one skipped as bad"),
+            (n, _) => format!("gives no problems from {n} rows"),
+        };
+        bail!(
+            "source `{}` ({}) {what}: an empty source is almost always a wrong file; set \
+             allow_empty = true in the source if it may be empty",
+            spec.name,
+            files
+                .iter()
+                .map(|f| f.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     Ok((out, rep))
 }
 
@@ -202,6 +219,7 @@ mod tests {
             location: Location::Local(path.to_path_buf()),
             fields: FieldMap::preset(format),
             limit: None,
+            allow_empty: false,
         }
     }
 

@@ -189,6 +189,10 @@ pub struct SourceSpec {
     pub location: Location,
     pub fields: FieldMap,
     pub limit: Option<usize>,
+    /// A source that gives no problems is an error (an empty or wrong file, almost always)
+    /// unless this is set. Left out of the serialised form unless set, so stage keys stand.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub allow_empty: bool,
 }
 
 /// A source table as written (`[[data.sources]]`, an eval set's `[source]`, `[pretrain.source]`),
@@ -206,6 +210,8 @@ pub struct RawSource {
     pub answer_field: Option<String>,
     pub answer_extract: Option<AnswerExtract>,
     pub solution_field: Option<String>,
+    #[serde(default)]
+    pub allow_empty: bool,
 }
 
 impl RawSource {
@@ -248,6 +254,7 @@ impl RawSource {
             location,
             fields,
             limit: s.limit,
+            allow_empty: s.allow_empty,
         })
     }
 }

@@ -6,24 +6,27 @@ use super::*;
 /// taken over the text it always was: the `Debug` text of the parameters of then.
 #[test]
 fn the_first_parameters_hash_as_their_old_debug_text() {
+    // `n` and `logprobs` are not in it (the job hashes `n` beside it; logprobs do not change
+    // the tokens); every other parameter is, in its old order and `Debug` form
     let p = SamplingParams {
-        n: 2,
-        temperature: 0.7,
-        top_k: 20,
-        repetition_penalty: 1.1,
-        stop_token_ids: vec![7],
-        logprobs: Some(2),
-        max_new_tokens: 8,
-        stop_strings: vec!["\\n\\n".into()],
-        seed: 3,
+        n: 5,
+        top_p: 0.95,
+        min_p: 0.05,
+        presence_penalty: -0.5,
+        frequency_penalty: 0.25,
+        stop_token_ids: vec![1, 2],
+        logprobs: Some(3),
+        min_new_tokens: 4,
+        stop_strings: vec!["Q:".into()],
+        ignore_eos: true,
         ..SamplingParams::default()
     };
     assert_eq!(
         p.hash_text(),
-        "SamplingParams { temperature: 0.7, top_k: 20, top_p: 1.0, min_p: 0.0, \
-         repetition_penalty: 1.1, presence_penalty: 0.0, frequency_penalty: 0.0, \
-         max_new_tokens: 8, min_new_tokens: 0, stop_token_ids: [7], stop_strings: [\"\\\\n\\\\n\"], \
-         ignore_eos: false, seed: 3 }"
+        "SamplingParams { temperature: 0.0, top_k: 0, top_p: 0.95, min_p: 0.05, \
+         repetition_penalty: 1.0, presence_penalty: -0.5, frequency_penalty: 0.25, \
+         max_new_tokens: 1024, min_new_tokens: 4, stop_token_ids: [1, 2], stop_strings: [\"Q:\"], \
+         ignore_eos: true, seed: 0 }"
     );
 }
 
