@@ -785,18 +785,12 @@ fn read_section<T>(
             None => format!("{origin}: "),
         };
         ConfigError(match &e {
-            KeyError::Unknown { key, valid } => format!(
-                "{at}unknown key `{key}` in [{section}]{} (valid: {})",
-                closest(key, valid)
-                    .map(|b| format!("; did you mean `{b}`?"))
-                    .unwrap_or_default(),
-                valid.join(", ")
-            ),
             KeyError::Value {
                 key: Some(k),
                 message,
             } => format!("{at}`{section}.{k}`: {message}"),
             KeyError::Value { key: None, message } => format!("{at}[{section}]: {message}"),
+            KeyError::Unknown { .. } => format!("{at}{}", e.reason_in(Some(section))),
         })
     })
 }

@@ -417,21 +417,15 @@ const COLOURS: [RGBColor; 7] = [
     RGBColor(0, 0, 0),
 ];
 
-/// Draws a chart into a temporary file beside `path` and renames it into place: a chart that
-/// cannot be written whole (a full disk) is never left half-written under its name.
+/// Draws a chart into a temporary file beside `path` (keeping `.png`, which the drawing
+/// backend reads) and commits it ([`store::commit_file_via`]): a chart that cannot be written
+/// whole (a full disk) is never left half-written under its name.
 fn commit_png(path: &Path, draw: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
-    let name = path
+    let stem = path
         .file_stem()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp.png"));
-    let drawn = draw(&tmp).and_then(|()| {
-        std::fs::rename(&tmp, path).with_context(|| format!("cannot commit {}", path.display()))
-    });
-    if drawn.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    drawn
+    store::commit_file_via(path, &format!(".{stem}.tmp.png"), draw).map(|_| ())
 }
 
 /// [`draw_line_chart`] committed whole.
@@ -625,7 +619,7 @@ mod tests {
             Err(anyhow!("No space left on device"))
         })
         .unwrap_err();
-        assert!(format!("{e}").contains("No space left"), "{e}");
+        assert!(format!("{e:#}").contains("No space left"), "{e:#}");
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }

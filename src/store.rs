@@ -242,9 +242,24 @@ pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<u64> {
     })
 }
 
-/// Has `write` fill a temp file beside `path`, then renames it over `path` and fsyncs the folder.
-/// Returns the committed size. A leftover temp file from a crash is overwritten next time.
+/// Has `write` fill a temp file beside `path` (`.<name>.tmp`), then renames it over `path` and
+/// fsyncs the folder. Returns the committed size. A write that fails removes its temp file; a
+/// leftover one from a crash is overwritten next time.
 pub fn commit_file(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<u64> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    commit_file_via(path, &format!(".{name}.tmp"), write)
+}
+
+/// [`commit_file`] through the temp file named `tmp_name` beside `path` (a writer that tells
+/// the format by the extension needs a temp name that keeps it).
+pub fn commit_file_via(
+    path: &Path,
+    tmp_name: &str,
+    write: impl FnOnce(&Path) -> Result<()>,
+) -> Result<u64> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -254,8 +269,11 @@ pub fn commit_file(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Resu
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp"));
-    write(&tmp).with_context(|| format!("cannot write {}", path.display()))?;
+    let tmp = dir.join(tmp_name);
+    if let Err(e) = write(&tmp) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e.context(format!("cannot write {}", path.display())));
+    }
     crate::fault::point(&format!("commit.{name}"));
     fs::rename(&tmp, path).with_context(|| format!("cannot commit {}", path.display()))?;
     sync_dir(dir)?;

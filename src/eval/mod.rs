@@ -160,27 +160,25 @@ const EVAL_KEYS: [&str; 3] = ["sets", "model", "limit"];
 impl EvalConfig {
     /// An `[eval]` table; the error names the key.
     pub fn from_table(t: &toml::Table) -> std::result::Result<EvalConfig, KeyError> {
-        let value = |key: &str, message: String| KeyError::Value {
-            key: Some(key.into()),
-            message,
-        };
-        let own = |key: &str| -> std::result::Result<Option<toml::Value>, KeyError> {
-            Ok(t.get(key).cloned())
-        };
-        let sets: Vec<String> = match own("sets")? {
-            Some(v) => v
-                .try_into()
-                .map_err(|e: toml::de::Error| value("sets", e.message().trim().to_string()))?,
-            None => return Err(value("sets", "missing: name at least one eval set".into())),
-        };
-        let model: Option<String> = own("model")?
-            .map(|v| v.try_into())
-            .transpose()
-            .map_err(|e: toml::de::Error| value("model", e.message().trim().to_string()))?;
-        let limit: Option<usize> = own("limit")?
-            .map(|v| v.try_into())
-            .transpose()
-            .map_err(|e: toml::de::Error| value("limit", e.message().trim().to_string()))?;
+        // one of the section's own keys, typed; the error names it
+        fn own<T: serde::de::DeserializeOwned>(
+            t: &toml::Table,
+            key: &str,
+        ) -> std::result::Result<Option<T>, KeyError> {
+            t.get(key)
+                .map(|v| v.clone().try_into())
+                .transpose()
+                .map_err(|e: toml::de::Error| KeyError::Value {
+                    key: Some(key.into()),
+                    message: e.message().trim().to_string(),
+                })
+        }
+        let sets: Vec<String> = own(t, "sets")?.ok_or_else(|| KeyError::Value {
+            key: Some("sets".into()),
+            message: "missing: name at least one eval set".into(),
+        })?;
+        let model: Option<String> = own(t, "model")?;
+        let limit: Option<usize> = own(t, "limit")?;
         let rest: toml::Table = t
             .iter()
             .filter(|(k, _)| !EVAL_KEYS.contains(&k.as_str()))

@@ -296,9 +296,15 @@ impl KeyError {
     /// The message without the key's name ("did you mean" and the valid keys for an unknown
     /// one).
     pub fn reason(&self) -> String {
+        self.reason_in(None)
+    }
+
+    /// [`Self::reason`], an unknown key said to be `in [section]`.
+    pub fn reason_in(&self, section: Option<&str>) -> String {
         match self {
             KeyError::Unknown { key, valid } => format!(
-                "unknown key `{key}`{} (valid: {})",
+                "unknown key `{key}`{}{} (valid: {})",
+                section.map(|s| format!(" in [{s}]")).unwrap_or_default(),
                 crate::names::closest(key, valid)
                     .map(|c| format!("; did you mean `{c}`?"))
                     .unwrap_or_default(),
