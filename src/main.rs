@@ -72,6 +72,9 @@ enum BenchCommand {
     /// Decode attention over the paged KV cache alone, against the machine's bandwidth (the CPU
     /// backend over every layer, or each GPU kernel variant with `--device cuda`).
     Attention(cmd::bench_attention::AttentionBenchArgs),
+    /// Write a random-weight model of a benchmark shape as a Hugging Face folder (the input of
+    /// whole jobs that measure speed and memory at real shapes).
+    Checkpoint(cmd::bench_checkpoint::CheckpointArgs),
 }
 
 fn main() -> ExitCode {
@@ -97,6 +100,7 @@ fn main() -> ExitCode {
             BenchCommand::Sample(a) => cmd::bench_sample::run(a),
             BenchCommand::Train(a) => cmd::bench_train::run(a),
             BenchCommand::Attention(a) => cmd::bench_attention::run_attention(a),
+            BenchCommand::Checkpoint(a) => cmd::bench_checkpoint::run(a),
         },
     };
     match result {

@@ -997,3 +997,45 @@ fn an_empty_source_is_an_error_unless_allowed() {
     let data_stage = glob_manifests(&dir.path().join("work"));
     assert!(!data_stage.is_empty(), "{}", text(&o));
 }
+
+/// `scripts/gpu-acceptance.sh` (what a lent GPU runs, issue 35) works before a GPU is lent: its
+/// speed and job parts on the CPU with tiny shapes, through the real binary, including the
+/// SIGKILLed runs that resume, and `bench checkpoint` writes a folder the jobs load.
+#[test]
+fn the_gpu_acceptance_script_runs_its_parts_on_the_cpu() {
+    let Some(math) = shared("data/math500.jsonl") else {
+        return;
+    };
+    let shared_dir = math.parent().unwrap().parent().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = std::process::Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/gpu-acceptance.sh"))
+        .args(["speed", "job"])
+        .env("OUT", &out)
+        .env("WORK", dir.path())
+        .env("DEVICE", "cpu")
+        .env("SMALL", "1")
+        .env("PIPELINE", exe())
+        .env("SHARED", shared_dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let summary = std::fs::read_to_string(out.join("summary.txt")).unwrap();
+    for step in [
+        "bench sample tiny: ok",
+        "bench sample hybrid-20m: ok",
+        "bench train tiny: ok",
+        "job-a, SIGKILLed after the first part: ok (exit 137)",
+        "job-a, resumed: ok (exit 0)",
+        "job-b, SIGKILLed after the first checkpoint: ok (exit 137)",
+        "job-b, resumed: ok (exit 0)",
+    ] {
+        assert!(summary.contains(step), "no `{step}` in:\n{summary}");
+    }
+    let job = std::fs::read_to_string(out.join("job.log")).unwrap();
+    assert!(
+        job.contains("decode tok/s") || job.contains("done"),
+        "{job}"
+    );
+}

@@ -4,7 +4,9 @@
 //! f32 and bf16, and a SIGKILLed GPU run resumed). CI compiles them (`cargo check --features cuda --all-targets`)
 //! but has no GPU to run them on; without a GPU every test fails rather than passing vacuously.
 //! Run them on a GPU machine as docs/gpu.md says; the fixture folder is found at
-//! `$SELFDISTILL_SHARED/fixtures/tiny-qwen3` or `../shared/fixtures/tiny-qwen3`.
+//! `$SELFDISTILL_SHARED/fixtures/tiny-qwen3` or `../shared/fixtures/tiny-qwen3`, and the binary the
+//! trainer tests run at `$SELFDISTILL_PIPELINE` or cargo's own (`scripts/gpu-acceptance.sh` sets
+//! both when the executables travel to a GPU machine).
 #![cfg(feature = "cuda")]
 
 mod common;
@@ -252,10 +254,7 @@ fn fixture() -> PathBuf {
 }
 
 fn fixture_named(name: &str) -> PathBuf {
-    let root = std::env::var("SELFDISTILL_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"));
-    let p = root.join("fixtures").join(name);
+    let p = common::shared_root().join("fixtures").join(name);
     assert!(p.exists(), "fixture not found at {}", p.display());
     p
 }
@@ -483,7 +482,7 @@ fn qwen3_5_greedy_decode_on_the_gpu_matches_the_cpu_sampler() {
 /// A `[train]` config over the fixture's SFT reference rows (data + filter of 40 GSM8K problems,
 /// as `tests/train.rs`), 8 steps, on `device` in `compute`; written to `dir/NAME.toml`.
 fn train_config(dir: &std::path::Path, name: &str, device: &str, compute: &str) -> PathBuf {
-    let data = fixture().join("../../data/gsm8k_train.jsonl");
+    let data = common::shared_root().join("data/gsm8k_train.jsonl");
     let train = format!(
         "lr = 0.003
 rows_per_step = 8
@@ -506,7 +505,7 @@ compute_dtype = \"{compute}\"
 
 /// Runs `pipeline run all` on `config` (with `env`); returns the train stage's folder.
 fn run_train(dir: &std::path::Path, config: &std::path::Path, env: &[(&str, &str)]) -> PathBuf {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_pipeline"));
+    let mut cmd = common::bin();
     cmd.args(["run", "all", "--config", config.to_str().unwrap()])
         .current_dir(dir);
     for (k, v) in env {

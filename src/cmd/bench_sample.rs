@@ -283,7 +283,7 @@ fn run_mistralrs(
     let hash = hex::encode(sha2::Sha256::digest(json.as_bytes()));
     let dir = std::env::temp_dir().join(format!("selfdistill-bench-{}-{}", a.shape, &hash[..12]));
     if !dir.join("model.safetensors").is_file() {
-        crate::model::init::write_random_hf(&a.shape, &dir)?;
+        crate::model::init::write_random_hf(&a.shape, &dir, candle_core::DType::F32)?;
     }
     let opts = crate::jobs::mistralrs::Options {
         model_dir: dir.clone(),

@@ -169,17 +169,28 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
         opt.step(&grads, 1e-5, Some(1.0))?;
         Ok(())
     };
-    // Memory first: blocks of 64 KiB and more get their own mappings, returned to the OS when
-    // freed, so that RSS follows what is live (glibc would otherwise keep freed blocks around).
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only changes allocator parameters.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 * 1024);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 * 1024);
-    }
-    let mut peaks = Vec::new();
+    crate::outln!(
+        "{:>9} {:>8} {:>10} {:>7} {:>14} {:>14} {:>16}",
+        "recompute",
+        "chunked",
+        "tokens/s",
+        "MFU",
+        "step peak",
+        "budget",
+        "budget/measured"
+    );
+    // Each configuration's row is printed as soon as it is measured: a large shape that runs out
+    // of memory in a later configuration still leaves the earlier figures.
     for &(recompute, chunked) in configs {
         let g = gopt(recompute, chunked);
+        // Memory first: blocks of 64 KiB and more get their own mappings, returned to the OS
+        // when freed, so that RSS follows what is live (glibc would otherwise keep freed blocks).
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: mallopt only changes allocator parameters.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 64 * 1024);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 64 * 1024);
+        }
         let before = used_bytes(&dev);
         let peak = if dev.is_cpu() {
             reset_peak();
@@ -195,63 +206,18 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
             opt.step(&grads, 1e-5, Some(1.0))?;
             dev.synchronize()?;
             after_backward.max(used_bytes(&dev))
-        };
-        peaks.push(peak.saturating_sub(before));
-    }
-    // Then speed, with the allocator as the trainer runs it.
-    crate::train::tune_allocator();
-    let mut speed = Vec::new();
-    for &(recompute, chunked) in configs {
-        step(&mut opt, gopt(recompute, chunked))?; // warm-up
+        }
+        .saturating_sub(before);
+        // Then speed, with the allocator as the trainer runs it.
+        crate::train::tune_allocator();
+        step(&mut opt, g)?; // warm-up
         dev.synchronize()?;
         let t0 = Instant::now();
         for _ in 0..a.steps {
-            step(&mut opt, gopt(recompute, chunked))?;
+            step(&mut opt, g)?;
         }
         dev.synchronize()?;
-        speed.push(tokens as f64 * a.steps as f64 / t0.elapsed().as_secs_f64());
-    }
-    // Where a step's time goes (the last configuration).
-    {
-        let (recompute, chunked) = configs[configs.len() - 1];
-        let toks = candle_core::Tensor::new(batch.tokens.as_slice(), &dev)?;
-        let pos = candle_core::Tensor::new(batch.positions.as_slice(), &dev)?;
-        let mut attn = crate::model::attention::CausalAttention::with_composed(
-            batch.seq_lens.clone(),
-            composed,
-        );
-        let t0 = Instant::now();
-        let h = t.model.forward_hidden(&toks, &pos, &mut attn)?;
-        dev.synchronize()?;
-        let fwd = t0.elapsed().as_secs_f64();
-        drop(h);
-        let t0 = Instant::now();
-        let mut sums = GradSums::new(t.named_vars().len());
-        t.accumulate(&batch, scale, gopt(recompute, chunked), &mut sums)?;
-        dev.synchronize()?;
-        let fwd_bwd = t0.elapsed().as_secs_f64();
-        let grads = sums.finish(t.named_vars())?;
-        let t0 = Instant::now();
-        opt.step(&grads, 1e-5, Some(1.0))?;
-        dev.synchronize()?;
-        let adam = t0.elapsed().as_secs_f64();
-        crate::outln!(
-            "time split of a step: forward {fwd:.2}s, forward + head + backward {fwd_bwd:.2}s, \
-             AdamW {adam:.2}s"
-        );
-    }
-    crate::outln!(
-        "{:>9} {:>8} {:>10} {:>7} {:>14} {:>14} {:>16}",
-        "recompute",
-        "chunked",
-        "tokens/s",
-        "MFU",
-        "step peak",
-        "budget",
-        "budget/measured"
-    );
-    for ((&(recompute, chunked), tps), peak) in configs.iter().zip(speed).zip(peaks) {
-        let g = gopt(recompute, chunked);
+        let tps = tokens as f64 * a.steps as f64 / t0.elapsed().as_secs_f64();
         let s = TrainSettings {
             micro_batch_tokens: tokens,
             max_seq_len: a.seq_len,
@@ -274,6 +240,44 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
             crate::bytes::format_bytes(peak),
             crate::bytes::format_bytes(transient),
             100.0 * (resident + transient) as f64 / (resident + peak).max(1) as f64
+        );
+    }
+    // Where a step's time goes (the last configuration). A forward alone is timed only without
+    // recompute: with it, a forward outside the recompute path would hold every layer's
+    // activations (what recompute exists to avoid, ~36 GiB at Qwen3-4B x 4,096 tokens).
+    {
+        let (recompute, chunked) = configs[configs.len() - 1];
+        let fwd = if recompute {
+            None
+        } else {
+            let toks = candle_core::Tensor::new(batch.tokens.as_slice(), &dev)?;
+            let pos = candle_core::Tensor::new(batch.positions.as_slice(), &dev)?;
+            let mut attn = crate::model::attention::CausalAttention::with_composed(
+                batch.seq_lens.clone(),
+                composed,
+            );
+            let t0 = Instant::now();
+            let h = t.model.forward_hidden(&toks, &pos, &mut attn)?;
+            dev.synchronize()?;
+            drop(h);
+            Some(t0.elapsed().as_secs_f64())
+        };
+        let t0 = Instant::now();
+        let mut sums = GradSums::new(t.named_vars().len());
+        t.accumulate(&batch, scale, gopt(recompute, chunked), &mut sums)?;
+        dev.synchronize()?;
+        let fwd_bwd = t0.elapsed().as_secs_f64();
+        let grads = sums.finish(t.named_vars())?;
+        let t0 = Instant::now();
+        opt.step(&grads, 1e-5, Some(1.0))?;
+        dev.synchronize()?;
+        let adam = t0.elapsed().as_secs_f64();
+        let fwd = fwd.map_or("forward not timed alone under recompute".into(), |f| {
+            format!("forward {f:.2}s")
+        });
+        crate::outln!(
+            "time split of a step: {fwd}, forward + head + backward {fwd_bwd:.2}s, AdamW \
+             {adam:.2}s"
         );
     }
     crate::outln!(

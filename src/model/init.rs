@@ -106,10 +106,10 @@ pub fn shape_json(name: &str) -> Result<String> {
 
 /// Writes a benchmark shape with [`random_weights`] (the weights [`random_model`] builds) as a
 /// Hugging Face folder, for engines that load checkpoints (mistral.rs, transformers):
-/// config.json (with `architectures` and `torch_dtype`), model.safetensors (f32), and a
+/// config.json (with `architectures` and `torch_dtype`), model.safetensors (in `dtype`), and a
 /// word-level tokenizer.json of `vocab_size` tokens `t0`, `t1`, ... (ids decode to those
 /// words; no EOS, so generation runs to its length). Written beside `dir` and renamed into place.
-pub fn write_random_hf(name: &str, dir: &std::path::Path) -> Result<()> {
+pub fn write_random_hf(name: &str, dir: &std::path::Path, dtype: DType) -> Result<()> {
     use anyhow::Context;
     let cfg = shape(name)?;
     let mut config: serde_json::Value = serde_json::from_str(&shape_json(name)?)?;
@@ -119,7 +119,12 @@ pub fn write_random_hf(name: &str, dir: &std::path::Path) -> Result<()> {
         other => bail!("shape {name}: no architecture for model_type {other:?}"),
     };
     config["architectures"] = serde_json::json!([arch]);
-    config["torch_dtype"] = serde_json::json!("float32");
+    config["torch_dtype"] = serde_json::json!(match dtype {
+        DType::F32 => "float32",
+        DType::BF16 => "bfloat16",
+        DType::F16 => "float16",
+        other => bail!("shape {name}: no checkpoint dtype {other:?} (f32, bf16 or f16)"),
+    });
     // what transformers writes and mistral.rs's Qwen3 config requires
     for (k, v) in [
         ("hidden_act", serde_json::json!("silu")),
@@ -156,7 +161,11 @@ pub fn write_random_hf(name: &str, dir: &std::path::Path) -> Result<()> {
         serde_json::to_string_pretty(&config)?,
     )?;
     std::fs::write(tmp.join("tokenizer.json"), tokenizer.to_string())?;
-    candle_core::safetensors::save(&random_weights(&cfg)?, tmp.join("model.safetensors"))?;
+    let weights = random_weights(&cfg)?
+        .into_iter()
+        .map(|(k, t)| Ok((k, t.to_dtype(dtype)?)))
+        .collect::<Result<HashMap<_, _>>>()?;
+    candle_core::safetensors::save(&weights, tmp.join("model.safetensors"))?;
     if dir.exists() {
         std::fs::remove_dir_all(dir)?;
     }

@@ -6,14 +6,28 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The `pipeline` binary under test: `$SELFDISTILL_PIPELINE` where set (a test executable carried
+/// to another machine, where cargo's absolute path does not exist), else the one cargo built.
+pub fn exe() -> PathBuf {
+    std::env::var_os("SELFDISTILL_PIPELINE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_pipeline")))
+}
+
 pub fn bin() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_pipeline"))
+    Command::new(exe())
+}
+
+/// The read-only `shared/` folder: `$SELFDISTILL_SHARED` where set, else `../shared` beside the
+/// checkout.
+pub fn shared_root() -> PathBuf {
+    std::env::var_os("SELFDISTILL_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"))
 }
 
 pub fn shared(rel: &str) -> Option<PathBuf> {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared")
-        .join(rel);
+    let p = shared_root().join(rel);
     if p.exists() {
         Some(p)
     } else {

@@ -1,0 +1,264 @@
+#!/usr/bin/env bash
+# The GPU acceptance run (issue 35): the parts a lent GPU runs, in one device call, each step
+# under a timeout, every log and figure under $OUT (one file per part, at most 8 files).
+#
+#   scripts/gpu-acceptance.sh PART...      PART: env | correctness | speed | job | all
+#
+#   env          the driver, the GPU, the binary's libraries (ldd) and where they were found
+#   correctness  tests/cuda.rs's executable (kernels, greedy = CPU incl. Qwen3.5, seeded samples,
+#                the trainer's 8 steps = CPU, a killed GPU run resumed)
+#   speed        bench sample (Qwen3-4B shapes, batch 1..256; Qwen3.5-0.8B shapes) and bench
+#                train (Qwen3-4B, one 4,096-token row, recompute), GPU memory sampled throughout
+#   job          whole `pipeline run all` jobs on random-weight checkpoints (`bench checkpoint`):
+#                job-a samples MATH-500 at Qwen3-4B shapes, filters and evaluates, SIGKILLed
+#                during sampling and resumed; job-b trains Qwen3-0.6B shapes on MATH-500's
+#                reference solutions (a random model verifies nothing), SIGKILLed after its first
+#                checkpoint and resumed, then evaluates base and trained. Per run: wall time,
+#                GPU memory peak beside preflight's estimate, `pipeline status`.
+#
+# Environment (defaults in brackets):
+#   OUT       where logs go [runs/acceptance]          DEVICE  cuda | cpu [cuda]
+#   PIPELINE  the binary [.gpu/pipeline, else target/release/pipeline]
+#   CUDA_TESTS  tests/cuda.rs's executable [.gpu/cuda-tests]
+#   SHARED    fixtures/ and data/ [.gpu/shared, else ../shared]
+#   SMALL=1   tiny shapes and sizes: the script's own test on a CPU (tests/acceptance.rs)
+#   T_*       per-step timeouts in seconds (T_TESTS, T_BENCH, T_TRAIN, T_JOB)
+# A step that fails or times out is logged as FAILED with its exit code; the script goes on to
+# the next step and exits non-zero at the end if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/runs/acceptance}
+DEVICE=${DEVICE:-cuda}
+SMALL=${SMALL:-0}
+mkdir -p "$OUT"
+# What travels to the GPU machine is stripped and xz-compressed (.gpu/*.xz, README "GPU"):
+# unpacked here, with Python's lzma where there is no xz.
+for f in .gpu/*.xz; do
+  [ -e "$f" ] || continue
+  if command -v xz >/dev/null; then
+    xz -d -f -T0 "$f"
+  else
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[1][:-3], "wb"))' "$f" && rm "$f"
+  fi
+  chmod +x "${f%.xz}"
+done
+if [ -z "${PIPELINE:-}" ]; then
+  if [ -x .gpu/pipeline ]; then PIPELINE=$ROOT/.gpu/pipeline; else PIPELINE=$ROOT/target/release/pipeline; fi
+fi
+CUDA_TESTS=${CUDA_TESTS:-$ROOT/.gpu/cuda-tests}
+if [ -z "${SHARED:-}" ]; then
+  if [ -d .gpu/shared ]; then SHARED=$ROOT/.gpu/shared; else SHARED=$(cd .. && pwd)/shared; fi
+fi
+WORK=${WORK:-$(mktemp -d)}
+FAILED=0
+
+if [ "$SMALL" = 1 ]; then
+  S4B=tiny; SHYB=hybrid-20m; STRAIN=tiny; BATCH=1,4; HYB_BATCH=1,4; PROMPT=16; NEW=8; HYB_NEW=8
+  REPEAT=1
+  TRAIN_BENCH="--rows 1 --seq-len 64 --steps 1"
+  JA_PROBLEMS=4; JA_N=2; JA_NEW=8; EVAL_LIMIT=2; EVAL_NEW=8
+  JB_STEPS=4; JB_MICRO=512; JB_TOKENS=1024; JB_EVERY=2
+else
+  # Qwen3.5 keeps its recurrent state on the host for now (2.2 MB x 24 layers per sequence
+  # crossing each step): small batches and few tokens, or it alone would take the call
+  S4B=qwen3-4b; SHYB=qwen3.5-0.8b; STRAIN=qwen3-0.6b; BATCH=1,32,128,256; HYB_BATCH=1,32
+  PROMPT=128; NEW=512; HYB_NEW=128; REPEAT=1; TRAIN_BENCH="--rows 1 --seq-len 4096 --steps 2"
+  JA_PROBLEMS=64; JA_N=4; JA_NEW=512; EVAL_LIMIT=32; EVAL_NEW=256
+  JB_STEPS=20; JB_MICRO=4096; JB_TOKENS=8192; JB_EVERY=10
+fi
+T_TESTS=${T_TESTS:-150}
+T_BENCH=${T_BENCH:-100}
+T_TRAIN=${T_TRAIN:-80}
+T_JOB=${T_JOB:-120}
+
+log() { echo "== $(date -u +%H:%M:%S) $*"; }
+has_gpu() { [ "$DEVICE" != cpu ] && command -v nvidia-smi >/dev/null; }
+
+# step NAME TIMEOUT CMD...: runs CMD under a timeout, sampling the GPU's used memory every
+# 100 ms, and prints its wall time, exit code and the memory peak. EXPECT=137 (a SIGKILL the run
+# injects into itself) makes that exit the success.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  log "$name: $*"
+  local smi="$WORK/smi.$$" pid=""
+  if has_gpu; then
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$smi" 2>/dev/null &
+    pid=$!
+  fi
+  local t0 rc
+  t0=$(date +%s%N)
+  timeout -k 5 "$limit" "$@"
+  rc=$?
+  local ms=$((($(date +%s%N) - t0) / 1000000))
+  local secs=$((ms / 1000)).$(printf %03d $((ms % 1000)))
+  local peak="n/a"
+  if [ -n "$pid" ]; then
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    peak="$(sort -n "$smi" | tail -1) MiB"
+  fi
+  if [ $rc -eq "${EXPECT:-0}" ]; then
+    log "$name: ok (exit $rc) in ${secs}s, GPU memory peak $peak"
+  else
+    FAILED=1
+    log "$name: FAILED (exit $rc$([ $rc -eq 124 ] && echo ", timed out after ${limit}s")) after ${secs}s, GPU memory peak $peak"
+  fi
+  [ $rc -eq "${EXPECT:-0}" ]
+}
+
+part_env() {
+  log "host $(hostname), $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv
+  else
+    echo "no nvidia-smi"
+  fi
+  echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+  for b in "$PIPELINE" "$CUDA_TESTS"; do
+    [ -x "$b" ] || { echo "$b: missing"; continue; }
+    ls -la "$b"
+    readelf -d "$b" 2>/dev/null | grep -E 'NEEDED|RPATH|RUNPATH'
+    ldd "$b" | grep -Ei 'cuda|cublas|curand|nvrtc|not found'
+  done
+  "$PIPELINE" --version
+}
+
+part_correctness() {
+  if [ ! -x "$CUDA_TESTS" ]; then
+    log "correctness: FAILED: no test executable at $CUDA_TESTS"
+    FAILED=1
+    return
+  fi
+  SELFDISTILL_SHARED=$SHARED SELFDISTILL_PIPELINE=$PIPELINE step "tests/cuda.rs" "$T_TESTS" \
+    "$CUDA_TESTS" --test-threads 1 --nocapture
+}
+
+part_speed() {
+  step "bench sample $S4B" "$T_BENCH" "$PIPELINE" bench sample --device "$DEVICE" --shape "$S4B" \
+    --batch "$BATCH" --prompt-len "$PROMPT" --new-tokens "$NEW" --repeat "$REPEAT"
+  step "bench sample $SHYB" 60 "$PIPELINE" bench sample --device "$DEVICE" \
+    --shape "$SHYB" --batch "$HYB_BATCH" --prompt-len "$PROMPT" --new-tokens "$HYB_NEW" --repeat "$REPEAT"
+  step "bench train $S4B" "$T_TRAIN" "$PIPELINE" bench train --device "$DEVICE" --shape "$S4B" \
+    $TRAIN_BENCH --recompute-only
+}
+
+# A local eval set over MATH-500 (the shipped ones read the hub; the GPU machine is offline),
+# with the raw template: a random checkpoint has no chat template.
+write_eval_set() {
+  cat >"$WORK/math500_local.toml" <<EOF
+[source]
+name = "math500"
+format = "math"
+path = "$SHARED/data/math500.jsonl"
+[sample]
+prompt_template = "raw"
+n = 1
+temperature = 0.6
+top_p = 0.95
+top_k = 20
+max_new_tokens = $EVAL_NEW
+seed = 0
+EOF
+}
+
+part_job() {
+  write_eval_set
+  step "bench checkpoint $S4B" 120 "$PIPELINE" bench checkpoint --shape "$S4B" --dtype bf16 \
+    --output "$WORK/model-a" || return
+  cat >"$WORK/job-a.toml" <<EOF
+[run]
+name = "job-a"
+workdir = "$WORK/job-a"
+[[data.sources]]
+name = "math500"
+format = "math"
+path = "$SHARED/data/math500.jsonl"
+limit = $JA_PROBLEMS
+[sample]
+model = "$WORK/model-a"
+prompt_template = "raw"
+n = $JA_N
+temperature = 0.6
+top_p = 0.95
+top_k = 20
+max_new_tokens = $JA_NEW
+seed = 0
+device = "$DEVICE"
+max_num_seqs = 256
+max_num_batched_tokens = 8192
+[filter]
+[eval]
+sets = ["$WORK/math500_local.toml"]
+limit = $EVAL_LIMIT
+device = "$DEVICE"
+max_num_seqs = 256
+EOF
+  step "preflight job-a" 60 "$PIPELINE" preflight --config "$WORK/job-a.toml"
+  EXPECT=137 SELFDISTILL_KILL_AT=sample.part:1 step "job-a, SIGKILLed after the first part" "$T_JOB" \
+    "$PIPELINE" run all --config "$WORK/job-a.toml"
+  step "job-a, resumed" "$T_JOB" "$PIPELINE" run all --config "$WORK/job-a.toml"
+  "$PIPELINE" status --config "$WORK/job-a.toml"
+  rm -rf "$WORK/model-a" "$WORK/job-a" # the disk for job-b
+
+  step "bench checkpoint $STRAIN" 60 "$PIPELINE" bench checkpoint --shape "$STRAIN" \
+    --dtype bf16 --output "$WORK/model-b" || return
+  cat >"$WORK/job-b.toml" <<EOF
+[run]
+name = "job-b"
+workdir = "$WORK/job-b"
+[[data.sources]]
+name = "math500"
+format = "math"
+path = "$SHARED/data/math500.jsonl"
+[filter]
+[filter.completions]
+path = "$SHARED/data/math500.jsonl"
+format = "math"
+completion_field = "solution"
+source = "math500"
+[train]
+model = "$WORK/model-b"
+device = "$DEVICE"
+lr = 1e-5
+max_steps = $JB_STEPS
+tokens_per_step = $JB_TOKENS
+micro_batch_tokens = $JB_MICRO
+max_seq_len = $JB_MICRO
+recompute = true
+loss_chunk_tokens = 1024
+checkpoint_every = $JB_EVERY
+[eval]
+sets = ["$WORK/math500_local.toml"]
+limit = $EVAL_LIMIT
+device = "$DEVICE"
+max_num_seqs = 256
+EOF
+  step "preflight job-b" 60 "$PIPELINE" preflight --config "$WORK/job-b.toml"
+  EXPECT=137 SELFDISTILL_KILL_AT=train.after_checkpoint:1 step "job-b, SIGKILLed after the first checkpoint" \
+    "$T_JOB" "$PIPELINE" run all --config "$WORK/job-b.toml"
+  step "job-b, resumed" "$T_JOB" "$PIPELINE" run all --config "$WORK/job-b.toml"
+  "$PIPELINE" status --config "$WORK/job-b.toml"
+  tail -n 3 "$WORK"/job-b/stages/train*/train_state/metrics.jsonl 2>/dev/null
+  rm -rf "$WORK/model-b" "$WORK/job-b"
+}
+
+[ $# -gt 0 ] || { sed -n '2,27p' "$0"; exit 2; }
+parts=("$@")
+[ "${parts[*]}" = all ] && parts=(env correctness speed job)
+if [ "$DEVICE" != cpu ] && [ -f scripts/gpu-env.sh ]; then
+  # shellcheck disable=SC1091
+  source scripts/gpu-env.sh >"$OUT/gpu-env.log" 2>&1
+fi
+for p in "${parts[@]}"; do
+  case $p in
+    env | correctness | speed | job) "part_$p" 2>&1 | tee "$OUT/$p.log" ;;
+    *) echo "unknown part $p (env | correctness | speed | job | all)" >&2; exit 2 ;;
+  esac
+  # a part runs in a pipeline's subshell: its failures are read back from its log
+  grep -q ': FAILED' "$OUT/$p.log" && FAILED=1
+done
+for p in "${parts[@]}"; do grep -h '^== .*: \(ok\|FAILED\)' "$OUT/$p.log"; done >"$OUT/summary.txt"
+cat "$OUT/summary.txt"
+exit $FAILED
