@@ -18,8 +18,9 @@
 #
 # Environment (defaults in brackets):
 #   OUT       where logs go [runs/acceptance]          DEVICE  cuda | cpu [cuda]
-#   PIPELINE  the binary [.gpu/pipeline, else target/release/pipeline]
-#   CUDA_TESTS  tests/cuda.rs's executable [.gpu/cuda-tests]
+#   PIPELINE  the binary [.gpu/pipeline.xz unpacked, else target/release/pipeline]
+#   CUDA_TESTS  tests/cuda.rs's executable [.gpu/cuda-tests.xz unpacked]
+#   WORK      scratch: unpacked binaries, checkpoints, work dirs [a new temp dir]
 #   SHARED    fixtures/ and data/ [.gpu/shared, else ../shared]
 #   SMALL=1   tiny shapes and sizes: the script's own test on a CPU (tests/acceptance.rs)
 #   T_*       per-step timeouts in seconds (T_TESTS, T_BENCH, T_TRAIN, T_JOB)
@@ -32,25 +33,27 @@ OUT=${OUT:-$ROOT/runs/acceptance}
 DEVICE=${DEVICE:-cuda}
 SMALL=${SMALL:-0}
 mkdir -p "$OUT"
-# What travels to the GPU machine is stripped and xz-compressed (.gpu/*.xz, README "GPU"):
-# unpacked here, with Python's lzma where there is no xz.
+WORK=${WORK:-$(mktemp -d)}
+# What travels to the GPU machine is stripped and xz-compressed (.gpu/*.xz, scripts/gpu-bundle.sh):
+# unpacked into $WORK/bin, with Python's lzma where there is no xz; .gpu/ itself stays as it came.
 for f in .gpu/*.xz; do
-  [ -e "$f" ] || continue
+  [ -e "$f" ] && [ "$DEVICE" != cpu ] || continue
+  mkdir -p "$WORK/bin"
+  b=$WORK/bin/$(basename "${f%.xz}")
   if command -v xz >/dev/null; then
-    xz -d -f -T0 "$f"
+    xz -dc -T0 "$f" >"$b"
   else
-    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[1][:-3], "wb"))' "$f" && rm "$f"
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$f" "$b"
   fi
-  chmod +x "${f%.xz}"
+  chmod +x "$b"
 done
 if [ -z "${PIPELINE:-}" ]; then
-  if [ -x .gpu/pipeline ]; then PIPELINE=$ROOT/.gpu/pipeline; else PIPELINE=$ROOT/target/release/pipeline; fi
+  if [ -x "$WORK/bin/pipeline" ]; then PIPELINE=$WORK/bin/pipeline; else PIPELINE=$ROOT/target/release/pipeline; fi
 fi
-CUDA_TESTS=${CUDA_TESTS:-$ROOT/.gpu/cuda-tests}
+CUDA_TESTS=${CUDA_TESTS:-$WORK/bin/cuda-tests}
 if [ -z "${SHARED:-}" ]; then
   if [ -d .gpu/shared ]; then SHARED=$ROOT/.gpu/shared; else SHARED=$(cd .. && pwd)/shared; fi
 fi
-WORK=${WORK:-$(mktemp -d)}
 FAILED=0
 
 if [ "$SMALL" = 1 ]; then
