@@ -23,6 +23,7 @@
 #   WORK      scratch: unpacked binaries, checkpoints, work dirs [a new temp dir]
 #   SHARED    fixtures/ and data/ [.gpu/shared, else ../shared]
 #   SMALL=1   tiny shapes and sizes: the script's own test on a CPU (tests/acceptance.rs)
+#   JOBS      which jobs the job part runs ["a b"]
 #   T_*       per-step timeouts in seconds (T_TESTS, T_BENCH, T_TRAIN, T_JOB)
 # A step that fails or times out is logged as FAILED with its exit code; the script goes on to
 # the next step and exits non-zero at the end if any failed.
@@ -55,6 +56,7 @@ if [ -z "${SHARED:-}" ]; then
   if [ -d .gpu/shared ]; then SHARED=$ROOT/.gpu/shared; else SHARED=$(cd .. && pwd)/shared; fi
 fi
 FAILED=0
+JOBS=${JOBS:-a b}
 
 if [ "$SMALL" = 1 ]; then
   S4B=tiny; SHYB=hybrid-20m; STRAIN=tiny; BATCH=1,4; HYB_BATCH=1,4; PROMPT=16; NEW=8; HYB_NEW=8
@@ -168,83 +170,87 @@ EOF
 
 part_job() {
   write_eval_set
-  step "bench checkpoint $S4B" 120 "$PIPELINE" bench checkpoint --shape "$S4B" --dtype bf16 \
-    --output "$WORK/model-a" || return
-  cat >"$WORK/job-a.toml" <<EOF
-[run]
-name = "job-a"
-workdir = "$WORK/job-a"
-[[data.sources]]
-name = "math500"
-format = "math"
-path = "$SHARED/data/math500.jsonl"
-limit = $JA_PROBLEMS
-[sample]
-model = "$WORK/model-a"
-prompt_template = "raw"
-n = $JA_N
-temperature = 0.6
-top_p = 0.95
-top_k = 20
-max_new_tokens = $JA_NEW
-seed = 0
-device = "$DEVICE"
-max_num_seqs = 256
-max_num_batched_tokens = 8192
-[filter]
-[eval]
-sets = ["$WORK/math500_local.toml"]
-limit = $EVAL_LIMIT
-device = "$DEVICE"
-max_num_seqs = 256
+  if [[ " $JOBS " == *" a "* ]]; then
+    step "bench checkpoint $S4B" 120 "$PIPELINE" bench checkpoint --shape "$S4B" --dtype bf16 \
+      --output "$WORK/model-a" || return
+    cat >"$WORK/job-a.toml" <<EOF
+  [run]
+  name = "job-a"
+  workdir = "$WORK/job-a"
+  [[data.sources]]
+  name = "math500"
+  format = "math"
+  path = "$SHARED/data/math500.jsonl"
+  limit = $JA_PROBLEMS
+  [sample]
+  model = "$WORK/model-a"
+  prompt_template = "raw"
+  n = $JA_N
+  temperature = 0.6
+  top_p = 0.95
+  top_k = 20
+  max_new_tokens = $JA_NEW
+  seed = 0
+  device = "$DEVICE"
+  max_num_seqs = 256
+  max_num_batched_tokens = 8192
+  [filter]
+  [eval]
+  sets = ["$WORK/math500_local.toml"]
+  limit = $EVAL_LIMIT
+  device = "$DEVICE"
+  max_num_seqs = 256
 EOF
-  step "preflight job-a" 60 "$PIPELINE" preflight --config "$WORK/job-a.toml"
-  EXPECT=137 SELFDISTILL_KILL_AT=sample.part:1 step "job-a, SIGKILLed after the first part" "$T_JOB" \
-    "$PIPELINE" run all --config "$WORK/job-a.toml"
-  step "job-a, resumed" "$T_JOB" "$PIPELINE" run all --config "$WORK/job-a.toml"
-  "$PIPELINE" status --config "$WORK/job-a.toml"
-  rm -rf "$WORK/model-a" "$WORK/job-a" # the disk for job-b
+    step "preflight job-a" 60 "$PIPELINE" preflight --config "$WORK/job-a.toml"
+    EXPECT=137 SELFDISTILL_KILL_AT=sample.part:1 step "job-a, SIGKILLed after the first part" "$T_JOB" \
+      "$PIPELINE" run all --config "$WORK/job-a.toml"
+    step "job-a, resumed" "$T_JOB" "$PIPELINE" run all --config "$WORK/job-a.toml"
+    "$PIPELINE" status --config "$WORK/job-a.toml"
+    rm -rf "$WORK/model-a" "$WORK/job-a" # the disk for job-b
 
-  step "bench checkpoint $STRAIN" 60 "$PIPELINE" bench checkpoint --shape "$STRAIN" \
-    --dtype bf16 --output "$WORK/model-b" || return
-  cat >"$WORK/job-b.toml" <<EOF
-[run]
-name = "job-b"
-workdir = "$WORK/job-b"
-[[data.sources]]
-name = "math500"
-format = "math"
-path = "$SHARED/data/math500.jsonl"
-[filter]
-[filter.completions]
-path = "$SHARED/data/math500.jsonl"
-format = "math"
-completion_field = "solution"
-source = "math500"
-[train]
-model = "$WORK/model-b"
-device = "$DEVICE"
-lr = 1e-5
-max_steps = $JB_STEPS
-tokens_per_step = $JB_TOKENS
-micro_batch_tokens = $JB_MICRO
-max_seq_len = $JB_MICRO
-recompute = true
-loss_chunk_tokens = 1024
-checkpoint_every = $JB_EVERY
-[eval]
-sets = ["$WORK/math500_local.toml"]
-limit = $EVAL_LIMIT
-device = "$DEVICE"
-max_num_seqs = 256
+  fi
+  if [[ " $JOBS " == *" b "* ]]; then
+    step "bench checkpoint $STRAIN" 60 "$PIPELINE" bench checkpoint --shape "$STRAIN" \
+      --dtype bf16 --output "$WORK/model-b" || return
+    cat >"$WORK/job-b.toml" <<EOF
+  [run]
+  name = "job-b"
+  workdir = "$WORK/job-b"
+  [[data.sources]]
+  name = "math500"
+  format = "math"
+  path = "$SHARED/data/math500.jsonl"
+  [filter]
+  [filter.completions]
+  path = "$SHARED/data/math500.jsonl"
+  format = "math"
+  completion_field = "solution"
+  source = "math500"
+  [train]
+  model = "$WORK/model-b"
+  device = "$DEVICE"
+  lr = 1e-5
+  max_steps = $JB_STEPS
+  tokens_per_step = $JB_TOKENS
+  micro_batch_tokens = $JB_MICRO
+  max_seq_len = $JB_MICRO
+  recompute = true
+  loss_chunk_tokens = 1024
+  checkpoint_every = $JB_EVERY
+  [eval]
+  sets = ["$WORK/math500_local.toml"]
+  limit = $EVAL_LIMIT
+  device = "$DEVICE"
+  max_num_seqs = 256
 EOF
-  step "preflight job-b" 60 "$PIPELINE" preflight --config "$WORK/job-b.toml"
-  EXPECT=137 SELFDISTILL_KILL_AT=train.after_checkpoint:1 step "job-b, SIGKILLed after the first checkpoint" \
-    "$T_JOB" "$PIPELINE" run all --config "$WORK/job-b.toml"
-  step "job-b, resumed" "$T_JOB" "$PIPELINE" run all --config "$WORK/job-b.toml"
-  "$PIPELINE" status --config "$WORK/job-b.toml"
-  tail -n 3 "$WORK"/job-b/stages/train*/train_state/metrics.jsonl 2>/dev/null
-  rm -rf "$WORK/model-b" "$WORK/job-b"
+    step "preflight job-b" 60 "$PIPELINE" preflight --config "$WORK/job-b.toml"
+    EXPECT=137 SELFDISTILL_KILL_AT=train.after_checkpoint:1 step "job-b, SIGKILLed after the first checkpoint" \
+      "$T_JOB" "$PIPELINE" run all --config "$WORK/job-b.toml"
+    step "job-b, resumed" "$T_JOB" "$PIPELINE" run all --config "$WORK/job-b.toml"
+    "$PIPELINE" status --config "$WORK/job-b.toml"
+    tail -n 3 "$WORK"/job-b/stages/train*/train_state/metrics.jsonl 2>/dev/null
+    rm -rf "$WORK/model-b" "$WORK/job-b"
+  fi
 }
 
 [ $# -gt 0 ] || { sed -n '2,27p' "$0"; exit 2; }

@@ -480,12 +480,14 @@ fn qwen3_5_greedy_decode_on_the_gpu_matches_the_cpu_sampler() {
 }
 
 /// A `[train]` config over the fixture's SFT reference rows (data + filter of 40 GSM8K problems,
-/// as `tests/train.rs`), 8 steps, on `device` in `compute`; written to `dir/NAME.toml`.
+/// as `tests/train.rs`), 8 steps (two epochs of 5 steps, cut at 8), on `device` in `compute`;
+/// written to `dir/NAME.toml`.
 fn train_config(dir: &std::path::Path, name: &str, device: &str, compute: &str) -> PathBuf {
     let data = common::shared_root().join("data/gsm8k_train.jsonl");
     let train = format!(
         "lr = 0.003
 rows_per_step = 8
+epochs = 2
 max_steps = 8
 warmup_steps = 1
 max_seq_len = 256

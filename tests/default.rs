@@ -77,7 +77,7 @@ fn the_quick_default_pretrains_distills_and_evaluates_then_caches() {
     // pretrain stage and the sampler.
     let correct = out
         .lines()
-        .find(|l| l.contains(" samples, ") && l.contains(" correct;"))
+        .find(|l| l.contains(" samples, ") && l.contains(" correct in this run;"))
         .and_then(|l| {
             l.split(" samples, ")
                 .nth(1)?

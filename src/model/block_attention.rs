@@ -207,19 +207,16 @@ pub fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
 }
 
 /// Additive mask (Lq, Lk): query i (at absolute position `offset + i`) sees keys `0..=offset+i`.
+/// Built on `device` from two position ranges (no host buffer: on a GPU, a host-built mask was
+/// an upload of Lq x Lk floats per block, per layer, forward and backward, which took longer than
+/// the attention itself).
 pub fn causal_mask(lq: usize, lk: usize, offset: usize, device: &Device) -> Result<Tensor> {
-    let mask: Vec<f32> = (0..lq)
-        .flat_map(|i| {
-            (0..lk).map(move |j| {
-                if j <= offset + i {
-                    0.0
-                } else {
-                    f32::NEG_INFINITY
-                }
-            })
-        })
-        .collect();
-    Tensor::from_vec(mask, (lq, lk), device)?.to_dtype(DType::F32)
+    let rows = Tensor::arange(offset as u32, (offset + lq) as u32, device)?.reshape((lq, 1))?;
+    let cols = Tensor::arange(0u32, lk as u32, device)?.reshape((1, lk))?;
+    let seen = cols.broadcast_le(&rows)?; // (Lq, Lk) u8: key j <= query position
+    let zero = Tensor::zeros((lq, lk), DType::F32, device)?;
+    let masked = Tensor::full(f32::NEG_INFINITY, (lq, lk), device)?;
+    seen.where_cond(&zero, &masked)
 }
 
 #[cfg(test)]
@@ -229,6 +226,21 @@ mod tests {
     use super::causal_mask;
     use crate::model::attention::attend_one;
     use crate::model::tests::max_abs_diff;
+
+    /// Query i at position offset + i sees keys 0..=offset + i: 0 there, -inf after.
+    #[test]
+    fn the_causal_mask_hides_only_later_keys() {
+        let m: Vec<Vec<f32>> = causal_mask(3, 6, 2, &Device::Cpu)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        for (i, row) in m.iter().enumerate() {
+            for (j, &x) in row.iter().enumerate() {
+                let want = if j <= 2 + i { 0.0 } else { f32::NEG_INFINITY };
+                assert_eq!(x, want, "({i}, {j})");
+            }
+        }
+    }
 
     /// Output and the three gradients equal the composed attention's (which materialises the
     /// scores), for blocks that divide the length and blocks that do not, with grouped heads.

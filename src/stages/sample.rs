@@ -101,8 +101,9 @@ pub fn shard_dir(stage: &PlannedStage, (i, n): (usize, usize)) -> PathBuf {
 fn counts(summary: &JobSummary) -> Counts {
     let mut counts = vec![
         ("problems".to_string(), summary.problems as u64),
-        ("samples".to_string(), summary.samples),
-        ("correct".to_string(), summary.correct),
+        // the output's, resumed parts included (the tokens are this process's compute)
+        ("samples".to_string(), summary.output_rows),
+        ("correct".to_string(), summary.output_correct),
         ("prompt_tokens".to_string(), summary.prompt_tokens),
         ("generated_tokens".to_string(), summary.generated_tokens),
     ];
@@ -194,7 +195,7 @@ pub fn run_shard(
             shard,
             key: stage.key.clone(),
             counts: counts(&summary),
-            rows: summary.samples,
+            rows: summary.output_rows,
             wall_seconds: t0.elapsed().as_secs_f64(),
             host: crate::machine::hostname(),
         },
@@ -266,9 +267,9 @@ pub fn run(s: &SampleSettings, plan: &Plan, stage: &PlannedStage) -> Result<Stag
     let summary = run_settings(&settings_for(s, stage), &problems, (0, 1), &out, &target)?;
     summary.print(&out);
     Ok(StageOutput {
-        outputs: vec![output_file(&stage.dir, &out, summary.samples)?],
+        outputs: vec![output_file(&stage.dir, &out, summary.output_rows)?],
         counts: counts(&summary),
-        rows: summary.samples,
+        rows: summary.output_rows,
     })
 }
 

@@ -22,6 +22,7 @@ use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Result, Ten
 
 use super::data::SplitMix;
 use crate::model::cpu_op::{host_view, slice, slice_mut};
+use crate::model::ops::sum_all_wide;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWConfig {
@@ -323,14 +324,14 @@ impl AdamW {
             let m = self.round(&m, i, 1, start)?;
             let v = self.round(&v, i, 2, start)?;
             let diff = (&new - &old)?;
-            stats.upd_sq += f64::from(diff.sqr()?.sum_all()?.to_scalar::<f32>()?);
-            stats.par_sq += f64::from(old.sqr()?.sum_all()?.to_scalar::<f32>()?);
-            let ne = new
-                .to_dtype(self.stored)?
-                .ne(&old.to_dtype(self.stored)?)?
-                .to_dtype(DType::F32)?
-                .sum_all()?
-                .to_scalar::<f32>()?;
+            stats.upd_sq += f64::from(sum_all_wide(&diff.sqr()?)?.to_scalar::<f32>()?);
+            stats.par_sq += f64::from(sum_all_wide(&old.sqr()?)?.to_scalar::<f32>()?);
+            let ne = sum_all_wide(
+                &new.to_dtype(self.stored)?
+                    .ne(&old.to_dtype(self.stored)?)?
+                    .to_dtype(DType::F32)?,
+            )?
+            .to_scalar::<f32>()?;
             stats.changed += ne as usize;
             drop(old);
             var.slice_set(&new, 0, start)?;
@@ -436,7 +437,7 @@ fn norm(grads: &[Tensor], host: bool) -> Result<f64> {
                 while start < n {
                     let len = SLICE.min(n - start);
                     let part = flat.narrow(0, start, len)?.to_dtype(DType::F32)?;
-                    sq += f64::from(part.sqr()?.sum_all()?.to_scalar::<f32>()?);
+                    sq += f64::from(sum_all_wide(&part.sqr()?)?.to_scalar::<f32>()?);
                     start += len;
                 }
             }

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use super::adamw::AdamW;
 use super::settings::TrainSettings;
 use super::Trainable;
+use crate::model::ops::sum_all_wide;
 use crate::model::{Checkpoint, SIDE_FILES};
 
 /// The non-tensor part of a checkpoint.
@@ -419,11 +420,7 @@ fn verify_export(t: &Trainable, out: &Path, dtype: DType) -> Result<()> {
                 g.dims()
             );
         }
-        let differ = g
-            .ne(&want)?
-            .to_dtype(DType::F32)?
-            .sum_all()?
-            .to_scalar::<f32>()?;
+        let differ = sum_all_wide(&g.ne(&want)?.to_dtype(DType::F32)?)?.to_scalar::<f32>()?;
         if differ != 0.0 {
             bail!("the exported {name} reloads with {differ} values changed");
         }
@@ -454,14 +451,14 @@ pub fn change_report(base: &Checkpoint, t: &Trainable, dtype: DType) -> Result<V
             .load(name, now.device())
             .with_context(|| format!("no base tensor {name}"))?
             .to_dtype(DType::F32)?;
-        let d = (now - &b)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        let n = b.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        let ne = now
-            .to_dtype(dtype)?
-            .ne(&b.to_dtype(dtype)?)?
-            .to_dtype(DType::F32)?
-            .sum_all()?
-            .to_scalar::<f32>()? as f64;
+        let d = sum_all_wide(&(now - &b)?.sqr()?)?.to_scalar::<f32>()? as f64;
+        let n = sum_all_wide(&b.sqr()?)?.to_scalar::<f32>()? as f64;
+        let ne = sum_all_wide(
+            &now.to_dtype(dtype)?
+                .ne(&b.to_dtype(dtype)?)?
+                .to_dtype(DType::F32)?,
+        )?
+        .to_scalar::<f32>()? as f64;
         out.push(TensorChange {
             name: name.clone(),
             relative_change: (d / n.max(1e-30)).sqrt(),

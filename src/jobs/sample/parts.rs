@@ -148,6 +148,8 @@ pub fn parts_dir(output: &Path) -> PathBuf {
 
 /// Joins the committed parts, in input order (then sample index), into `output` (atomically),
 /// with the shard, sampling hash and problem count as file metadata.
+/// Joins the committed parts into `output` in the problems' order; returns the rows written and
+/// how many of them are correct (the whole output's, resumed parts included).
 pub(super) fn join_parts(
     parts: &Path,
     problems: &[Problem],
@@ -155,7 +157,7 @@ pub(super) fn join_parts(
     logprobs: bool,
     shash: &str,
     output: &Path,
-) -> Result<()> {
+) -> Result<(u64, u64)> {
     let order: HashMap<&str, usize> = problems
         .iter()
         .enumerate()
@@ -177,7 +179,11 @@ pub(super) fn join_parts(
         (META_PROBLEMS.to_string(), problems.len().to_string()),
     ];
     write_parquet_atomic_kv(output, completions_schema(graded, logprobs), &batches, &kv)?;
-    Ok(())
+    let correct = rows
+        .iter()
+        .filter(|r| r.grade.as_ref().is_some_and(|g| g.correct))
+        .count();
+    Ok((rows.len() as u64, correct as u64))
 }
 
 pub(super) fn part_files(parts: &Path) -> Result<Vec<PathBuf>> {

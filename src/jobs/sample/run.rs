@@ -211,8 +211,12 @@ fn run_mistralrs(
 pub struct JobSummary {
     pub problems: usize,
     pub problems_resumed: usize,
+    /// Samples drawn and correct ones in this process (a resumed run's earlier ones not counted).
     pub samples: u64,
     pub correct: u64,
+    /// Rows and correct rows of the output: every committed part, resumed ones included.
+    pub output_rows: u64,
+    pub output_correct: u64,
     pub prompt_tokens: u64,
     pub generated_tokens: u64,
     /// `None` where the engine does not say (mistral.rs).
@@ -226,8 +230,9 @@ impl JobSummary {
     pub fn print(&self, output: &Path) {
         let s = self;
         tracing::info!(
-            "{} problems ({} resumed), {} samples, {} correct; prompt tokens {}, generated tokens {} \
-             ({:.0} tok/s), preemptions {}, samples saved by target_correct {}, {:.1}s; wrote {}",
+            "{} problems ({} resumed), {} samples, {} correct in this run; prompt tokens {}, \
+             generated tokens {} ({:.0} tok/s), preemptions {}, samples saved by target_correct \
+             {}, {:.1}s; wrote {} ({} rows, {} correct)",
             s.problems,
             s.problems_resumed,
             s.samples,
@@ -239,7 +244,9 @@ impl JobSummary {
                 .map_or("not reported by the engine".to_string(), |p| p.to_string()),
             s.samples_saved,
             s.seconds,
-            output.display()
+            output.display(),
+            s.output_rows,
+            s.output_correct
         );
     }
 }
@@ -372,7 +379,7 @@ pub fn run(
     commit_part(&parts, &mut next_part, &mut finished_problems, &mut pending)?;
     tracker.detail(detail(engine, problems.len(), &remaining, t0));
     tracker.finish();
-    join_parts(
+    (summary.output_rows, summary.output_correct) = join_parts(
         &parts,
         problems,
         cfg.shard,
