@@ -166,6 +166,9 @@ fn sigkill_mid_run_then_resume_gives_the_uninterrupted_rows() {
     let resumed = read_completions(&dir.path().join("killed.parquet")).unwrap();
     assert_eq!(key(&clean), key(&resumed));
     assert_eq!(clean.len(), resumed.len());
+    // the summary (and a stage's manifest) counts the whole output, resumed parts included
+    let rows = format!("({} rows, ", clean.len());
+    assert!(text(&o).contains(&rows), "no `{rows}` in {}", text(&o));
 }
 
 #[test]
