@@ -63,6 +63,24 @@ pub fn lock_waiting(path: &Path, what: &str) -> Result<File> {
     Ok(f)
 }
 
+/// Whether some process holds the lock on the file at `path` (Linux: the file's inode among
+/// `/proc/locks`' flock entries); `None` where that cannot be read. A pid written in a lock file
+/// may since belong to another process; the kernel's lock table cannot be stale.
+pub fn lock_held(path: &Path) -> Option<bool> {
+    use std::os::unix::fs::MetadataExt;
+    let inode = fs::metadata(path).ok()?.ino();
+    let table = fs::read_to_string("/proc/locks").ok()?;
+    Some(table.lines().any(|l| {
+        // `1: FLOCK  ADVISORY  WRITE 4321 00:2f:1234567 0 EOF`
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.iter()
+            .position(|w| w.matches(':').count() == 2)
+            .and_then(|i| f[i].rsplit(':').next())
+            .and_then(|ino| ino.parse::<u64>().ok())
+            == Some(inode)
+    }))
+}
+
 impl WorkDir {
     /// Creates `root` if needed and takes its lock, or fails naming the holder's pid.
     pub fn lock(root: &Path) -> Result<WorkDir> {

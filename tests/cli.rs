@@ -470,6 +470,87 @@ fn status_shows_how_far_a_killed_stage_got_from_any_folder() {
     assert!(filter_line.contains("stopped: 2/3 chunks"), "{out}");
 }
 
+/// A killed stage whose pid now belongs to another process (pids are reused) is stopped, not
+/// running: no pipeline holds the work dir's lock.
+#[test]
+fn status_does_not_trust_a_reused_pid() {
+    use std::os::unix::process::ExitStatusExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 1);
+    let o = bin()
+        .args(["run", "all", "--config", cfg.to_str().unwrap()])
+        .env(selfdistill::fault::ENV, "commit.part-00002.parquet")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.signal(), Some(9), "{}", text(&o));
+    let work = dir.path().join("work");
+    // a live process that is not a pipeline takes the dead one's pid in every file
+    let mut other = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let host = selfdistill::machine::hostname();
+    std::fs::write(work.join(".lock"), format!("{}@{host}", other.id())).unwrap();
+    let filter = std::fs::read_dir(work.join("stages"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("filter")
+        })
+        .unwrap();
+    let progress = filter.join("progress.json");
+    let mut p: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&progress).unwrap()).unwrap();
+    p["pid"] = other.id().into();
+    std::fs::write(&progress, p.to_string()).unwrap();
+    let o = run(&["status", "--workdir", work.to_str().unwrap()], dir.path());
+    let _ = other.kill();
+    let _ = other.wait();
+    let out = text(&o);
+    let filter_line = out.lines().find(|l| l.starts_with("filter ")).unwrap();
+    assert!(filter_line.contains("stopped: "), "{out}");
+}
+
+/// A stage that ended with an error shows as failed, with the error and where its log is.
+#[test]
+fn status_says_why_a_stage_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 1);
+    // the data stage fails on a malformed line
+    let o = run(
+        &["run", "data", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::write(
+        &data,
+        "{\"question\": \"x\", \"answer\": \"#### 1\"}\nnot json\n",
+    )
+    .unwrap();
+    let o = run(
+        &["run", "all", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    let o = run(&["status", "--config", cfg.to_str().unwrap()], dir.path());
+    let out = text(&o);
+    assert!(
+        out.lines().any(|l| l.starts_with("data ") && l.contains(" failed ")),
+        "{out}"
+    );
+    // the note under it: the error (file and line) and the log
+    assert!(
+        out.contains("gsm.jsonl:2: malformed JSON") && out.contains("stage.log"),
+        "{out}"
+    );
+}
+
 /// The filter over our completions schema: every rule, counted in the manifest.
 #[test]
 fn filter_applies_every_rule_to_a_completions_parquet() {

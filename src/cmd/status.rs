@@ -145,6 +145,9 @@ pub fn status(root: &Path, stall_after: f64) -> Result<Status> {
                 .unwrap_or((s.trim(), here.as_str()));
             pid.parse::<u32>().ok().filter(|_| host == here)
         });
+    // the pid in the lock file may have been reused by another process since: only a held lock
+    // means a pipeline is still there
+    let lock_pid = lock_pid.filter(|_| store::lock_held(&root.join(".lock")) != Some(false));
     let mut stages = Vec::new();
     let mut listed = HashSet::new();
     if let Some(p) = &plan {
@@ -320,7 +323,11 @@ fn stage(
                 ..
             }),
             None,
-        ) if *host == here => (Some(*pid), Some(crate::machine::pid_alive(*pid))),
+        ) if *host == here => (
+            Some(*pid),
+            // alive and still holding the work dir (not a reused pid)
+            Some(crate::machine::pid_alive(*pid) && lock_pid == Some(*pid)),
+        ),
         (Some(Progress { pid: Some(pid), .. }), None) => (Some(*pid), None),
         _ => (lock_pid, lock_pid.map(crate::machine::pid_alive)),
     };
@@ -388,8 +395,27 @@ fn stage(
         None => "partial",
     }
     .into();
+    // a stage that ended with an error says which, not only that its process is gone
+    if matches!(st.state.as_str(), "stopped" | "partial") {
+        if let Some(why) = last_failure(dir) {
+            st.state = "failed".into();
+            st.note = format!(
+                "{why} (log: {}); `pipeline run` retries it",
+                dir.join(crate::stages::STAGE_LOG).display()
+            );
+        }
+    }
     st.progress = progress;
     Ok(st)
+}
+
+/// The error a stage's last attempt ended with: the stage log's last line when it is the
+/// runner's `<stage> failed: <error>`.
+fn last_failure(dir: &Path) -> Option<String> {
+    let log = std::fs::read_to_string(dir.join(crate::stages::STAGE_LOG)).ok()?;
+    let last = log.lines().rev().find(|l| !l.trim().is_empty())?;
+    let (_, why) = last.split_once(" failed: ")?;
+    Some(why.trim().to_string())
 }
 
 /// `done/total unit`, rate, ETA and detail.

@@ -65,9 +65,39 @@ impl Message {
     }
 }
 
+/// The most work one rendering of a template may do, in minijinja's fuel: about one unit per
+/// instruction and one per byte a string operation allocates (charged before it allocates). A
+/// chat template renders one problem in a few thousand; a template from a file or a downloaded
+/// checkpoint that loops without end or doubles a string forty times stops here with an error
+/// instead of hanging or aborting on a failed allocation.
+pub const TEMPLATE_FUEL: u64 = 50_000_000;
+
+/// A minijinja environment whose renders are bounded by [`TEMPLATE_FUEL`]: every template we
+/// render (chat templates, prompt template files) comes from one.
+pub fn bounded_env() -> minijinja::Environment<'static> {
+    let mut env = minijinja::Environment::new();
+    env.set_fuel(Some(TEMPLATE_FUEL));
+    env
+}
+
+/// `e` as a sentence naming `what` (the template's file or origin), with what running out of
+/// fuel means.
+pub fn render_error(what: &str, e: minijinja::Error) -> anyhow::Error {
+    if e.kind() == minijinja::ErrorKind::OutOfFuel {
+        anyhow!(
+            "{what}: rendering stopped after {TEMPLATE_FUEL} steps or bytes (a loop or a string \
+             too large for one prompt); a prompt template renders one problem in far less"
+        )
+    } else {
+        anyhow!("{what}: cannot render: {e}")
+    }
+}
+
 /// A checkpoint's chat template with the special tokens it may refer to.
 #[derive(Debug, Clone)]
 pub struct ChatTemplate {
+    /// Where the template was read (for errors).
+    pub origin: String,
     pub source: String,
     pub bos_token: Option<String>,
     pub eos_token: Option<String>,
@@ -84,6 +114,9 @@ impl ChatTemplate {
             Err(_) => Value::Null,
         };
         let jinja = dir.join("chat_template.jinja");
+        let origin = if jinja.exists() { &jinja } else { &cfg_path }
+            .display()
+            .to_string();
         let source = if jinja.exists() {
             std::fs::read_to_string(&jinja)
                 .with_context(|| format!("cannot read {}", jinja.display()))?
@@ -112,6 +145,7 @@ impl ChatTemplate {
             _ => None,
         };
         Ok(ChatTemplate {
+            origin,
             source,
             bos_token: token("bos_token"),
             eos_token: token("eos_token"),
@@ -126,7 +160,7 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         enable_thinking: Option<bool>,
     ) -> Result<String> {
-        let mut env = minijinja::Environment::new();
+        let mut env = bounded_env();
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
@@ -144,7 +178,7 @@ impl ChatTemplate {
             },
         );
         env.add_template("chat", &self.source)
-            .map_err(|e| anyhow!("the chat template does not parse: {e}"))?;
+            .map_err(|e| anyhow!("the chat template of {} does not parse: {e}", self.origin))?;
         let tmpl = env.get_template("chat").map_err(|e| anyhow!("{e}"))?;
         let mut ctx = serde_json::Map::new();
         ctx.insert("messages".into(), serde_json::to_value(messages)?);
@@ -162,6 +196,6 @@ impl ChatTemplate {
             ctx.insert("eos_token".into(), Value::String(e.clone()));
         }
         tmpl.render(minijinja::value::Serde(&ctx))
-            .map_err(|e| anyhow!("cannot render the chat template: {e}"))
+            .map_err(|e| render_error(&format!("the chat template of {}", self.origin), e))
     }
 }

@@ -58,22 +58,16 @@ pub fn save(
     keep: usize,
 ) -> Result<PathBuf> {
     let dir = step_dir(root, state.step);
-    let tmp = root.join(format!(".tmp-step-{:08}", state.step));
+    let tmp = root.join(format!("{TMP_PREFIX}{:08}", state.step));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp)?;
     }
-    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
-    let save = |name: &str, tensors: HashMap<String, Tensor>| -> Result<()> {
-        let p = tmp.join(name);
-        candle_core::safetensors::save(&tensors, &p)
-            .with_context(|| format!("cannot write {}", p.display()))?;
-        std::fs::File::open(&p)?.sync_all()?;
-        Ok(())
-    };
-    save(WEIGHTS, t.tensors())?;
-    save(OPTIMIZER, opt.state_tensors().into_iter().collect())?;
-    crate::store::write_json_atomic(&tmp.join(STATE), state)?;
-    crate::store::sync_dir(&tmp)?;
+    let written = write_into(&tmp, t, opt, state);
+    if let Err(e) = written {
+        // a full disk must not stay full of a checkpoint that will never be committed
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
     crate::fault::point("train.checkpoint_rename");
     if dir.exists() {
         std::fs::remove_dir_all(&dir)?;
@@ -85,6 +79,43 @@ pub fn save(
             .with_context(|| format!("cannot delete old checkpoint {}", old.display()))?;
     }
     Ok(dir)
+}
+
+/// The files of a checkpoint in its temporary folder `tmp`, synced.
+fn write_into(tmp: &Path, t: &Trainable, opt: &AdamW, state: &TrainState) -> Result<()> {
+    std::fs::create_dir_all(tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let save = |name: &str, tensors: HashMap<String, Tensor>| -> Result<()> {
+        let p = tmp.join(name);
+        candle_core::safetensors::save(&tensors, &p)
+            .with_context(|| format!("cannot write {}", p.display()))?;
+        std::fs::File::open(&p)?.sync_all()?;
+        Ok(())
+    };
+    save(WEIGHTS, t.tensors())?;
+    save(OPTIMIZER, opt.state_tensors().into_iter().collect())?;
+    crate::store::write_json_atomic(&tmp.join(STATE), state)?;
+    crate::store::sync_dir(tmp)
+}
+
+/// The name prefix of a checkpoint being written.
+const TMP_PREFIX: &str = ".tmp-step-";
+
+/// Removes checkpoints left half-written under `root` by a process that died while writing
+/// them (a full disk, a kill): they are never resumed from, and they hold the space the next
+/// checkpoint needs. Returns how many.
+pub fn remove_temporaries(root: &Path) -> Result<usize> {
+    let Ok(rd) = std::fs::read_dir(root) else {
+        return Ok(0);
+    };
+    let mut n = 0;
+    for e in rd.flatten() {
+        if e.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+            std::fs::remove_dir_all(e.path())
+                .with_context(|| format!("cannot remove {}", e.path().display()))?;
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 /// Complete checkpoints under `root`, oldest first.

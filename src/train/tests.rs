@@ -710,3 +710,25 @@ fn bf16_compute_follows_the_f32_run_and_lost_updates_are_reported() {
         );
     }
 }
+
+/// A checkpoint left half-written (a full disk, a kill while writing) is removed before the
+/// next run writes one: it is never resumed from and holds the space the next one needs.
+/// Complete checkpoints stay.
+#[test]
+fn half_written_checkpoints_are_removed_and_complete_ones_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("checkpoints");
+    for d in ["step-00000002", ".tmp-step-00000004"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+        std::fs::write(root.join(d).join("model.safetensors"), vec![0u8; 1 << 20]).unwrap();
+    }
+    assert_eq!(super::checkpoint::remove_temporaries(&root).unwrap(), 1);
+    assert!(!root.join(".tmp-step-00000004").exists());
+    assert!(root.join("step-00000002/model.safetensors").exists());
+    assert_eq!(super::checkpoint::remove_temporaries(&root).unwrap(), 0);
+    // no folder yet: nothing to do
+    assert_eq!(
+        super::checkpoint::remove_temporaries(&dir.path().join("none")).unwrap(),
+        0
+    );
+}

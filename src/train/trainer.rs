@@ -601,6 +601,13 @@ impl Resumed {
         std::fs::create_dir_all(&job.state_dir)
             .with_context(|| format!("cannot create {}", job.state_dir.display()))?;
         let checkpoints = job.state_dir.join("checkpoints");
+        let removed = checkpoint::remove_temporaries(&checkpoints)?;
+        if removed > 0 {
+            tracing::info!(
+                "removed {removed} half-written checkpoint(s) in {}",
+                checkpoints.display()
+            );
+        }
         let metrics_path = job.state_dir.join(METRICS);
         let mut start = 0u64;
         let mut from = None;

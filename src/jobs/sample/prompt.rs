@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 
 use super::settings::SampleSettings;
 use crate::data::schema::Problem;
+use crate::model::tokenizer::{bounded_env, render_error};
 use crate::model::{ChatTemplate, Message, TextTokenizer};
 
 /// How a problem becomes a prompt.
@@ -41,7 +42,7 @@ impl PromptTemplate {
                 let src = std::fs::read_to_string(path).with_context(|| {
                     format!("prompt_template `{path}`: not chat, raw or a readable file")
                 })?;
-                let env = minijinja::Environment::new();
+                let env = bounded_env();
                 let template = env
                     .template_from_str(&src)
                     .with_context(|| format!("prompt_template `{path}`: not a Jinja template"))?;
@@ -52,6 +53,11 @@ impl PromptTemplate {
                          goes"
                     );
                 }
+                // one rendering now, so that a template that cannot render (or runs out of
+                // fuel whatever the problem) fails here, naming its file
+                template
+                    .render(minijinja::context! { problem => "1 + 1" })
+                    .map_err(|e| render_error(&format!("prompt_template `{path}`"), e))?;
                 PromptTemplate::File(src)
             }
         })
@@ -86,11 +92,14 @@ pub fn build_prompts(
                     msgs.push(Message::new("user", &p.problem));
                     chat.render(&msgs, true, *enable_thinking)?
                 }
-                PromptTemplate::File(src) => {
-                    let env = minijinja::Environment::new();
-                    env.render_str(src, minijinja::context! { problem => p.problem.clone() })
-                        .with_context(|| format!("prompt template for {}", p.problem_id))?
-                }
+                PromptTemplate::File(src) => bounded_env()
+                    .render_str(src, minijinja::context! { problem => p.problem.clone() })
+                    .map_err(|e| {
+                        render_error(
+                            &format!("the prompt template file, for problem {}", p.problem_id),
+                            e,
+                        )
+                    })?,
             };
             let ids = tok.encode(&text)?;
             Ok((text, ids))

@@ -151,3 +151,40 @@ fn a_prompt_template_that_never_reads_the_problem_is_refused() {
         "{e}"
     );
 }
+
+/// A template's rendering is bounded: three nested loops of 10,000 (10^12 steps: a hang before)
+/// and a string doubled 40 times (a 1 TB allocation: an abort before) each stop with an error
+/// naming the file, at once; a template that loops over the problem's characters is fine.
+#[test]
+fn a_template_that_would_hang_or_exhaust_memory_stops_with_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let parse = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        PromptTemplate::parse(p.to_str().unwrap(), None, None)
+    };
+    let loops = "{% for a in range(10000) %}{% for b in range(10000) %}{% for c in range(10000) \
+                 %}x{% endfor %}{% endfor %}{% endfor %}{{ problem }}";
+    let doubling = "{% set s = namespace(v='ab') %}{% for i in range(40) %}{% set s.v = s.v ~ \
+                    s.v %}{% endfor %}{{ s.v }}{{ problem }}";
+    for (name, text) in [("loops.jinja", loops), ("doubling.jinja", doubling)] {
+        let e = format!("{:#}", parse(name, text).unwrap_err());
+        assert!(
+            e.contains(name) && e.contains("rendering stopped after"),
+            "{name}: {e}"
+        );
+    }
+    assert!(parse("chars.jinja", "{% for c in problem %}{{ c }}{% endfor %}").is_ok());
+    // a checkpoint's own chat template is bounded the same way, named by its file
+    std::fs::write(dir.path().join("chat_template.jinja"), loops).unwrap();
+    let chat = crate::model::ChatTemplate::from_dir(dir.path()).unwrap();
+    let e = format!(
+        "{:#}",
+        chat.render(&[crate::model::Message::new("user", "1 + 1")], true, None)
+            .unwrap_err()
+    );
+    assert!(
+        e.contains("chat_template.jinja") && e.contains("rendering stopped after"),
+        "{e}"
+    );
+}
