@@ -541,7 +541,8 @@ fn status_says_why_a_stage_failed() {
     let o = run(&["status", "--config", cfg.to_str().unwrap()], dir.path());
     let out = text(&o);
     assert!(
-        out.lines().any(|l| l.starts_with("data ") && l.contains(" failed ")),
+        out.lines()
+            .any(|l| l.starts_with("data ") && l.contains(" failed ")),
         "{out}"
     );
     // the note under it: the error (file and line) and the log
@@ -1118,5 +1119,106 @@ fn the_gpu_acceptance_script_runs_its_parts_on_the_cpu() {
     assert!(
         job.contains("decode tok/s") || job.contains("done"),
         "{job}"
+    );
+}
+
+/// Preflight refuses what would fail a run at its start, each naming the file: a truncated
+/// weight file, a config.json of another model size, a tokenizer.json that does not parse, a
+/// chat template with a syntax error (the config samples with `chat`), and a work dir that
+/// cannot be written; the untouched fixture passes.
+#[test]
+fn preflight_refuses_a_broken_checkpoint_or_an_unwritable_work_dir() {
+    let Some(fixture) = shared("fixtures/tiny-qwen3_5") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let problems = toy_problems(dir.path(), 4);
+    let check = |name: &str, workdir: &str, spoil: &dyn Fn(&Path)| {
+        let model = dir.path().join(name);
+        std::fs::create_dir_all(&model).unwrap();
+        for e in std::fs::read_dir(&fixture).unwrap() {
+            let e = e.unwrap();
+            if e.path().is_file() {
+                std::fs::copy(e.path(), model.join(e.file_name())).unwrap();
+            }
+        }
+        spoil(&model);
+        let cfg = dir.path().join(format!("{name}.toml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                r#"[run]
+workdir = "{workdir}"
+[[data.sources]]
+name = "toy"
+format = "mapped"
+path = "{}"
+problem_field = "problem"
+answer_field = "answer"
+[sample]
+model = "{}"
+prompt_template = "chat"
+n = 1
+max_new_tokens = 4
+"#,
+                problems.display(),
+                model.display()
+            ),
+        )
+        .unwrap();
+        run(
+            &["preflight", "--config", cfg.to_str().unwrap()],
+            dir.path(),
+        )
+    };
+    let o = check("whole", "work", &|_| {});
+    assert!(o.status.success(), "{}", text(&o));
+    let expect = |o: std::process::Output, what: &[&str]| {
+        assert!(!o.status.success(), "{}", text(&o));
+        for w in what {
+            assert!(text(&o).contains(w), "no `{w}` in {}", text(&o));
+        }
+    };
+    expect(
+        check("cut", "work", &|m| {
+            let w = m.join("model.safetensors");
+            let len = std::fs::metadata(&w).unwrap().len();
+            let f = std::fs::OpenOptions::new().write(true).open(&w).unwrap();
+            f.set_len(len - 1000).unwrap();
+        }),
+        &["cut/model.safetensors", "truncated"],
+    );
+    expect(
+        check("resized", "work", &|m| {
+            let p = m.join("config.json");
+            let mut c: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
+            let t = if c.get("text_config").is_some() {
+                &mut c["text_config"]
+            } else {
+                &mut c
+            };
+            let h = t["hidden_size"].as_u64().unwrap();
+            t["hidden_size"] = (h * 2).into();
+            std::fs::write(&p, c.to_string()).unwrap();
+        }),
+        &["resized", "different models"],
+    );
+    expect(
+        check("tok", "work", &|m| {
+            std::fs::write(m.join("tokenizer.json"), "{\"not\": \"a tokenizer\"}").unwrap()
+        }),
+        &["tok/tokenizer.json"],
+    );
+    expect(
+        check("tmpl", "work", &|m| {
+            std::fs::write(m.join("chat_template.jinja"), "{% if messages %}unclosed").unwrap()
+        }),
+        &["tmpl/chat_template.jinja", "does not parse"],
+    );
+    // /proc takes no files, whoever runs the test (root writes through mode bits)
+    expect(
+        check("ro", "/proc/selfdistill-preflight/work", &|_| {}),
+        &["cannot be written"],
     );
 }

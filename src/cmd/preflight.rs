@@ -5,13 +5,14 @@
 //! Prints each stage's time and cost estimate (`stages::cost`). Cached stages need nothing new. Estimates come from input sizes (see each stage's `plan`), so
 //! they are coarse; the check exists to catch the run that cannot fit, hours before it fails.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 
 use crate::bytes::format_bytes;
 use crate::config::Config;
 use crate::machine::{available_memory_bytes, free_disk_bytes};
+use crate::model::Checkpoint;
 use crate::stages::{stage_state, Plan, Resolve, StageState};
 
 #[derive(Debug, clap::Args)]
@@ -107,6 +108,10 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
         avail_mem.map(format_bytes).unwrap_or("unknown".into())
     );
     let mut problems = Vec::new();
+    problems.extend(check_models(cfg, &plan));
+    if !plan_only {
+        problems.extend(check_writable(&cfg.workdir));
+    }
     if disk > free_disk && !plan_only {
         problems.push(format!(
             "the run needs about {} of disk but {} has {} free",
@@ -186,6 +191,59 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
         crate::outln!("preflight ok");
     }
     Ok(())
+}
+
+/// What would make loading each input model fail at a stage's start ([`Checkpoint::verify`]:
+/// whole weight files, tensors of the config's shapes, a tokenizer that parses) and, where the
+/// config samples with `chat`, a chat template that parses. Models that are a stage's output,
+/// or a built-in card standing for one not downloaded, are not there to check.
+fn check_models(cfg: &Config, plan: &Plan) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let uses_chat = cfg
+        .sample
+        .as_ref()
+        .is_some_and(|s| s.prompt_template == "chat")
+        || cfg.eval.is_some();
+    let mut problems = Vec::new();
+    for i in plan.stages.iter().flat_map(|s| &s.inputs) {
+        if i.name != "model" || !Path::new(&i.location).is_dir() || !seen.insert(&i.location) {
+            continue;
+        }
+        let checked = Checkpoint::open(&i.location).and_then(|c| {
+            c.verify()?;
+            if uses_chat {
+                if let Ok(t) = c.chat_template() {
+                    t.check_syntax()?;
+                }
+            }
+            Ok(())
+        });
+        if let Err(e) = checked {
+            problems.push(format!("model {}: {e:#}", i.location));
+        }
+    }
+    problems
+}
+
+/// A test write where the work dir is (or, not yet made, in its nearest existing folder): a
+/// read-only file system or an unwritable parent fails here rather than at the first stage.
+fn check_writable(workdir: &Path) -> Option<String> {
+    let mut at = workdir;
+    while !at.exists() {
+        at = at.parent()?;
+    }
+    let probe = at.join(format!(".preflight-write-{}", std::process::id()));
+    match std::fs::write(&probe, b"x") {
+        Ok(()) => {
+            let _ = std::fs::remove_file(&probe);
+            None
+        }
+        Err(e) => Some(format!(
+            "the work dir {} cannot be written (a test file in {}: {e})",
+            workdir.display(),
+            at.display()
+        )),
+    }
 }
 
 /// The GPU memory GPU stages are checked against, and what it is: the named GPU, or (not

@@ -145,16 +145,24 @@ pub fn status(root: &Path, stall_after: f64) -> Result<Status> {
                 .unwrap_or((s.trim(), here.as_str()));
             pid.parse::<u32>().ok().filter(|_| host == here)
         });
-    // the pid in the lock file may have been reused by another process since: only a held lock
-    // means a pipeline is still there
-    let lock_pid = lock_pid.filter(|_| store::lock_held(&root.join(".lock")) != Some(false));
+    // the pid in the lock file may have been reused by another process since: a lock no
+    // process holds means no pipeline is there, whatever runs under that pid now
+    let lock_free = store::lock_held(&root.join(".lock")) == Some(false);
     let mut stages = Vec::new();
     let mut listed = HashSet::new();
     if let Some(p) = &plan {
         for s in &p.stages {
             let dir = root.join("stages").join(&s.dir);
             listed.insert(dir.file_name().map(|n| n.to_os_string()));
-            stages.push(stage(&s.name, &s.key, &dir, true, lock_pid, stall_after)?);
+            stages.push(stage(
+                &s.name,
+                &s.key,
+                &dir,
+                true,
+                lock_pid,
+                lock_free,
+                stall_after,
+            )?);
         }
     }
     let mut others: Vec<_> = std::fs::read_dir(root.join("stages"))
@@ -170,7 +178,15 @@ pub fn status(root: &Path, stall_after: f64) -> Result<Status> {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let (name, key) = name.rsplit_once('-').unwrap_or((&name, ""));
-        stages.push(stage(name, key, &dir, false, lock_pid, stall_after)?);
+        stages.push(stage(
+            name,
+            key,
+            &dir,
+            false,
+            lock_pid,
+            lock_free,
+            stall_after,
+        )?);
     }
     Ok(Status {
         workdir: root.display().to_string(),
@@ -267,6 +283,7 @@ fn stage(
     dir: &Path,
     in_last_plan: bool,
     lock_pid: Option<u32>,
+    lock_free: bool,
     stall_after: f64,
 ) -> Result<StageStatus> {
     let key = key.get(..12).unwrap_or(key).to_string();
@@ -325,11 +342,14 @@ fn stage(
             None,
         ) if *host == here => (
             Some(*pid),
-            // alive and still holding the work dir (not a reused pid)
-            Some(crate::machine::pid_alive(*pid) && lock_pid == Some(*pid)),
+            // alive, and a pipeline still holds the work dir (not a reused pid)
+            Some(crate::machine::pid_alive(*pid) && !lock_free),
         ),
         (Some(Progress { pid: Some(pid), .. }), None) => (Some(*pid), None),
-        _ => (lock_pid, lock_pid.map(crate::machine::pid_alive)),
+        _ => (
+            lock_pid,
+            lock_pid.map(|p| crate::machine::pid_alive(p) && !lock_free),
+        ),
     };
     let host = progress
         .as_ref()
@@ -357,7 +377,11 @@ fn stage(
     // a dead writer, but the work dir's lock is held by a live run here: it resumed the stage
     // and has not written its progress yet (loading a model)
     let resumer = lock_pid.filter(|&p| {
-        alive == Some(false) && Some(p) != pid && shards.is_none() && crate::machine::pid_alive(p)
+        alive == Some(false)
+            && Some(p) != pid
+            && shards.is_none()
+            && !lock_free
+            && crate::machine::pid_alive(p)
     });
     if let Some(p) = resumer {
         st.note = format!("resumed by pid {p}; its progress is not written yet");
@@ -515,7 +539,7 @@ mod tests {
             ..Progress::default()
         };
         store::write_json_atomic(&dir.join(store::PROGRESS), &p).unwrap();
-        stage("sample", "0123456789abcdef", &dir, true, None, 600.0).unwrap()
+        stage("sample", "0123456789abcdef", &dir, true, None, false, 600.0).unwrap()
     }
 
     #[test]
@@ -540,5 +564,9 @@ mod tests {
         // a pid that is not alive here: stopped
         let s = stage_with(root.path(), u32::MAX - 1, &here, 1);
         assert_eq!(s.state, "stopped");
+        // a live pid, but no process holds the work dir's lock (the pid was reused): stopped
+        let dir = root.path().join("stages/sample-0123456789abcdef");
+        let s = stage("sample", "0123456789abcdef", &dir, true, Some(me), true, 600.0).unwrap();
+        assert_eq!(s.state, "stopped", "{}", s.note);
     }
 }

@@ -106,6 +106,42 @@ impl Checkpoint {
         crate::digest::files_digest(&self.dir.display().to_string(), &self.defining_files())
     }
 
+    /// Checks, without reading tensor data, what would make loading fail: every weight file
+    /// whole (its header's tensors fit in the file), every tensor the config needs present with
+    /// as many values as the config implies (a config.json from another model size fails
+    /// here), and `tokenizer.json` parsed. For preflight: a run it passes loads this model.
+    pub fn verify(&self) -> Result<()> {
+        let mut have: std::collections::HashMap<String, (Vec<usize>, PathBuf)> =
+            std::collections::HashMap::new();
+        for f in &self.weights {
+            for (name, shape) in safetensors_shapes(f)? {
+                have.insert(name, (shape, f.clone()));
+            }
+        }
+        for (name, shape, _) in init::weight_shapes(&self.config) {
+            let want: usize = shape.iter().product();
+            match have.get(&name) {
+                None => bail!(
+                    "{}: no tensor `{name}`, which its config.json ({} layers, hidden_size {}) \
+                     needs",
+                    self.dir.display(),
+                    self.config.num_layers(),
+                    self.config.hidden_size
+                ),
+                Some((got, file)) if got.iter().product::<usize>() != want => bail!(
+                    "{}: `{name}` is {got:?}, but config.json implies {shape:?} (hidden_size \
+                     {}, vocab_size {}): the weights and config.json are of different models",
+                    file.display(),
+                    self.config.hidden_size,
+                    self.config.vocab_size
+                ),
+                _ => {}
+            }
+        }
+        self.tokenizer()?;
+        Ok(())
+    }
+
     pub fn tokenizer(&self) -> Result<TextTokenizer> {
         TextTokenizer::from_file(&self.dir.join("tokenizer.json"))
     }
@@ -150,6 +186,65 @@ fn id(n: &serde_json::Number) -> Result<u32> {
 }
 
 /// `model.safetensors`, or the shards named by `model.safetensors.index.json`.
+/// Every tensor's name and shape in a safetensors file, from its header alone; an error naming
+/// the file when the header is not one or the file is shorter than the tensors it describes.
+pub fn safetensors_shapes(path: &Path) -> Result<Vec<(String, Vec<usize>)>> {
+    use std::io::Read;
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let len = f.metadata()?.len();
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n).map_err(|_| {
+        anyhow!(
+            "{}: not a safetensors file (shorter than 8 bytes)",
+            path.display()
+        )
+    })?;
+    let n = u64::from_le_bytes(n);
+    if n > 100 << 20 || 8 + n > len {
+        bail!(
+            "{}: not a safetensors file, or truncated (header of {n} bytes)",
+            path.display()
+        );
+    }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header)?;
+    let header: serde_json::Map<String, Value> = serde_json::from_slice(&header)
+        .with_context(|| format!("{}: the safetensors header is not JSON", path.display()))?;
+    let mut out = Vec::new();
+    let mut end = 0u64;
+    for (name, t) in header.iter().filter(|(k, _)| *k != "__metadata__") {
+        let shape = t
+            .get("shape")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_u64)
+                    .map(|x| x as usize)
+                    .collect()
+            })
+            .with_context(|| format!("{}: `{name}` has no shape", path.display()))?;
+        if let Some(e) = t
+            .get("data_offsets")
+            .and_then(Value::as_array)
+            .and_then(|o| o.get(1))
+            .and_then(Value::as_u64)
+        {
+            end = end.max(e);
+        }
+        out.push((name.clone(), shape));
+    }
+    if 8 + n + end > len {
+        bail!(
+            "{}: truncated: its header describes {} of tensor data, the file holds {}",
+            path.display(),
+            crate::bytes::format_bytes(end),
+            crate::bytes::format_bytes(len - 8 - n)
+        );
+    }
+    Ok(out)
+}
+
 pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let single = dir.join("model.safetensors");
     if single.exists() {

@@ -152,14 +152,8 @@ impl ChatTemplate {
         })
     }
 
-    /// Renders `messages`; `enable_thinking: None` leaves the variable undefined, as transformers
-    /// does when it is not passed.
-    pub fn render(
-        &self,
-        messages: &[Message],
-        add_generation_prompt: bool,
-        enable_thinking: Option<bool>,
-    ) -> Result<String> {
+    /// The environment with this template added as `chat`, set up as transformers renders.
+    fn env(&self) -> Result<minijinja::Environment<'_>> {
         let mut env = bounded_env();
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
@@ -179,6 +173,23 @@ impl ChatTemplate {
         );
         env.add_template("chat", &self.source)
             .map_err(|e| anyhow!("the chat template of {} does not parse: {e}", self.origin))?;
+        Ok(env)
+    }
+
+    /// Whether the template parses (what rendering would first fail on), naming its file.
+    pub fn check_syntax(&self) -> Result<()> {
+        self.env().map(|_| ())
+    }
+
+    /// Renders `messages`; `enable_thinking: None` leaves the variable undefined, as transformers
+    /// does when it is not passed.
+    pub fn render(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String> {
+        let env = self.env()?;
         let tmpl = env.get_template("chat").map_err(|e| anyhow!("{e}"))?;
         let mut ctx = serde_json::Map::new();
         ctx.insert("messages".into(), serde_json::to_value(messages)?);
