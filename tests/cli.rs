@@ -1222,3 +1222,44 @@ max_new_tokens = 4
         &["cannot be written"],
     );
 }
+
+/// `pipeline run` checks `run.disk_budget` before each stage against what the work dir holds
+/// then (preflight only sees the plan): a work dir that filled up after the plan refuses the
+/// next stage with the figures, and nothing of that stage is marked done.
+#[test]
+fn run_checks_the_disk_budget_before_each_stage() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 1);
+    let text_of = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        text_of.replace("[run]\n", "[run]\ndisk_budget = \"2 MiB\"\n"),
+    )
+    .unwrap();
+    let o = run(
+        &["run", "data", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    // something else fills the work dir
+    std::fs::write(dir.path().join("work/big.bin"), vec![0u8; 3 << 20]).unwrap();
+    let o = run(
+        &["run", "all", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    assert!(
+        out.contains("run.disk_budget = 2.0 MiB") && out.contains("the filter stage needs"),
+        "{out}"
+    );
+    let filter_done = std::fs::read_dir(dir.path().join("work/stages"))
+        .unwrap()
+        .flatten()
+        .any(|e| {
+            e.file_name().to_string_lossy().starts_with("filter-")
+                && e.path().join("manifest.json").exists()
+        });
+    assert!(!filter_done, "{out}");
+}

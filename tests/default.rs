@@ -63,7 +63,50 @@ fn the_quick_default_pretrains_distills_and_evaluates_then_caches() {
         text(&o)
     };
 
+    // preflight's disk estimate, to hold against what the run writes
+    let o = run(
+        &[
+            "preflight",
+            "--config",
+            config.to_str().unwrap(),
+            "--workdir",
+            work.to_str().unwrap(),
+        ],
+        root,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let planned = text(&o)
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("needs ")?
+                .split(" of disk")
+                .next()
+                .map(String::from)
+        })
+        .map(|b| selfdistill::bytes::parse_bytes(&b).unwrap())
+        .unwrap_or_else(|| panic!("no disk estimate: {}", text(&o)));
+
     let out = go(&config);
+    // What the run wrote, and at its peak one more checkpoint (written before the oldest kept
+    // one is deleted): the estimate is within 1.5x of it either way.
+    let used = selfdistill::store::dir_bytes(&work);
+    let transient = walk(&work)
+        .into_iter()
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("step-")
+        })
+        .map(|p| selfdistill::store::dir_bytes(&p))
+        .max()
+        .unwrap_or(0);
+    let peak = used + transient;
+    let ratio = planned as f64 / peak as f64;
+    assert!(
+        (1.0 / 1.5..=1.5).contains(&ratio),
+        "preflight planned {planned} bytes of disk; the run used {used} (peak {peak}): {ratio:.2}x"
+    );
     for stage in ["data", "pretrain", "sample", "filter", "train", "eval"] {
         assert!(out.contains(&format!("<-- {stage} done")), "{stage}: {out}");
     }
@@ -183,4 +226,16 @@ fn a_two_round_default_killed_in_every_stage_reports_what_an_unkilled_run_does()
     let o = run(&["run", "all", "--config", "mini.toml"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(report_numbers(&dir.path().join("runs/mini")), want);
+}
+
+/// Every folder under `dir`, recursively.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if e.path().is_dir() {
+            out.push(e.path());
+            out.extend(walk(&e.path()));
+        }
+    }
+    out
 }

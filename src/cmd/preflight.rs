@@ -97,6 +97,14 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
             if g > 0 { format_bytes(g) } else { "-".into() }
         );
     }
+    // the report's markdown and charts, written after the last stage
+    if plan
+        .stages
+        .iter()
+        .any(|s| !matches!(stage_state(&s.dir), Ok(StageState::Done(_))))
+    {
+        disk += REPORT_BYTES;
+    }
     let free_disk = free_disk_bytes(&cfg.workdir)?;
     let avail_mem = available_memory_bytes();
     crate::outln!(
@@ -192,6 +200,9 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
     }
     Ok(())
 }
+
+/// Disk planned for the report (report.md and its PNG charts: ~600 KiB for the shipped configs).
+const REPORT_BYTES: u64 = 768 << 10;
 
 /// What would make loading each input model fail at a stage's start ([`Checkpoint::verify`]:
 /// whole weight files, tensors of the config's shapes, a tokenizer that parses) and, where the

@@ -566,7 +566,16 @@ mod tests {
         assert_eq!(s.state, "stopped");
         // a live pid, but no process holds the work dir's lock (the pid was reused): stopped
         let dir = root.path().join("stages/sample-0123456789abcdef");
-        let s = stage("sample", "0123456789abcdef", &dir, true, Some(me), true, 600.0).unwrap();
+        let s = stage(
+            "sample",
+            "0123456789abcdef",
+            &dir,
+            true,
+            Some(me),
+            true,
+            600.0,
+        )
+        .unwrap();
         assert_eq!(s.state, "stopped", "{}", s.note);
     }
 }

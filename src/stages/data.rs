@@ -25,8 +25,9 @@ pub fn plan(cfg: &DataConfig, workdir: &Path, resolve: &super::Resolve) -> Resul
     for s in &cfg.sources {
         let what = format!("data source `{}`", s.name);
         let mut source_rows = Some(0u64);
+        let mut source_bytes = 0;
         for (input, path, n) in resolve.location(&s.name, &what, &s.location)? {
-            bytes += n;
+            source_bytes += n;
             let counted = path.as_deref().and_then(crate::data::count_rows);
             source_rows = source_rows.zip(counted).map(|(a, b)| a + b);
             if let Some(path) = path {
@@ -34,6 +35,11 @@ pub fn plan(cfg: &DataConfig, workdir: &Path, resolve: &super::Resolve) -> Resul
             }
             inputs.push(input);
         }
+        // a limit keeps that share of the source's bytes
+        bytes += match (s.limit, source_rows) {
+            (Some(l), Some(r)) if r > 0 => source_bytes * (l as u64).min(r) / r,
+            _ => source_bytes,
+        };
         let source_rows = source_rows.map(|r| match s.limit {
             Some(l) => r.min(l as u64),
             None => r,

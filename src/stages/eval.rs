@@ -113,7 +113,8 @@ pub fn plan(
         .map(|t| ("trained", t.name.clone()))
         .collect();
     st.estimate = Estimate {
-        disk_bytes: 0,
+        // each set's samples for each model (a row per sample, ~4 bytes a token)
+        disk_bytes: tokens.map_or(0, |t| 4 * t + (64 << 10)),
         memory_bytes,
         gpu_bytes,
         work: tokens.map(|tokens| super::Work {

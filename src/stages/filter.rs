@@ -62,7 +62,9 @@ pub fn plan(
         (None, Some(s)) => (
             upstream("completions", s),
             Some(s.dir.join(super::COMPLETIONS)),
-            s.estimate.disk_bytes,
+            // the sample stage's estimate holds its parts and its output side by side (at the
+            // join); the output alone is half
+            s.estimate.disk_bytes / 2,
         ),
         (None, None) => bail!("the filter needs [filter.completions] or a [sample] section"),
     };
@@ -92,7 +94,8 @@ pub fn plan(
         }
     });
     st.estimate = Estimate {
-        disk_bytes: bytes * 2,
+        // the graded rows and the SFT file: what is kept of the input, and its verdicts
+        disk_bytes: bytes * 3 / 2,
         memory_bytes: bytes * 4,
         rows,
         row_tokens: sampled.and_then(|s| s.estimate.row_tokens),

@@ -29,7 +29,7 @@ pub use resolve::{
 };
 pub use runner::{run, PlanRecord, PlanRecordStage, Target, STAGE_LOG};
 pub use stage::{
-    expected_completion_tokens, output_file, stage_key, stage_state, Counts, Estimate, Plan,
-    PlannedStage, StageKind, StageOutput, StageState, Work, ASSUMED_PROMPT_TOKENS, COMPLETIONS,
-    EVAL_METRICS, MODEL_DIR, PROBLEMS, SFT, TRAIN_STATE_DIR,
+    completion_row_bytes, expected_completion_tokens, output_file, stage_key, stage_state, Counts,
+    Estimate, Plan, PlannedStage, StageKind, StageOutput, StageState, Work, ASSUMED_PROMPT_TOKENS,
+    COMPLETIONS, EVAL_METRICS, MODEL_DIR, PROBLEMS, SFT, TRAIN_STATE_DIR,
 };

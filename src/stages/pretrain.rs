@@ -26,7 +26,7 @@ pub const ROWS: &str = "rows.parquet";
 
 /// The vocabulary planned for before the corpus is read (it only sizes the estimates): a
 /// generated corpus's closed vocabulary is far smaller.
-const PLANNED_VOCAB: usize = 1024;
+const PLANNED_VOCAB: usize = 256;
 
 /// Input names: `source#i` for the pretraining files, `tokenizer:<name>#i` for the others.
 fn source_inputs(p: &PretrainConfig, resolve: &super::Resolve) -> Result<super::LocationInputs> {
@@ -47,8 +47,17 @@ pub fn plan(
     let mut inputs = Vec::new();
     let mut files = Vec::new();
     let mut bytes = 0;
+    // what the stage writes of its source: the rows it keeps (a limit keeps that share)
+    let mut written = 0;
     for (input, path, n) in source_inputs(p, resolve)? {
         bytes += n;
+        if input.name == "source" {
+            let rows = path.as_deref().and_then(crate::data::count_rows);
+            written += match (p.source.limit, rows) {
+                (Some(l), Some(r)) if r > 0 => n * (l as u64).min(r) / r,
+                _ => n,
+            };
+        }
         if let Some(path) = path {
             files.push((input.name.clone(), path));
         }
@@ -70,7 +79,9 @@ pub fn plan(
     let train = super::train::train_memory(&p.train, &budget);
     st.estimate = Estimate {
         // the initial and trained weights, the trainer's checkpoints, the rows
-        disk_bytes: crate::train::memory::disk_bytes(params, 4, &p.train) + params * 4 + bytes,
+        disk_bytes: crate::train::memory::disk_bytes(params, 4, &p.train, None)
+            + params * 4
+            + written,
         memory_bytes: train.memory_bytes + bytes * 4,
         gpu_bytes: train.gpu_bytes,
         ..Estimate::default()

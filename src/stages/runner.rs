@@ -4,6 +4,7 @@
 //!
 //! Knows nothing of what a stage computes: each kind's file runs it.
 
+use std::path::Path;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -197,6 +198,7 @@ pub fn run(
             );
             return Ok(false);
         }
+        check_disk_budget(cfg, &wd.root, stage)?;
         run_stage(cfg, &plan, stage)?;
     }
     if let Some((i, n)) = shard {
@@ -209,6 +211,34 @@ pub fn run(
         wd.root.display()
     );
     Ok(true)
+}
+
+/// `run.disk_budget` against what the work dir holds now plus what `stage` is estimated to add
+/// (less what a partial run of it already wrote): checked before each stage, since the work
+/// dir can fill after preflight (earlier stages writing more than estimated, other files).
+fn check_disk_budget(cfg: &Config, root: &Path, stage: &PlannedStage) -> Result<()> {
+    let Some(budget) = cfg.disk_budget_bytes else {
+        return Ok(());
+    };
+    let held = store::dir_bytes(root);
+    let need = stage
+        .estimate
+        .disk_bytes
+        .saturating_sub(store::dir_bytes(&stage.dir));
+    if held + need > budget {
+        bail!(
+            "run.disk_budget = {} in {}: the work dir {} holds {} and the {} stage needs about {} \
+             more; raise the budget or free space (`pipeline preflight` prints each stage's \
+             estimate)",
+            crate::bytes::format_bytes(budget),
+            cfg.origin,
+            root.display(),
+            crate::bytes::format_bytes(held),
+            stage.name,
+            crate::bytes::format_bytes(need)
+        );
+    }
+    Ok(())
 }
 
 fn print_plan(cfg: &Config, plan: &Plan, last: usize, first_forced: Option<usize>) -> Result<()> {

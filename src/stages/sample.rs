@@ -62,7 +62,10 @@ pub fn plan(
     let expected = super::expected_completion_tokens(s.params.max_new_tokens);
     let rows = data.estimate.rows.map(|p| p * s.params.n as u64);
     st.estimate = Estimate {
-        disk_bytes: 64 << 20,
+        // the committed parts and, at the join, the output beside them
+        disk_bytes: 2 * rows.map_or(64 << 20, |r| {
+            r * super::completion_row_bytes(expected, s.params.logprobs)
+        }),
         memory_bytes,
         gpu_bytes: crate::jobs::sample::memory::gpu_memory_estimate(s, &facts.config)?,
         rows,

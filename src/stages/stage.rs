@@ -138,6 +138,14 @@ pub fn expected_completion_tokens(max_new_tokens: usize) -> u64 {
     (max_new_tokens as u64).div_ceil(2)
 }
 
+/// Bytes a completions row takes in our zstd Parquet with `tokens` completion tokens: prompt
+/// and completion text and token ids (~4 bytes a token after compression), and per completion
+/// token 8 bytes for each logprob kept (the chosen token's and `logprobs` alternatives').
+pub fn completion_row_bytes(tokens: u64, logprobs: Option<usize>) -> u64 {
+    let lp = logprobs.map_or(0, |k| 8 * (1 + k as u64));
+    200 + 4 * (ASSUMED_PROMPT_TOKENS + tokens) + lp * tokens
+}
+
 /// The prompt length assumed before the prompts are rendered (a math problem in a chat
 /// template).
 pub const ASSUMED_PROMPT_TOKENS: u64 = 150;

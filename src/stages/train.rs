@@ -64,7 +64,16 @@ pub fn plan(
             ),
         });
     st.estimate = Estimate {
-        disk_bytes: crate::train::memory::disk_bytes(params, dtype_bytes, s),
+        disk_bytes: crate::train::memory::disk_bytes(
+            params,
+            dtype_bytes,
+            s,
+            filter
+                .estimate
+                .rows
+                .zip(filter.estimate.row_tokens)
+                .map(|(r, t)| crate::train::memory::planned_steps(s, r, t)),
+        ),
         work,
         ..train_memory(s, &budget)
     };

@@ -341,14 +341,32 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
     }
 }
 
-/// Disk a run writes: the export in `dtype_bytes`, and `keep` checkpoints of master weights and
-/// moments.
-pub fn disk_bytes(params: u64, dtype_bytes: u64, s: &TrainSettings) -> u64 {
+/// Disk a run writes: the export in `dtype_bytes`, and its checkpoints of master weights and
+/// moments: `keep` of them plus the one being written, or as many as a run of `steps` steps
+/// writes (every `checkpoint_every`, and the last) when that is fewer.
+pub fn disk_bytes(params: u64, dtype_bytes: u64, s: &TrainSettings, steps: Option<u64>) -> u64 {
     let state = match s.optimizer_state {
         OptimizerState::F32 => 8,
         OptimizerState::Bf16 => 4,
     };
-    params * dtype_bytes + (s.keep_checkpoints as u64 + 1) * params * (4 + state)
+    let kept = s.keep_checkpoints as u64 + 1;
+    let steps = match (steps, s.max_steps) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let written = steps.map(|n| n.div_ceil(s.checkpoint_every.max(1)).max(1));
+    params * dtype_bytes + written.map_or(kept, |w| w.min(kept)) * params * (4 + state)
+}
+
+/// Optimizer steps a run over `rows` rows of `row_tokens` tokens takes (`max_steps` caps it).
+pub fn planned_steps(s: &TrainSettings, rows: u64, row_tokens: u64) -> u64 {
+    let per_step = match (s.rows_per_step, s.tokens_per_step) {
+        (_, Some(t)) => (t as u64 / row_tokens.max(1)).max(1),
+        (Some(r), _) => r as u64,
+        (None, None) => 32,
+    };
+    let steps = (rows * s.epochs).div_ceil(per_step).max(1);
+    s.max_steps.map_or(steps, |m| steps.min(m))
 }
 
 /// A GPU a plan can name: its memory and dense peak rates.
