@@ -126,6 +126,24 @@ fn stderr_filter(verbosity: i8) -> EnvFilter {
 }
 
 /// Sets up logging for the process: call once, first thing in `main`.
+/// An error and its causes as one line, `a: b: c`, each said once: a cause whose text the line
+/// already ends with is not repeated (candle's `I/O error: No space left on device (os error
+/// 28)` has that same io error as its source, which `{:#}` prints a second time).
+pub fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let m = cause.to_string();
+        if out.ends_with(&m) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&m);
+    }
+    out
+}
+
 pub fn init(verbosity: i8) {
     let terminal = std::io::stderr().is_terminal();
     let term = std::env::var("TERM").ok();
@@ -251,5 +269,19 @@ mod tests {
         assert_eq!(mode_for(false, 0, Some("xterm")), Mode::Lines);
         assert_eq!(mode_for(true, -1, Some("xterm")), Mode::Lines);
         assert_eq!(mode_for(true, 0, Some("dumb")), Mode::Lines);
+    }
+
+    /// A full disk under candle's error, under our context: said once, not twice.
+    #[test]
+    fn an_error_chain_says_each_cause_once() {
+        let io = std::io::Error::from_raw_os_error(28);
+        let e =
+            anyhow::Error::new(candle_core::Error::Io(io)).context("cannot write x.safetensors");
+        let line = super::error_chain(&e);
+        assert_eq!(line.matches("os error 28").count(), 1, "{line}");
+        assert!(line.starts_with("cannot write x.safetensors: "), "{line}");
+        // distinct causes all stay
+        let e = anyhow::anyhow!("inner").context("middle").context("outer");
+        assert_eq!(super::error_chain(&e), "outer: middle: inner");
     }
 }

@@ -106,7 +106,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", selfdistill::logging::error_chain(&e));
             ExitCode::FAILURE
         }
     }

@@ -570,7 +570,7 @@ fn filter_applies_every_rule_to_a_completions_parquet() {
             allow_empty: false,
         },
         std::slice::from_ref(&data),
-        false,
+        selfdistill::data::BadRows::STRICT,
     )
     .unwrap()
     .0;
@@ -1262,4 +1262,100 @@ fn run_checks_the_disk_budget_before_each_stage() {
                 && e.path().join("manifest.json").exists()
         });
     assert!(!filter_done, "{out}");
+}
+
+/// A FIFO given as a data file is refused at once (it would block preflight's hash forever).
+#[test]
+fn a_fifo_as_a_data_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("in.jsonl");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let cfg = reference_config(dir.path(), "gsm8k", &fifo, "answer", 1);
+    let o = run(
+        &["preflight", "--config", cfg.to_str().unwrap()],
+        dir.path(),
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("in.jsonl: not a regular file"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// `pipeline sample`'s error for a malformed input row says how this command skips such rows
+/// (`--skip-bad-rows`), not a config key it does not read; with the flag the row is skipped.
+#[test]
+fn sample_says_how_it_skips_malformed_rows() {
+    let Some(model) = shared("fixtures/tiny-qwen3") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        "{\"question\": \"What is 1+1?\", \"answer\": \"#### 2\"}\nnot json\n",
+    )
+    .unwrap();
+    let args = |extra: &[&str]| {
+        let mut a = vec![
+            "sample",
+            "--model",
+            model.to_str().unwrap(),
+            "--input",
+            "in.jsonl",
+            "--format",
+            "gsm8k",
+            "--prompt-template",
+            "raw",
+            "--max-new-tokens",
+            "2",
+            "--output",
+            "out.parquet",
+        ];
+        a.extend_from_slice(extra);
+        run(&a, dir.path())
+    };
+    let o = args(&[]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("in.jsonl:2") && text(&o).contains("pass --skip-bad-rows"),
+        "{}",
+        text(&o)
+    );
+    assert!(!text(&o).contains("data.skip_bad_rows"), "{}", text(&o));
+    let o = args(&["--skip-bad-rows"]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+/// An unknown eval set names each folder and each known set once.
+#[test]
+fn an_unknown_eval_set_lists_each_set_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(
+        &[
+            "eval",
+            "--model",
+            "/nonexistent",
+            "--sets",
+            "nosuchset",
+            "--output",
+            "ev",
+        ],
+        Path::new(env!("CARGO_MANIFEST_DIR")),
+    );
+    let _ = dir;
+    assert!(!o.status.success());
+    let out = text(&o);
+    let line = out
+        .lines()
+        .find(|l| l.contains("known sets"))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(line.matches("math500").count(), 1, "{line}");
+    let dirs = line.split("known sets").next().unwrap();
+    assert_eq!(dirs.matches("evals").count(), 1, "{line}");
 }

@@ -42,6 +42,9 @@ pub struct SampleArgs {
     /// Only the first N problems.
     #[arg(long)]
     pub limit: Option<usize>,
+    /// Skip malformed rows of the input (counted and said) instead of stopping at the first.
+    #[arg(long)]
+    pub skip_bad_rows: bool,
     #[arg(long)]
     pub output: PathBuf,
     /// Discard the samples committed for `--output` by an earlier run (a run with other
@@ -97,7 +100,14 @@ pub fn run(a: &SampleArgs) -> Result<()> {
     if spec_for_load.fields.answer.is_none() {
         spec_for_load.fields.answer = Some(a.problem_field.clone());
     }
-    let (mut problems, _) = load_source(&spec_for_load, &files, false)?;
+    let bad_rows = crate::data::BadRows {
+        skip: a.skip_bad_rows,
+        how_to_skip: Some("pass --skip-bad-rows"),
+    };
+    let (mut problems, rep) = load_source(&spec_for_load, &files, bad_rows)?;
+    if rep.bad_rows > 0 {
+        tracing::warn!("{}: skipped {} malformed rows", a.input, rep.bad_rows);
+    }
     if spec.fields.answer.is_none() {
         for p in &mut problems {
             p.gold_answer.clear();

@@ -34,12 +34,38 @@ pub struct LoadReport {
 }
 
 /// Loads the problems of `spec` from its resolved local `files`.
+/// What a malformed row does: an error (saying how the caller's user skips such rows, where
+/// they can), or skipped and counted.
+#[derive(Debug, Clone, Copy)]
+pub struct BadRows {
+    pub skip: bool,
+    /// `set data.skip_bad_rows = true`, `pass --skip-bad-rows`; `None` where rows cannot be
+    /// skipped (an eval set: every problem counts).
+    pub how_to_skip: Option<&'static str>,
+}
+
+impl BadRows {
+    /// Every row must parse, with no way to skip (eval sets, pretraining sources).
+    pub const STRICT: BadRows = BadRows {
+        skip: false,
+        how_to_skip: None,
+    };
+
+    /// A config's `data.skip_bad_rows`.
+    pub fn config(skip: bool) -> BadRows {
+        BadRows {
+            skip,
+            how_to_skip: Some("set data.skip_bad_rows = true"),
+        }
+    }
+}
+
 pub fn load_source(
     spec: &SourceSpec,
     files: &[PathBuf],
-    skip_bad_rows: bool,
+    bad_rows: BadRows,
 ) -> Result<(Vec<Problem>, LoadReport)> {
-    let (rows, rep) = load_source_with(spec, files, skip_bad_rows, None)?;
+    let (rows, rep) = load_source_with(spec, files, bad_rows, None)?;
     Ok((rows.into_iter().map(|(p, _)| p).collect(), rep))
 }
 
@@ -51,7 +77,7 @@ pub type ProblemsWithField = Vec<(Problem, Option<String>)>;
 pub fn load_source_with(
     spec: &SourceSpec,
     files: &[PathBuf],
-    skip_bad_rows: bool,
+    bad_rows: BadRows,
     extra: Option<&str>,
 ) -> Result<(ProblemsWithField, LoadReport)> {
     let mut out = Vec::new();
@@ -77,11 +103,10 @@ pub fn load_source_with(
                     }
                 }
                 Err((fatal, msg)) => {
-                    if fatal || !skip_bad_rows {
-                        let hint = if fatal {
-                            ""
-                        } else {
-                            " (set data.skip_bad_rows = true to skip and count such rows)"
+                    if fatal || !bad_rows.skip {
+                        let hint = match bad_rows.how_to_skip {
+                            Some(how) if !fatal => format!(" ({how} to skip and count such rows)"),
+                            _ => String::new(),
                         };
                         bail!("source `{}`: {msg}{hint}", spec.name);
                     }
@@ -225,7 +250,8 @@ mod tests {
 
     fn load(name: &str, format: SourceFormat, file: &str) -> Option<Vec<Problem>> {
         let p = shared(file)?;
-        let (rows, rep) = load_source(&spec(name, format, &p), &[p], false).unwrap();
+        let (rows, rep) =
+            load_source(&spec(name, format, &p), &[p], BadRows::config(false)).unwrap();
         assert_eq!(rep.bad_rows, 0);
         Some(rows)
     }
@@ -273,7 +299,7 @@ mod tests {
         s.fields.problem = vec!["problem".into()];
         s.fields.answer = Some("answer".into());
         s.limit = Some(10);
-        let (rows, _) = load_source(&s, &[p], false).unwrap();
+        let (rows, _) = load_source(&s, &[p], BadRows::config(false)).unwrap();
         assert_eq!(rows.len(), 10);
         assert_eq!(rows[1].gold_answer, "p - q");
     }
@@ -289,11 +315,11 @@ mod tests {
         )
         .unwrap();
         let s = spec("g", SourceFormat::Gsm8k, &p);
-        let e = load_source(&s, std::slice::from_ref(&p), false)
+        let e = load_source(&s, std::slice::from_ref(&p), BadRows::config(false))
             .unwrap_err()
             .to_string();
         assert!(e.contains("g.jsonl:2: malformed JSON"), "{e}");
-        let (rows, rep) = load_source(&s, &[p], true).unwrap();
+        let (rows, rep) = load_source(&s, &[p], BadRows::config(true)).unwrap();
         assert_eq!(rows.len(), 1);
         assert_eq!(rep.bad_rows, 2);
         assert!(rep.bad_examples[1].contains(":3: the answer field has no `####"));

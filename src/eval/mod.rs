@@ -95,14 +95,17 @@ impl EvalSet {
         if name_or_path.ends_with(".toml") || p.components().count() > 1 {
             return EvalSet::load(p);
         }
-        let dirs = search_dirs();
+        let mut dirs = search_dirs();
+        // the same folder reached twice (the cwd's evals/ is the repo's) is named once
+        let mut seen = std::collections::HashSet::new();
+        dirs.retain(|d| seen.insert(d.canonicalize().unwrap_or_else(|_| d.clone())));
         for d in &dirs {
             let f = d.join(format!("{name_or_path}.toml"));
             if f.is_file() {
                 return EvalSet::load(&f);
             }
         }
-        let known: Vec<String> = dirs
+        let known: std::collections::BTreeSet<String> = dirs
             .iter()
             .filter_map(|d| std::fs::read_dir(d).ok())
             .flatten()
@@ -120,7 +123,7 @@ impl EvalSet {
             if known.is_empty() {
                 "none".into()
             } else {
-                known.join(", ")
+                known.into_iter().collect::<Vec<_>>().join(", ")
             }
         )
     }
@@ -336,7 +339,7 @@ pub fn evaluate(
         if ov.limit.is_some() {
             spec.limit = ov.limit;
         }
-        let (problems, _) = load_source(&spec, &files, false)
+        let (problems, _) = load_source(&spec, &files, crate::data::BadRows::STRICT)
             .with_context(|| format!("eval set `{}` ({})", set.name, set.file.display()))?;
         if problems.iter().any(|p| p.gold_answer.is_empty()) {
             bail!("eval set `{}`: some problems have no gold answer", set.name);

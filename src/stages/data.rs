@@ -10,8 +10,8 @@ use anyhow::Result;
 
 use super::{output_file, Estimate, PlannedStage, StageOutput};
 use crate::config::DataConfig;
-use crate::data::load_source;
 use crate::data::schema::{problems_batch, problems_schema, write_parquet_atomic, ROW_GROUP_ROWS};
+use crate::data::{load_source, BadRows};
 
 /// Bump when the output for the same inputs changes.
 pub const CODE_VERSION: u32 = 1;
@@ -77,7 +77,7 @@ pub fn run(cfg: &DataConfig, stage: &PlannedStage) -> Result<StageOutput> {
             .filter(|(n, _)| n.rsplit_once('#').map(|(a, _)| a) == Some(s.name.as_str()))
             .map(|(_, p)| p.clone())
             .collect();
-        let (rows, rep) = load_source(s, &files, cfg.skip_bad_rows)?;
+        let (rows, rep) = load_source(s, &files, BadRows::config(cfg.skip_bad_rows))?;
         tracing::info!(
             "    {:<12} {} problems from {} rows ({} bad rows skipped, {} duplicate ids) <- {}",
             s.name,

@@ -236,7 +236,7 @@ fn load_completions(
     let (rows, rep) = load_source_with(
         source,
         &[path.to_path_buf()],
-        data.skip_bad_rows,
+        crate::data::BadRows::config(data.skip_bad_rows),
         Some(field),
     )?;
     if rep.bad_rows > 0 {

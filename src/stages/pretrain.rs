@@ -100,7 +100,7 @@ fn texts_of(
     files: &[PathBuf],
     out: &mut Vec<String>,
 ) -> Result<()> {
-    let (problems, _) = load_source(spec, files, false)?;
+    let (problems, _) = load_source(spec, files, crate::data::BadRows::STRICT)?;
     for p in problems {
         out.push(p.problem);
         out.extend(p.solution);
@@ -119,7 +119,8 @@ pub fn run(p: &PretrainConfig, stage: &PlannedStage) -> Result<StageOutput> {
             .collect()
     };
     // 1) the pretraining problems, each with its worked solution
-    let (problems, rep) = load_source(&p.source, &files_of("source"), false)?;
+    let (problems, rep) =
+        load_source(&p.source, &files_of("source"), crate::data::BadRows::STRICT)?;
     if let Some(bad) = problems.iter().find(|q| q.solution.is_none()) {
         bail!(
             "pretrain.source `{}`: row {} ({}) has no solution to learn from (set solution_field)",

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use crate::store::{self, InputRef};
 
@@ -141,6 +141,16 @@ fn checkpoint_input(ck: &crate::model::Checkpoint) -> Result<InputRef> {
 
 /// A file input: its content hash and size.
 pub fn file_input(name: &str, path: &Path) -> Result<(InputRef, u64)> {
+    // a FIFO or device would block the hash (and the read) forever
+    let meta =
+        std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
+    if !meta.is_file() {
+        anyhow::bail!(
+            "{}: not a regular file (a pipe, socket or device cannot be hashed or read twice); \
+             give a data file",
+            path.display()
+        );
+    }
     let hash = store::hash_file(path)?;
     let bytes = std::fs::metadata(path)?.len();
     Ok((

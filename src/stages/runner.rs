@@ -296,7 +296,12 @@ fn run_stage(cfg: &Config, plan: &Plan, stage: &PlannedStage) -> Result<()> {
         Ok(()) => Ok(()),
         Err(e) => {
             // the stage's log ends with why it stopped (main prints it on stderr)
-            tracing::error!(target: "selfdistill::file_only", "{} failed: {e:#}", stage.name);
+            tracing::error!(
+                target: "selfdistill::file_only",
+                "{} failed: {}",
+                stage.name,
+                crate::logging::error_chain(&e)
+            );
             Err(e)
         }
     }
