@@ -1359,3 +1359,61 @@ fn an_unknown_eval_set_lists_each_set_once() {
     let dirs = line.split("known sets").next().unwrap();
     assert_eq!(dirs.matches("evals").count(), 1, "{line}");
 }
+
+/// A work dir path that is not UTF-8 is refused up front, by name (it used to fail stages later
+/// with "no checkpoint folder" for a folder that existed).
+#[test]
+fn a_work_dir_that_is_not_utf8_is_refused_up_front() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 1);
+    let work = dir.path().join(std::ffi::OsStr::from_bytes(b"w\xffork"));
+    for cmd in ["run", "preflight"] {
+        let mut c = bin();
+        c.arg(cmd);
+        if cmd == "run" {
+            c.arg("all");
+        }
+        let o = c
+            .args(["--config", cfg.to_str().unwrap(), "--workdir"])
+            .arg(&work)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(!o.status.success(), "{cmd}: {}", text(&o));
+        assert!(text(&o).contains("not valid UTF-8"), "{cmd}: {}", text(&o));
+        assert!(!work.exists(), "{cmd} created it");
+    }
+}
+
+/// `bench sample`'s multiply-add peak is never below a rate the machine measured in the same
+/// run (its roofline would otherwise call a slow step fast).
+#[test]
+fn bench_sample_peak_is_at_least_every_measured_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(
+        &[
+            "bench",
+            "sample",
+            "--shape",
+            "tiny",
+            "--batch",
+            "1",
+            "--new-tokens",
+            "2",
+            "--repeat",
+            "1",
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    let line = out.lines().find(|l| l.starts_with("machine:")).unwrap();
+    let rates: Vec<f64> = line
+        .split(" GFLOP/s")
+        .filter_map(|s| s.rsplit(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(rates.len(), 3, "{line}");
+    assert!(rates[0] >= rates[1] && rates[0] >= rates[2], "{line}");
+}

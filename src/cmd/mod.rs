@@ -39,5 +39,14 @@ pub fn load_config(path: Option<PathBuf>, workdir: Option<PathBuf>) -> Result<Co
     if let Some(w) = workdir {
         cfg.workdir = w;
     }
+    // Stage records, plans and model inputs name their folders as text: a path that is not
+    // UTF-8 would come back as another path ("no checkpoint folder") stages later.
+    if cfg.workdir.to_str().is_none() {
+        anyhow::bail!(
+            "work dir {}: the path is not valid UTF-8, which the stage records cannot name; \
+             choose a UTF-8 path (--workdir or run.workdir)",
+            cfg.workdir.display()
+        );
+    }
     Ok(cfg)
 }
