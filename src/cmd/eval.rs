@@ -14,7 +14,9 @@ pub struct EvalArgs {
     /// A checkpoint folder or a hub id (repeatable; the first is the baseline of the deltas).
     #[arg(long = "model", required = true)]
     pub models: Vec<String>,
-    /// Eval sets, comma-separated: names of `evals/<name>.toml` or paths of definition files.
+    /// Eval sets, comma-separated: names of `evals/<name>.toml`, paths of definition files, or
+    /// the groups `math-core` (gsm8k_test, math500, amc23, minerva_math) and `math-hard`
+    /// (aime24, aime25, hmmt_feb25, olympiadbench).
     #[arg(long, value_delimiter = ',', required = true)]
     pub sets: Vec<String>,
     /// Only the first N problems of each set.

@@ -189,6 +189,18 @@ pub fn field_text(fields: &Map<String, Value>, name: &str) -> Option<String> {
         Value::String(s) => Some(s.clone()),
         Value::Number(n) => Some(n.to_string()),
         Value::Bool(b) => Some(b.to_string()),
+        // a list of values (OlympiadBench's `final_answer`: one LaTeX string, or several when a
+        // problem has several answers) reads as the values joined by commas
+        Value::Array(items) if items.iter().all(|v| !v.is_object() && !v.is_array()) => Some(
+            items
+                .iter()
+                .map(|v| match v {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
         other => Some(other.to_string()),
     }
 }

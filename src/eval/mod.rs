@@ -35,6 +35,19 @@ pub struct EvalSet {
     pub sample: toml::Table,
 }
 
+/// Groups of shipped sets that `--sets` and `[eval] sets` take by name: `math-core`, the small
+/// and fast sets; `math-hard`, the competition sets papers report with many samples.
+pub const GROUPS: &[(&str, &[&str])] = &[
+    (
+        "math-core",
+        &["gsm8k_test", "math500", "amc23", "minerva_math"],
+    ),
+    (
+        "math-hard",
+        &["aime24", "aime25", "hmmt_feb25", "olympiadbench"],
+    ),
+];
+
 /// Folders searched for `<name>.toml`: `$SELFDISTILL_EVALS`, `./evals`, and the `evals/` of the
 /// repository the binary was built in (found from the executable's path, `target/<profile>/`).
 pub fn search_dirs() -> Vec<PathBuf> {
@@ -206,7 +219,16 @@ impl EvalConfig {
     /// The sets, resolved (names through [`search_dirs`], paths ending in `.toml` against
     /// `base`).
     pub fn load_sets(&self, base: &Path) -> Result<Vec<EvalSet>> {
-        self.sets
+        let mut names: Vec<&str> = Vec::new();
+        for s in &self.sets {
+            match GROUPS.iter().find(|(g, _)| g == s) {
+                Some((_, members)) => names.extend(members.iter().copied()),
+                None => names.push(s),
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        names.retain(|n| seen.insert(*n));
+        names
             .iter()
             .map(|s| {
                 if s.ends_with(".toml") {
@@ -488,6 +510,26 @@ mod tests {
                 "{want} missing from {names:?}"
             );
         }
+        // every group names shipped sets only, and `--sets` expands a group in place
+        for (group, members) in GROUPS {
+            for m in *members {
+                assert!(names.iter().any(|n| n == m), "{group}: {m} is not shipped");
+            }
+        }
+        let cfg = EvalConfig {
+            sets: vec!["math500".into(), "math-hard".into(), "aime24".into()],
+            ..EvalConfig::default()
+        };
+        let got: Vec<String> = cfg
+            .load_sets(Path::new("."))
+            .unwrap()
+            .into_iter()
+            .map(|s| s.name)
+            .collect();
+        assert_eq!(
+            got,
+            ["math500", "aime24", "aime25", "hmmt_feb25", "olympiadbench"]
+        );
     }
 
     #[test]
