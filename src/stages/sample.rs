@@ -64,7 +64,7 @@ pub fn plan(
     st.estimate = Estimate {
         // the committed parts and, at the join, the output beside them
         disk_bytes: 2 * rows.map_or(64 << 20, |r| {
-            r * super::completion_row_bytes(expected, s.params.logprobs)
+            r * super::completion_row_bytes(expected, facts.config.vocab_size, s.params.logprobs)
         }),
         memory_bytes,
         gpu_bytes: crate::jobs::sample::memory::gpu_memory_estimate(s, &facts.config)?,

@@ -138,12 +138,15 @@ pub fn expected_completion_tokens(max_new_tokens: usize) -> u64 {
     (max_new_tokens as u64).div_ceil(2)
 }
 
-/// Bytes a completions row takes in our zstd Parquet with `tokens` completion tokens: prompt
-/// and completion text and token ids (~4 bytes a token after compression), and per completion
-/// token 8 bytes for each logprob kept (the chosen token's and `logprobs` alternatives').
-pub fn completion_row_bytes(tokens: u64, logprobs: Option<usize>) -> u64 {
+/// Bytes a completions row takes in our zstd Parquet with `tokens` completion tokens from a
+/// model of `vocab` tokens: prompt and completion text and token ids, ~4 bytes a token after
+/// compression for a real tokenizer's text (measured on math completions), ~1 for a small
+/// word-level vocabulary (ids and words compress far better); plus per completion token 8 bytes
+/// for each logprob kept (the chosen token's and `logprobs` alternatives').
+pub fn completion_row_bytes(tokens: u64, vocab: usize, logprobs: Option<usize>) -> u64 {
+    let per_token = if vocab < 4096 { 1 } else { 4 };
     let lp = logprobs.map_or(0, |k| 8 * (1 + k as u64));
-    200 + 4 * (ASSUMED_PROMPT_TOKENS + tokens) + lp * tokens
+    32 + per_token * (ASSUMED_PROMPT_TOKENS + tokens) + lp * tokens
 }
 
 /// The prompt length assumed before the prompts are rendered (a math problem in a chat

@@ -43,6 +43,17 @@ pub fn is_equivalent(pred: &str, gold: &str, opts: &GradeOptions) -> Reason {
     if !pred_trim.is_empty() && (pred_trim == gold_bare || pred_trim == gold.trim()) {
         return Reason::Exact;
     }
+    // both with units: the same unit, or not equal (never a silent strip of both)
+    if pred.len() <= MAX_COMPARE_LEN && gold.len() <= MAX_COMPARE_LEN {
+        if let (Some(pu), Some(gu)) = (
+            super::units::unit_of(strip_outer(pred)),
+            super::units::unit_of(gold_bare),
+        ) {
+            if pu != gu {
+                return Reason::Mismatch;
+            }
+        }
+    }
     if pred.len() > MAX_COMPARE_LEN || gold.len() > MAX_COMPARE_LEN {
         let squash = |s: &str| s.split_whitespace().collect::<String>();
         return if squash(pred_trim) == squash(gold_bare) {

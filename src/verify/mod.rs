@@ -23,7 +23,11 @@
 //! * **Percent**: `50\%` equals both `50` and `0.5` (the `%` may be read as a unit or as
 //!   `/100`), on either side. Without a `%` sign, `50` never equals `0.5`.
 //! * **Units and decorations** (`\text{ cm}`, `^\circ`, `\$`, `dollars`, thousands
-//!   separators, `x =` prefixes) are ignored: `10^\circ` equals `10`, `\$18.00` equals `18`.
+//!   separators, `x =` prefixes) are ignored: `10^\circ` equals `10`, `\$18.00` equals `18`,
+//!   and a number with a unit equals the bare number (Minerva's `1.6 \mathrm{~cm}` is `1.6`).
+//!   Two answers that both carry known units ([`units`]) are equal only when the units are
+//!   the same after spelling (`m`, `meters`, `\mathrm{~m}`): `5\text{ m}` is not
+//!   `5\text{ cm}`. Units are never converted: `100 cm` is not `1 m`.
 //! * **Decimals**: a decimal equals an exact value when they are equal as rationals.
 //!   A decimal with at least 4 significant digits that is the exact value correctly
 //!   rounded at its last written digit is also accepted (reason `numeric`):
@@ -67,6 +71,7 @@ pub mod equiv;
 pub mod expr;
 pub mod extract;
 pub mod normalize;
+pub mod units;
 
 use std::time::{Duration, Instant};
 

@@ -115,6 +115,10 @@ pub fn normalize_answer(s: &str) -> String {
     if let Some(time) = clock_time(&t) {
         return time;
     }
+    // a value with a unit is the value (`1.6 \mathrm{~cm}`, `3\,\mathrm{m/s}`, `7 meters`)
+    if let Some((value, _)) = super::units::split_unit(&t) {
+        t = value;
+    }
     t = rewrite_commands(&t);
     t = strip_decorations(t);
     t = separators(t);

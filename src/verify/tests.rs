@@ -891,3 +891,127 @@ fn grammar_fuzz() {
     }
     println!("grammar fuzz: {pairs} pairs in {secs} s, {accepted} accepted");
 }
+
+/// Answers with units: a number with a unit equals the bare number (either side); two answers
+/// that both carry units are equal only in the same unit, however it is written (Minerva's
+/// `\mathrm{~cm}`, `\text{ cm}`, `cm`, `centimeters`); different units are a rejection, and
+/// units are never converted.
+#[test]
+fn units_table() {
+    let same = [
+        ("1.6 \\mathrm{~cm}", "1.6"),
+        ("1.6", "1.6 \\mathrm{~cm}"),
+        ("1.6 \\mathrm{~cm}", "1.6\\text{ cm}"),
+        ("1.6\\text{ cm}", "1.6 cm"),
+        ("1.6 centimeters", "1.6 \\mathrm{~cm}"),
+        ("5\\text{ m}", "5 meters"),
+        ("5 meters", "5 metres"),
+        ("5\\,\\mathrm{m}", "5\\text{ m}"),
+        ("3 \\mathrm{~m/s}", "3"),
+        ("3 \\mathrm{~m/s}", "3\\text{ m/s}"),
+        ("2 \\mathrm{~km} \\mathrm{~s}^{-1}", "2"),
+        (
+            "2 \\mathrm{~km} \\mathrm{~s}^{-1}",
+            "2 \\mathrm{~km} \\mathrm{~s}^{-1}",
+        ),
+        ("4 \\mu\\mathrm{m}", "4"),
+        ("4 \\mu\\mathrm{m}", "4\\mu \\mathrm{m}"),
+        ("2\\AA", "2"),
+        ("2 \\AA", "2\\AA"),
+        ("7 \\mathrm{~s}", "7 seconds"),
+        ("2 hours", "2 \\text{ hr}"),
+        ("2 hours", "2 h"),
+        ("30 minutes", "30\\text{ min}"),
+        ("12 \\text{ kg}", "12 kilograms"),
+        ("9.8 \\mathrm{~m} \\mathrm{~s}^{-2}", "9.8"),
+        ("300 \\mathrm{~K}", "300"),
+        ("300 \\mathrm{~K}", "300 kelvin"),
+        ("6 \\text{ in}", "6 inches"),
+        ("3 feet", "3 \\text{ ft}"),
+        ("12 square feet", "12"),
+        ("12 square feet", "12 \\text{ ft}^2"),
+        ("10\\text{ cm}^2", "10"),
+        ("10\\text{ cm}^2", "10 \\mathrm{~cm}^{2}"),
+        ("\\frac{1}{2} \\mathrm{~J}", "0.5"),
+        ("\\frac{1}{2} \\mathrm{~J}", "\\frac12 joules"),
+        ("18 dollars", "18"),
+        ("2.5 \\times 10^{3} \\mathrm{~eV}", "2500"),
+        ("4.5 \\mathrm{~GeV}", "4.5"),
+        ("1.2 \\mathrm{~Mpc}", "1.2 \\text{ Mpc}"),
+        ("45 degrees", "45"),
+        ("5 \\mathrm{~N}", "5 newtons"),
+        ("100 \\mathrm{~Hz}", "100"),
+        ("7.5 \\mathrm{~kJ}", "7.5"),
+    ];
+    for (pred, gold) in same {
+        yes(pred, gold);
+    }
+    let different = [
+        ("5\\text{ m}", "5\\text{ cm}"),
+        ("5 km", "5 kg"),
+        ("3 minutes", "3 hours"),
+        ("3\\text{ min}", "3\\text{ h}"),
+        ("10\\text{ cm}^2", "10\\text{ cm}^3"),
+        ("1.6 \\mathrm{~m}", "1.6 \\mathrm{~cm}"),
+        ("2 \\mathrm{~km} \\mathrm{~s}^{-1}", "2 \\mathrm{~km}"),
+        ("3 \\mathrm{~m/s}", "3 \\mathrm{~km/s}"),
+        ("4 \\mu\\mathrm{m}", "4 \\mathrm{~mm}"),
+        ("2\\AA", "2 \\mathrm{~nm}"),
+        ("7 seconds", "7 minutes"),
+        ("12 kilograms", "12 grams"),
+        ("300 \\mathrm{~K}", "300 \\mathrm{~J}"),
+        ("6 inches", "6 feet"),
+        ("100 cm", "1 m"),
+        ("1 m", "100 cm"),
+        ("5 \\mathrm{~N}", "5 \\mathrm{~J}"),
+        ("4.5 \\mathrm{~GeV}", "4.5 \\mathrm{~MeV}"),
+        ("1.2 \\mathrm{~Mpc}", "1.2 \\mathrm{~kpc}"),
+        ("100 \\mathrm{~Hz}", "100 \\mathrm{~kHz}"),
+        (
+            "9.8 \\mathrm{~m} \\mathrm{~s}^{-2}",
+            "9.8 \\mathrm{~m} \\mathrm{~s}^{-1}",
+        ),
+        ("18 dollars", "18 cents"),
+        ("12 square feet", "12 feet"),
+        ("2 \\text{ hr}", "2 \\text{ day}"),
+    ];
+    for (pred, gold) in different {
+        no(pred, gold);
+    }
+    // a letter that is a variable is not a unit
+    for (pred, gold) in [("x\\text{ and }y", "x"), ("3x", "3"), ("2 h", "2 x")] {
+        no(pred, gold);
+    }
+    assert!(same.len() + different.len() >= 60);
+}
+
+/// Minerva Math's own solutions grade as correct against the answer boxed in them, units and
+/// all (the house style `\boxed{1.6} \mathrm{~cm}`).
+#[test]
+fn minerva_solutions_grade_against_their_boxed_answers() {
+    // (read_pairs says when the file is missing; Minerva has no `answer` field to pair)
+    if read_pairs("minerva_math.jsonl", "solution").is_none() {
+        return;
+    }
+    let pairs: Vec<(String, String)> = std::fs::read_to_string(data_path("minerva_math.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let sol = json_field(l, "solution")?;
+            let gold = extract::last_boxed(&sol)?;
+            Some((sol, gold))
+        })
+        .collect();
+    assert_eq!(pairs.len(), 272);
+    let opts = GradeOptions::default();
+    let wrong: Vec<&(String, String)> = pairs
+        .iter()
+        .filter(|(sol, gold)| !grade(sol, gold, &opts).correct)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "{} wrong: {:?}",
+        wrong.len(),
+        wrong.first()
+    );
+}
