@@ -19,9 +19,10 @@ use num_complex::Complex64;
 use num_rational::BigRational;
 use num_traits::Signed;
 
+use super::eval;
 use super::expr::{self, Node};
 use super::normalize::{normalize_answer, strip_commands, strip_outer};
-use super::{Budget, GradeOptions, Reason};
+use super::types::{Budget, GradeOptions, Reason};
 
 /// Longest answer (bytes) that gets more than a string comparison.
 pub const MAX_COMPARE_LEN: usize = 2048;
@@ -422,7 +423,7 @@ fn split_equation(s: &str) -> Option<(&str, &str)> {
 fn is_constant(s: &str, b: &mut Budget) -> bool {
     expr::parse(s, b).is_some_and(|n| {
         let mut vars = Vec::new();
-        expr::variables(&n, &mut vars);
+        eval::variables(&n, &mut vars);
         vars.is_empty()
     })
 }
@@ -532,16 +533,16 @@ fn equation_equiv(p: (&str, &str), g: (&str, &str), b: &mut Budget) -> Option<Re
     let dp = diff(p.0, p.1, b)?;
     let dg = diff(g.0, g.1, b)?;
     let mut vars = Vec::new();
-    expr::variables(&dp, &mut vars);
-    expr::variables(&dg, &mut vars);
+    eval::variables(&dp, &mut vars);
+    eval::variables(&dg, &mut vars);
     if vars.is_empty() {
         return None;
     }
     let mut ratio: Option<Complex64> = None;
     for round in 0..ROUNDS + 1 {
         let env = |name: &str| sample_value(name, round);
-        let vp = expr::numeric(&dp, &env, b)?;
-        let vg = expr::numeric(&dg, &env, b)?;
+        let vp = eval::numeric(&dp, &env, b)?;
+        let vg = eval::numeric(&dg, &env, b)?;
         if !finite(vp) || !finite(vg) || vg.norm() < ABS_TOL || vp.norm() < ABS_TOL {
             return None;
         }
@@ -701,8 +702,8 @@ fn expr_equiv(
     cd: Option<(u32, u32)>,
     b: &mut Budget,
 ) -> Option<Reason> {
-    let ea = expr::exact(a, b);
-    let ec = expr::exact(c, b);
+    let ea = eval::exact(a, b);
+    let ec = eval::exact(c, b);
     if let (Some(x), Some(y)) = (&ea, &ec) {
         if x == y {
             return Some(Reason::Rational);
@@ -710,15 +711,15 @@ fn expr_equiv(
         return rounded_exact(x, y, ad, cd).then_some(Reason::Numeric);
     }
     let mut vars = Vec::new();
-    expr::variables(a, &mut vars);
-    expr::variables(c, &mut vars);
+    eval::variables(a, &mut vars);
+    eval::variables(c, &mut vars);
     let rounds = if vars.is_empty() { 1 } else { ROUNDS };
     let mut last = None;
     let mut all_close = true;
     for round in 0..rounds {
         let env = |name: &str| sample_value(name, round);
-        let va = expr::numeric(a, &env, b)?;
-        let vc = expr::numeric(c, &env, b)?;
+        let va = eval::numeric(a, &env, b)?;
+        let vc = eval::numeric(c, &env, b)?;
         if !(finite(va) && finite(vc) && close(va, vc)) {
             all_close = false;
         }

@@ -15,7 +15,7 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
-use super::{ExtractMethod, Extracted, GradeOptions, Reason};
+use super::types::{ExtractMethod, Extracted, GradeOptions, Reason};
 
 /// How many `\boxed` candidates (from the end) are tried before giving up.
 const MAX_BOX_ATTEMPTS: usize = 8;

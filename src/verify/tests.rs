@@ -865,9 +865,9 @@ fn grammar_fuzz() {
         let (x, y) = (g.constant(0), g.constant(0));
         let same = {
             let vx =
-                expr::parse(&normalize_answer(&x), &mut b).and_then(|n| expr::exact(&n, &mut b));
+                expr::parse(&normalize_answer(&x), &mut b).and_then(|n| eval::exact(&n, &mut b));
             let vy =
-                expr::parse(&normalize_answer(&y), &mut b).and_then(|n| expr::exact(&n, &mut b));
+                expr::parse(&normalize_answer(&y), &mut b).and_then(|n| eval::exact(&n, &mut b));
             vx.is_some() && vx == vy
         };
         let head = g.pick(&["f", "I", "x", "\\phi", "\\operatorname{Var}"]);
