@@ -70,7 +70,7 @@ else
   S4B=qwen3-4b; SHYB=qwen3.5-0.8b; STRAIN=qwen3-0.6b; BATCH=1,32,128,256; HYB_BATCH=1,32
   PROMPT=128; NEW=512; HYB_NEW=128; REPEAT=1; TRAIN_BENCH="--rows 1 --seq-len 4096 --steps 2"
   JA_PROBLEMS=64; JA_N=4; JA_NEW=512; EVAL_LIMIT=32; EVAL_NEW=256
-  JB_STEPS=20; JB_MICRO=4096; JB_TOKENS=8192; JB_EVERY=10
+  JB_STEPS=20; JB_MICRO=4096; JB_TOKENS=8192; JB_EVERY=4
 fi
 T_TESTS=${T_TESTS:-150}
 T_BENCH=${T_BENCH:-100}
@@ -168,88 +168,97 @@ seed = 0
 EOF
 }
 
+# The head of a job's config: its name, work dir and MATH-500 (`limit` rows when given).
+job_head() {
+  cat <<EOF
+[run]
+name = "$1"
+workdir = "$WORK/$1"
+[[data.sources]]
+name = "math500"
+format = "math"
+path = "$SHARED/data/math500.jsonl"
+${2:+limit = $2}
+EOF
+}
+
+# The [eval] of both jobs: the local MATH-500 set on the job's device.
+job_eval() {
+  cat <<EOF
+[eval]
+sets = ["$WORK/math500_local.toml"]
+limit = $EVAL_LIMIT
+device = "$DEVICE"
+max_num_seqs = 256
+EOF
+}
+
+# run_job NAME KILL_POINT WHEN: preflight, a run SIGKILLed at KILL_POINT, the resume, the
+# status; then the job's model and work dir go (the disk for the next job).
+run_job() {
+  local cfg="$WORK/$1.toml"
+  step "preflight $1" 60 "$PIPELINE" preflight --config "$cfg"
+  EXPECT=137 SELFDISTILL_KILL_AT=$2 step "$1, SIGKILLed $3" "$T_JOB" \
+    "$PIPELINE" run all --config "$cfg"
+  step "$1, resumed" "$T_JOB" "$PIPELINE" run all --config "$cfg"
+  "$PIPELINE" status --config "$cfg"
+  tail -n 3 "$WORK/$1"/stages/train*/train_state/metrics.jsonl 2>/dev/null
+  rm -rf "$WORK/model-${1#job-}" "$WORK/$1"
+}
+
 part_job() {
   write_eval_set
   if [[ " $JOBS " == *" a "* ]]; then
     step "bench checkpoint $S4B" 120 "$PIPELINE" bench checkpoint --shape "$S4B" --dtype bf16 \
       --output "$WORK/model-a" || return
-    cat >"$WORK/job-a.toml" <<EOF
-  [run]
-  name = "job-a"
-  workdir = "$WORK/job-a"
-  [[data.sources]]
-  name = "math500"
-  format = "math"
-  path = "$SHARED/data/math500.jsonl"
-  limit = $JA_PROBLEMS
-  [sample]
-  model = "$WORK/model-a"
-  prompt_template = "raw"
-  n = $JA_N
-  temperature = 0.6
-  top_p = 0.95
-  top_k = 20
-  max_new_tokens = $JA_NEW
-  seed = 0
-  device = "$DEVICE"
-  max_num_seqs = 256
-  max_num_batched_tokens = 8192
-  [filter]
-  [eval]
-  sets = ["$WORK/math500_local.toml"]
-  limit = $EVAL_LIMIT
-  device = "$DEVICE"
-  max_num_seqs = 256
+    {
+      job_head job-a "$JA_PROBLEMS"
+      cat <<EOF
+[sample]
+model = "$WORK/model-a"
+prompt_template = "raw"
+n = $JA_N
+temperature = 0.6
+top_p = 0.95
+top_k = 20
+max_new_tokens = $JA_NEW
+seed = 0
+device = "$DEVICE"
+max_num_seqs = 256
+max_num_batched_tokens = 8192
+[filter]
 EOF
-    step "preflight job-a" 60 "$PIPELINE" preflight --config "$WORK/job-a.toml"
-    EXPECT=137 SELFDISTILL_KILL_AT=sample.part:1 step "job-a, SIGKILLed after the first part" "$T_JOB" \
-      "$PIPELINE" run all --config "$WORK/job-a.toml"
-    step "job-a, resumed" "$T_JOB" "$PIPELINE" run all --config "$WORK/job-a.toml"
-    "$PIPELINE" status --config "$WORK/job-a.toml"
-    rm -rf "$WORK/model-a" "$WORK/job-a" # the disk for job-b
-
+      job_eval
+    } >"$WORK/job-a.toml"
+    run_job job-a sample.part:1 "after the first part"
   fi
   if [[ " $JOBS " == *" b "* ]]; then
     step "bench checkpoint $STRAIN" 60 "$PIPELINE" bench checkpoint --shape "$STRAIN" \
       --dtype bf16 --output "$WORK/model-b" || return
-    cat >"$WORK/job-b.toml" <<EOF
-  [run]
-  name = "job-b"
-  workdir = "$WORK/job-b"
-  [[data.sources]]
-  name = "math500"
-  format = "math"
-  path = "$SHARED/data/math500.jsonl"
-  [filter]
-  [filter.completions]
-  path = "$SHARED/data/math500.jsonl"
-  format = "math"
-  completion_field = "solution"
-  source = "math500"
-  [train]
-  model = "$WORK/model-b"
-  device = "$DEVICE"
-  lr = 1e-5
-  max_steps = $JB_STEPS
-  tokens_per_step = $JB_TOKENS
-  micro_batch_tokens = $JB_MICRO
-  max_seq_len = $JB_MICRO
-  recompute = true
-  loss_chunk_tokens = 1024
-  checkpoint_every = $JB_EVERY
-  [eval]
-  sets = ["$WORK/math500_local.toml"]
-  limit = $EVAL_LIMIT
-  device = "$DEVICE"
-  max_num_seqs = 256
+    {
+      job_head job-b
+      cat <<EOF
+[filter]
+[filter.completions]
+path = "$SHARED/data/math500.jsonl"
+format = "math"
+completion_field = "solution"
+source = "math500"
+[train]
+model = "$WORK/model-b"
+device = "$DEVICE"
+lr = 1e-5
+max_steps = $JB_STEPS
+tokens_per_step = $JB_TOKENS
+micro_batch_tokens = $JB_MICRO
+max_seq_len = $JB_MICRO
+recompute = true
+loss_chunk_tokens = 1024
+checkpoint_every = $JB_EVERY
 EOF
-    step "preflight job-b" 60 "$PIPELINE" preflight --config "$WORK/job-b.toml"
-    EXPECT=137 SELFDISTILL_KILL_AT=train.after_checkpoint:1 step "job-b, SIGKILLed after the first checkpoint" \
-      "$T_JOB" "$PIPELINE" run all --config "$WORK/job-b.toml"
-    step "job-b, resumed" "$T_JOB" "$PIPELINE" run all --config "$WORK/job-b.toml"
-    "$PIPELINE" status --config "$WORK/job-b.toml"
-    tail -n 3 "$WORK"/job-b/stages/train*/train_state/metrics.jsonl 2>/dev/null
-    rm -rf "$WORK/model-b" "$WORK/job-b"
+      job_eval
+    } >"$WORK/job-b.toml"
+    run_job job-b train.after_checkpoint:1 "after the first checkpoint"
   fi
 }
 

@@ -443,20 +443,26 @@ fn force_reruns_the_stage_and_the_ones_after_it() {
     );
 }
 
-#[test]
-fn status_shows_how_far_a_killed_stage_got_from_any_folder() {
+/// A reference run in `dir` SIGKILLed while its filter stage commits its second part; returns
+/// the work dir.
+fn killed_in_the_filter(dir: &Path) -> std::path::PathBuf {
     use std::os::unix::process::ExitStatusExt;
-    let dir = tempfile::tempdir().unwrap();
-    let data = gsm_fixture(dir.path());
-    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 1);
+    let data = gsm_fixture(dir);
+    let cfg = reference_config(dir, "gsm8k", &data, "answer", 1);
     let o = bin()
         .args(["run", "all", "--config", cfg.to_str().unwrap()])
         .env(selfdistill::fault::ENV, "commit.part-00002.parquet")
-        .current_dir(dir.path())
+        .current_dir(dir)
         .output()
         .unwrap();
     assert_eq!(o.status.signal(), Some(9), "{}", text(&o));
-    let work = dir.path().join("work");
+    dir.join("work")
+}
+
+#[test]
+fn status_shows_how_far_a_killed_stage_got_from_any_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let work = killed_in_the_filter(dir.path());
     // From another folder, with an absolute work dir.
     let o = run(
         &["status", "--workdir", work.to_str().unwrap()],
@@ -474,18 +480,8 @@ fn status_shows_how_far_a_killed_stage_got_from_any_folder() {
 /// running: no pipeline holds the work dir's lock.
 #[test]
 fn status_does_not_trust_a_reused_pid() {
-    use std::os::unix::process::ExitStatusExt;
     let dir = tempfile::tempdir().unwrap();
-    let data = gsm_fixture(dir.path());
-    let cfg = reference_config(dir.path(), "gsm8k", &data, "answer", 1);
-    let o = bin()
-        .args(["run", "all", "--config", cfg.to_str().unwrap()])
-        .env(selfdistill::fault::ENV, "commit.part-00002.parquet")
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    assert_eq!(o.status.signal(), Some(9), "{}", text(&o));
-    let work = dir.path().join("work");
+    let work = killed_in_the_filter(dir.path());
     // a live process that is not a pipeline takes the dead one's pid in every file
     let mut other = std::process::Command::new("sleep")
         .arg("60")
@@ -493,17 +489,7 @@ fn status_does_not_trust_a_reused_pid() {
         .unwrap();
     let host = selfdistill::machine::hostname();
     std::fs::write(work.join(".lock"), format!("{}@{host}", other.id())).unwrap();
-    let filter = std::fs::read_dir(work.join("stages"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("filter")
-        })
-        .unwrap();
-    let progress = filter.join("progress.json");
+    let progress = stage_dir(&work, "filter").join("progress.json");
     let mut p: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&progress).unwrap()).unwrap();
     p["pid"] = other.id().into();
@@ -1135,13 +1121,7 @@ fn preflight_refuses_a_broken_checkpoint_or_an_unwritable_work_dir() {
     let problems = toy_problems(dir.path(), 4);
     let check = |name: &str, workdir: &str, spoil: &dyn Fn(&Path)| {
         let model = dir.path().join(name);
-        std::fs::create_dir_all(&model).unwrap();
-        for e in std::fs::read_dir(&fixture).unwrap() {
-            let e = e.unwrap();
-            if e.path().is_file() {
-                std::fs::copy(e.path(), model.join(e.file_name())).unwrap();
-            }
-        }
+        copy_checkpoint(&fixture, &model);
         spoil(&model);
         let cfg = dir.path().join(format!("{name}.toml"));
         std::fs::write(

@@ -280,13 +280,7 @@ fn rewritten_weights_in_the_same_folder_rerun_the_sample_stage() {
     };
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model");
-    std::fs::create_dir_all(&model).unwrap();
-    for e in std::fs::read_dir(&fixture).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_file() {
-            std::fs::copy(&p, model.join(p.file_name().unwrap())).unwrap();
-        }
-    }
+    copy_checkpoint(&fixture, &model);
     let input = problems(dir.path());
     let cfg = format!(
         "[run]\nworkdir = \"work\"\n[[data.sources]]\nname = \"toy\"\nformat = \"mapped\"\n\

@@ -41,6 +41,18 @@ pub fn shared(rel: &str) -> Option<PathBuf> {
     }
 }
 
+/// A copy of checkpoint folder `from` (its files; `expected/` and other folders left out) at
+/// `to`, for tests that change or break one file of a model.
+pub fn copy_checkpoint(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() {
+            std::fs::copy(&p, to.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+}
+
 pub fn run(args: &[&str], cwd: &Path) -> Output {
     bin()
         .args(args)
