@@ -227,6 +227,8 @@ device = "$DEVICE"
 max_num_seqs = 256
 max_num_batched_tokens = 8192
 [filter]
+# the only local set is both the data and the eval set: a speed job, not a result
+decontaminate = false
 EOF
       job_eval
     } >"$WORK/job-a.toml"
@@ -239,6 +241,7 @@ EOF
       job_head job-b
       cat <<EOF
 [filter]
+decontaminate = false
 [filter.completions]
 path = "$SHARED/data/math500.jsonl"
 format = "math"

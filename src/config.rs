@@ -91,6 +91,15 @@ struct RawFilter {
     #[serde(default)]
     thinking: bool,
     chunk_rows: Option<usize>,
+    #[serde(default = "yes")]
+    decontaminate: bool,
+    decontaminate_ngram: Option<usize>,
+    #[serde(default)]
+    decontaminate_against: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Deserialize)]
@@ -166,6 +175,16 @@ pub struct FilterConfig {
     pub last_number_fallback: bool,
     pub thinking: bool,
     pub chunk_rows: usize,
+    /// Drop the training problems that match a problem of an eval set of the config or of
+    /// `decontaminate_against` (see `data::decontaminate`).
+    pub decontaminate: bool,
+    /// Words per n-gram.
+    pub decontaminate_ngram: usize,
+    /// Eval set names, groups, definitions or data files, as written.
+    pub decontaminate_against: Vec<String>,
+    /// `decontaminate_against`, resolved (their content is a stage input, not their form).
+    #[serde(skip)]
+    pub against: Vec<crate::eval::against::Against>,
 }
 
 /// The model name that stands for the pretrain stage's model in `[sample]`, `[train]` and
@@ -724,6 +743,29 @@ fn validate_filter(
     if chunk_rows == 0 {
         return Err(err("chunk_rows", "must be at least 1"));
     }
+    let ngram = f
+        .decontaminate_ngram
+        .unwrap_or(crate::data::decontaminate::DEFAULT_NGRAM);
+    if ngram == 0 {
+        return Err(err(
+            "decontaminate_ngram",
+            "must be at least 1 (open-r1 uses 8)",
+        ));
+    }
+    if !f.decontaminate && (!f.decontaminate_against.is_empty() || f.decontaminate_ngram.is_some())
+    {
+        let key = if f.decontaminate_against.is_empty() {
+            "decontaminate_ngram"
+        } else {
+            "decontaminate_against"
+        };
+        return Err(err(
+            key,
+            "set, but `decontaminate = false` turns decontamination off; drop one of them",
+        ));
+    }
+    let against = crate::eval::against::Against::resolve(&f.decontaminate_against, base)
+        .map_err(|e| err("decontaminate_against", &format!("{e:#}")))?;
     Ok(FilterConfig {
         completions,
         max_per_problem: f.max_per_problem,
@@ -735,6 +777,10 @@ fn validate_filter(
         last_number_fallback: f.last_number_fallback,
         thinking: f.thinking,
         chunk_rows,
+        decontaminate: f.decontaminate,
+        decontaminate_ngram: ngram,
+        decontaminate_against: f.decontaminate_against,
+        against,
     })
 }
 

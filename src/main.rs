@@ -75,6 +75,9 @@ enum BenchCommand {
     /// Write a random-weight model of a benchmark shape as a Hugging Face folder (the input of
     /// whole jobs that measure speed and memory at real shapes).
     Checkpoint(cmd::bench_checkpoint::CheckpointArgs),
+    /// Decontamination: the n-gram index of the eval sets, and training problems checked per
+    /// second.
+    Decontaminate(cmd::decontaminate::DecontaminateBenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -101,6 +104,7 @@ fn main() -> ExitCode {
             BenchCommand::Train(a) => cmd::bench_train::run(a),
             BenchCommand::Attention(a) => cmd::bench_attention::run_attention(a),
             BenchCommand::Checkpoint(a) => cmd::bench_checkpoint::run(a),
+            BenchCommand::Decontaminate(a) => cmd::decontaminate::bench(a),
         },
     };
     match result {

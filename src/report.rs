@@ -79,8 +79,22 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
         list.iter()
             .filter(move |s| s.kind == Some(kind) && s.manifest.is_some())
     };
+    // training problems that matched each eval set, by the filter stages that checked
+    let mut overlap: Vec<(String, u64, String)> = Vec::new();
+    for s in done(StageKind::Filter) {
+        let m = s.manifest.as_ref().expect("done");
+        for (k, n) in &m.counts {
+            let Some(set) = k.strip_prefix(stages::filter::CONTAMINATED) else {
+                continue;
+            };
+            match overlap.iter_mut().find(|o| o.0 == set) {
+                Some(o) => o.1 = o.1.max(*n),
+                None => overlap.push((set.to_string(), *n, s.name.clone())),
+            }
+        }
+    }
     for s in done(StageKind::Eval) {
-        eval_section(&mut md, &s.dir, &out)?;
+        eval_section(&mut md, &s.dir, &out, &overlap)?;
     }
     for s in done(StageKind::Pretrain) {
         train_section(&mut md, "Pretraining", &s.name, &s.dir, &out)?;
@@ -100,6 +114,41 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
                     let _ = writeln!(md, "| {k} | {v} |");
                 }
                 let _ = writeln!(md, "\nKept: {} SFT rows.\n", m.rows);
+                let checked: Vec<&(String, u64)> = m
+                    .counts
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(stages::filter::CONTAMINATED))
+                    .collect();
+                let dropped = m
+                    .counts
+                    .iter()
+                    .find(|(k, _)| k == "removed.contaminated")
+                    .map_or(0, |c| c.1);
+                let decontam = m.config.get("decontaminate").and_then(|v| v.as_bool());
+                if !checked.is_empty() {
+                    let ngram = m.config.get("decontaminate_ngram").and_then(|v| v.as_u64());
+                    let _ = writeln!(
+                        md,
+                        "Decontamination ({}-word n-grams and exact match) against {}: {} training \
+                         problems matched, {dropped} rows dropped; the matches are in `{}`.\n",
+                        ngram.unwrap_or(0),
+                        checked
+                            .iter()
+                            .map(|(k, n)| format!(
+                                "{} ({n})",
+                                &k[stages::filter::CONTAMINATED.len()..]
+                            ))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        checked.iter().map(|c| c.1).sum::<u64>(),
+                        s.dir.join(stages::filter::CONTAMINATION).display()
+                    );
+                } else if decontam == Some(false) {
+                    md.push_str(
+                        "Decontamination: off (`filter.decontaminate = false`): training \
+                         problems were not checked against the eval sets.\n\n",
+                    );
+                }
             }
             Some(StageKind::Train) => train_section(&mut md, "Training", &s.name, &s.dir, &out)?,
             _ => {}
@@ -175,7 +224,13 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn eval_section(md: &mut String, dir: &Path, out: &Path) -> Result<()> {
+/// `overlap`: (eval set, training problems that matched it, the filter stage that dropped them).
+fn eval_section(
+    md: &mut String,
+    dir: &Path,
+    out: &Path,
+    overlap: &[(String, u64, String)],
+) -> Result<()> {
     let p = dir.join(stages::EVAL_METRICS);
     let results: Vec<crate::eval::EvalResult> = serde_json::from_slice(
         &std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?,
@@ -197,8 +252,28 @@ fn eval_section(md: &mut String, dir: &Path, out: &Path) -> Result<()> {
         let _ = writeln!(md, "| {short} | {path} |");
     }
     md.push('\n');
-    md.push_str(&crate::eval::table(&results, &models));
+    // a set the training data overlapped says so in its own rows
+    let marked: Vec<crate::eval::EvalResult> = results
+        .iter()
+        .cloned()
+        .map(|mut r| {
+            if let Some((_, n, _)) = overlap.iter().find(|o| o.0 == r.set && o.1 > 0) {
+                r.set = format!("{} (overlap: {n} training problems dropped)", r.set);
+            }
+            r
+        })
+        .collect();
+    md.push_str(&crate::eval::table(&marked, &models));
     md.push('\n');
+    for (set, n, stage) in overlap.iter().filter(|o| o.1 > 0) {
+        if results.iter().any(|r| &r.set == set) {
+            let _ = writeln!(
+                md,
+                "**Training data overlapped {set}**: {n} training problems matched its problems; \
+                 {stage} dropped their rows before training (see the filter section).\n"
+            );
+        }
+    }
     let with_levels: Vec<_> = results
         .iter()
         .filter(|r| !r.metrics.by_level.is_empty())

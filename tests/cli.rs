@@ -1397,3 +1397,125 @@ fn bench_sample_peak_is_at_least_every_measured_rate() {
     assert_eq!(rates.len(), 3, "{line}");
     assert!(rates[0] >= rates[1] && rates[0] >= rates[2], "{line}");
 }
+
+/// `pipeline data decontaminate`: MATH-500 as a training file (pyarrow's Parquet, each problem
+/// behind a prompt prefix) against three of its problems in a JSONL file: the three are found
+/// by n-gram, and so is a fourth problem that shares an 8-word phrase of the answer format
+/// ("where r > 0 and 0 <= theta < 2 pi"); the other 496 rows are written to --output with the
+/// input's schema, the matches to --matches; a JSONL training file keeps its lines verbatim.
+#[test]
+fn data_decontaminate_prints_the_overlap_and_writes_the_rest() {
+    let (Some(train), Some(math)) = (
+        shared("data/math500_rl.parquet"),
+        shared("data/math500.jsonl"),
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let lines: Vec<String> = std::fs::read_to_string(&math)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let held: Vec<&str> = [0, 9, 99].iter().map(|&i| lines[i].as_str()).collect();
+    std::fs::write(dir.path().join("held.jsonl"), held.join("\n") + "\n").unwrap();
+    let o = run(
+        &[
+            "data",
+            "decontaminate",
+            "--train",
+            train.to_str().unwrap(),
+            "--against",
+            "held.jsonl",
+            "--output",
+            "kept.parquet",
+            "--matches",
+            "m.parquet",
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    for want in [
+        "500 training problems (field `problem`) against 1 set(s), 8-grams",
+        "| held.jsonl | 3 | 4 | 0 | 4 |",
+        "4 of 500 training problems (0.80%) match an eval problem",
+        "kept 496 rows -> kept.parquet",
+        "4 matches -> m.parquet",
+    ] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
+    let kept =
+        selfdistill::data::records::read_all_records(&dir.path().join("kept.parquet")).unwrap();
+    assert_eq!(kept.len(), 496);
+    let keys: Vec<&String> = kept[0].fields.keys().collect();
+    assert_eq!(keys, ["problem", "answer"]);
+    let m = selfdistill::data::records::read_all_records(&dir.path().join("m.parquet")).unwrap();
+    let rows: Vec<&str> = m
+        .iter()
+        .map(|r| r.fields["problem_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(rows, ["1", "10", "100", "467"]);
+    assert!(m.iter().all(|r| r.fields["match"] == "ngram"));
+
+    // JSONL in, JSONL out, lines verbatim; a wrong output format and an unknown set are refused
+    std::fs::write(dir.path().join("t.jsonl"), lines[..20].join("\n") + "\n").unwrap();
+    let o = run(
+        &[
+            "data",
+            "decontaminate",
+            "--train",
+            "t.jsonl",
+            "--against",
+            "held.jsonl",
+            "--ngram",
+            "13",
+            "--output",
+            "k.jsonl",
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let k = std::fs::read_to_string(dir.path().join("k.jsonl")).unwrap();
+    let want: Vec<&str> = lines[..20]
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 0 && *i != 9)
+        .map(|(_, l)| l.as_str())
+        .collect();
+    assert_eq!(k, want.join("\n") + "\n");
+    let o = run(
+        &[
+            "data",
+            "decontaminate",
+            "--train",
+            "t.jsonl",
+            "--against",
+            "held.jsonl",
+            "--output",
+            "k.parquet",
+        ],
+        dir.path(),
+    );
+    assert!(
+        !o.status.success() && text(&o).contains("the input's format"),
+        "{}",
+        text(&o)
+    );
+    let o = run(
+        &[
+            "data",
+            "decontaminate",
+            "--train",
+            "t.jsonl",
+            "--against",
+            "aime42",
+        ],
+        dir.path(),
+    );
+    assert!(
+        !o.status.success() && text(&o).contains("eval set `aime42`"),
+        "{}",
+        text(&o)
+    );
+}

@@ -381,6 +381,135 @@ fn run_all_writes_a_report_that_pipeline_report_rebuilds() {
     );
 }
 
+/// Training data that contain eval problems: an eval set made of three GSM8K training problems
+/// (one verbatim, one reformatted, one inside a longer text) is checked by the filter, which
+/// drops those problems' rows, records the matches and counts them per set; the report says so
+/// next to the set's score.
+#[test]
+fn run_all_drops_training_problems_that_are_eval_problems_and_says_so() {
+    let Some(cfg) = pipeline_config("", "rows_per_step = 8\nmax_steps = 1\n") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = cfg.replace(
+        "sets = [\"math500.toml\"]",
+        "sets = [\"math500.toml\", \"leak.toml\"]",
+    );
+    write_pipeline(dir.path(), &cfg);
+    let train = shared("data/gsm8k_train.jsonl").unwrap();
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(train)
+        .unwrap()
+        .lines()
+        .take(3)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let q = |i: usize| rows[i]["question"].as_str().unwrap().to_string();
+    let a = |i: usize| rows[i]["answer"].as_str().unwrap().to_string();
+    let leak = [
+        (q(0), a(0)),
+        (q(1).to_uppercase().replace(". ", " . "), a(1)),
+        (format!("A warm-up first. {} Show your work.", q(2)), a(2)),
+    ];
+    let lines: Vec<String> = leak
+        .iter()
+        .map(|(q, a)| serde_json::json!({"question": q, "answer": a}).to_string())
+        .collect();
+    std::fs::write(dir.path().join("leak.jsonl"), lines.join("\n") + "\n").unwrap();
+    let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("evals/gsm8k_test.toml");
+    let set = std::fs::read_to_string(shipped)
+        .unwrap()
+        .replace("name = \"gsm8k_test\"", "name = \"leak\"")
+        .replace(
+            "path = \"hf://openai/gsm8k/main/test-00000-of-00001.parquet\"",
+            "path = \"leak.jsonl\"",
+        );
+    assert!(set.contains("\"leak.jsonl\"") && set.contains("\"leak\""));
+    std::fs::write(dir.path().join("leak.toml"), set).unwrap();
+
+    let o = run(&["run", "all", "--config", "f.toml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let work = dir.path().join("work");
+    let filter = stage_dir(&work, "filter");
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(filter.join("manifest.json")).unwrap()).unwrap();
+    let count = |k: &str| {
+        manifest["counts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c[0] == k)
+            .unwrap_or_else(|| panic!("no {k}: {manifest}"))[1]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(count("contaminated.leak"), 3);
+    assert_eq!(count("contaminated.math500"), 0);
+    assert_eq!(count("removed.contaminated"), 3);
+    assert_eq!(count("kept"), 21);
+    let matches =
+        selfdistill::data::records::read_all_records(&filter.join("contamination.parquet"))
+            .unwrap();
+    let kinds: Vec<&str> = matches
+        .iter()
+        .map(|r| r.fields["match"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["exact", "exact", "ngram"], "{matches:?}");
+    assert!(matches.iter().all(|r| r.fields["eval_set"] == "leak"));
+    // the SFT rows hold none of the three problems
+    let dropped: Vec<&str> = matches
+        .iter()
+        .map(|r| r.fields["problem_id"].as_str().unwrap())
+        .collect();
+    let sft = selfdistill::data::records::read_all_records(&filter.join("sft.parquet")).unwrap();
+    assert_eq!(sft.len(), 21);
+    assert!(sft
+        .iter()
+        .all(|r| !dropped.contains(&r.fields["problem_id"].as_str().unwrap())));
+    let report = std::fs::read_to_string(work.join("report/report.md")).unwrap();
+    for want in [
+        "| leak (overlap: 3 training problems dropped) | base |",
+        "| math500 | base |",
+        "**Training data overlapped leak**: 3 training problems matched its problems",
+        "Decontamination (8-word n-grams and exact match) against math500 (0), leak (3): 3 \
+         training problems matched, 3 rows dropped",
+        "| removed.contaminated | 3 |",
+    ] {
+        assert!(report.contains(want), "{want} missing:\n{report}");
+    }
+
+    // evaluating on the training data itself: the filter fails and says why, nothing is done
+    let all = std::fs::read_to_string(dir.path().join("leak.toml"))
+        .unwrap()
+        .replace("name = \"leak\"", "name = \"all\"")
+        .replace(
+            "path = \"leak.jsonl\"",
+            &format!(
+                "path = \"{}\"",
+                shared("data/gsm8k_train.jsonl").unwrap().display()
+            ),
+        );
+    std::fs::write(dir.path().join("all.toml"), all).unwrap();
+    let cfg = cfg
+        .replace(
+            "sets = [\"math500.toml\", \"leak.toml\"]",
+            "sets = [\"all.toml\"]",
+        )
+        .replace("workdir = \"work\"", "workdir = \"work2\"");
+    std::fs::write(dir.path().join("g.toml"), cfg).unwrap();
+    let o = run(&["run", "all", "--config", "g.toml"], dir.path());
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(
+        out.contains("decontamination dropped every row that would have been kept (24 rows of 24")
+            && out.contains("match all): the training data are the eval data")
+            && out.contains("`filter.decontaminate = false`"),
+        "{out}"
+    );
+    assert!(!stage_dir(&dir.path().join("work2"), "filter")
+        .join("manifest.json")
+        .exists());
+}
+
 /// What a report must repeat exactly after any kill: everything above the stage table, less
 /// the lines with speeds (wall-clock dependent).
 /// `pipeline run all` killed inside every stage (at its fault points, and from outside at
@@ -494,6 +623,8 @@ max_new_tokens = 12
 seed = 1
 [filter]
 last_number_fallback = true
+# the toy set is both the data and the eval set
+decontaminate = false
 [train]
 lr = 0.003
 max_seq_len = 256

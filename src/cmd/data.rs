@@ -1,5 +1,6 @@
 //! `pipeline data`: work with data files: `inspect` (schema, rows; see [`super::inspect`]) and
-//! `arith` (the embedded default's generated problems, see `arith`).
+//! `arith` (the embedded default's generated problems, see `arith`) and `decontaminate` (training
+//! rows that match eval problems, see [`super::decontaminate`]).
 
 use std::path::{Path, PathBuf};
 
@@ -24,11 +25,16 @@ pub enum DataCommand {
         #[arg(long)]
         output: Option<PathBuf>,
     },
+    /// Check a training file against eval sets or files by word n-grams and exact normalised
+    /// match (the filter stage's decontamination): prints the overlap per set, writes the rows
+    /// that match nothing to --output and the matches to --matches.
+    Decontaminate(super::decontaminate::DecontaminateArgs),
 }
 
 pub fn run(c: &DataCommand) -> Result<()> {
     match c {
         DataCommand::Inspect { file, rows } => super::inspect::run(file, *rows),
+        DataCommand::Decontaminate(a) => super::decontaminate::run(a),
         DataCommand::Arith { spec, output } => {
             let s = crate::arith::ArithSpec::load(spec)?;
             let dir = output

@@ -12,6 +12,7 @@ pub mod bench_checkpoint;
 pub mod bench_sample;
 pub mod bench_train;
 pub mod data;
+pub mod decontaminate;
 pub mod eval;
 pub mod grade;
 pub mod inspect;

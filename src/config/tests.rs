@@ -261,3 +261,44 @@ fn sample_and_eval_errors_name_the_line_and_key() {
     let e = parse(&eval).unwrap_err().0;
     assert!(e.contains("`eval.limit`: invalid type"), "{e}");
 }
+
+#[test]
+fn decontamination_keys_are_checked_at_parse_time() {
+    let c = parse(OK).unwrap();
+    let f = c.filter.unwrap();
+    assert!(f.decontaminate && f.against.is_empty());
+    assert_eq!(
+        f.decontaminate_ngram,
+        crate::data::decontaminate::DEFAULT_NGRAM
+    );
+    let with = |extra: &str| OK.replace("[filter]\n", &format!("[filter]\n{extra}\n"));
+    let c = parse(&with(
+        "decontaminate_ngram = 13\ndecontaminate_against = [\"aime24\", \"math-hard\"]",
+    ))
+    .unwrap();
+    let f = c.filter.unwrap();
+    let names: Vec<&str> = f.against.iter().map(|a| a.name()).collect();
+    assert_eq!(names, ["aime24", "aime25", "hmmt_feb25", "olympiadbench"]);
+    assert_eq!(f.decontaminate_ngram, 13);
+    for (extra, want) in [
+        (
+            "decontaminate_ngram = 0",
+            "`filter.decontaminate_ngram`: must be at least 1",
+        ),
+        (
+            "decontaminate = false\ndecontaminate_against = [\"aime24\"]",
+            "`filter.decontaminate_against`: set, but `decontaminate = false`",
+        ),
+        (
+            "decontaminate_against = [\"aime42\"]",
+            "`filter.decontaminate_against`: eval set `aime42`: no aime42.toml",
+        ),
+        (
+            "decontaminate_against = [\"held-out.jsonl\"]",
+            "`filter.decontaminate_against`: `held-out.jsonl`: no such file (/cfg/held-out.jsonl)",
+        ),
+    ] {
+        let e = parse(&with(extra)).unwrap_err().0;
+        assert!(e.contains(want), "{extra}: {e}");
+    }
+}

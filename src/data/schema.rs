@@ -392,6 +392,52 @@ pub fn sft_batch(rows: &[Completion]) -> Result<RecordBatch> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Contamination (the filter's and `data decontaminate`'s record of what matched an eval set)
+// ---------------------------------------------------------------------------------------------
+
+/// A training problem that matched an eval problem.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Contamination {
+    pub problem_id: String,
+    pub eval_set: String,
+    pub eval_problem_id: String,
+    /// `exact` or `ngram`.
+    pub kind: String,
+    /// The shared words, normalised.
+    pub text: String,
+}
+
+pub fn contamination_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("problem_id", DataType::Utf8, false),
+        Field::new("eval_set", DataType::Utf8, false),
+        Field::new("eval_problem_id", DataType::Utf8, false),
+        Field::new("match", DataType::Utf8, false),
+        Field::new("text", DataType::Utf8, false),
+    ]))
+}
+
+pub fn contamination_batch(rows: &[Contamination]) -> Result<RecordBatch> {
+    let cols: Vec<ArrayRef> = vec![
+        strs(rows.iter().map(|r| Some(r.problem_id.as_str()))),
+        strs(rows.iter().map(|r| Some(r.eval_set.as_str()))),
+        strs(rows.iter().map(|r| Some(r.eval_problem_id.as_str()))),
+        strs(rows.iter().map(|r| Some(r.kind.as_str()))),
+        strs(rows.iter().map(|r| Some(r.text.as_str()))),
+    ];
+    Ok(RecordBatch::try_new(contamination_schema(), cols)?)
+}
+
+/// Writes `rows` as `path` (atomically; an empty file when there are none).
+pub fn write_contamination(path: &Path, rows: &[Contamination]) -> Result<u64> {
+    let batches = rows
+        .chunks(ROW_GROUP_ROWS)
+        .map(contamination_batch)
+        .collect::<Result<Vec<_>>>()?;
+    write_parquet_atomic(path, contamination_schema(), &batches)
+}
+
+// ---------------------------------------------------------------------------------------------
 // Writing
 // ---------------------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@
 //!
 //! Knows nothing of pipeline stages; the sampling itself is `jobs::sample`.
 
+pub mod against;
 pub mod metrics;
 
 use std::collections::HashMap;
@@ -139,6 +140,20 @@ impl EvalSet {
                 known.into_iter().collect::<Vec<_>>().join(", ")
             }
         )
+    }
+
+    /// The set's problems (downloading its hub files when needed), the first `limit` of them
+    /// when given.
+    pub fn problems(&self, limit: Option<usize>) -> Result<Vec<crate::data::schema::Problem>> {
+        let what = || format!("eval set `{}` ({})", self.name, self.file.display());
+        let files = hub::resolve(&self.source.location).with_context(what)?;
+        let spec = SourceSpec {
+            limit,
+            ..self.source.clone()
+        };
+        let (problems, _) =
+            load_source(&spec, &files, crate::data::BadRows::STRICT).with_context(what)?;
+        Ok(problems)
     }
 
     /// The sampling settings of this set for `model`.
@@ -355,14 +370,7 @@ pub fn evaluate(
     }
     let mut results = Vec::new();
     for set in sets {
-        let files = hub::resolve(&set.source.location)
-            .with_context(|| format!("eval set `{}` ({})", set.name, set.file.display()))?;
-        let mut spec = set.source.clone();
-        if ov.limit.is_some() {
-            spec.limit = ov.limit;
-        }
-        let (problems, _) = load_source(&spec, &files, crate::data::BadRows::STRICT)
-            .with_context(|| format!("eval set `{}` ({})", set.name, set.file.display()))?;
+        let problems = set.problems(ov.limit.or(set.source.limit))?;
         if problems.iter().any(|p| p.gold_answer.is_empty()) {
             bail!("eval set `{}`: some problems have no gold answer", set.name);
         }

@@ -22,28 +22,6 @@ use crate::store::{self, InputRef};
 pub const CODE_VERSION: u32 = 1;
 pub const TABLE: &str = "eval.md";
 
-/// The content of an eval set as a stage input: its definition and its data files.
-fn set_input(set: &EvalSet, resolve: &super::Resolve) -> Result<InputRef> {
-    let what = format!("eval set `{}`", set.name);
-    let files = resolve.location(&set.name, &what, &set.source.location)?;
-    let mut parts = vec![store::hash_file(&set.file)?];
-    let planned = files.iter().any(|(_, path, _)| path.is_none());
-    parts.extend(files.into_iter().map(|(input, _, _)| input.hash));
-    let mut location = set.file.display().to_string();
-    if planned {
-        location = format!(
-            "{location}: {} {}",
-            set.source.location.describe(),
-            super::NOT_DOWNLOADED
-        );
-    }
-    Ok(InputRef {
-        name: format!("set:{}", set.name),
-        location,
-        hash: store::hash_json(&serde_json::json!(parts)),
-    })
-}
-
 pub fn plan(
     e: &EvalConfig,
     base: &super::ModelFacts,
@@ -60,7 +38,7 @@ pub fn plan(
         });
     }
     for s in sets {
-        inputs.push(set_input(s, resolve)?);
+        inputs.push(super::eval_set_input(s, resolve)?);
     }
     // memory: the sampler's estimate for the hungriest set (one model at a time); work: every
     // set's problems x n x the expected length, for every model

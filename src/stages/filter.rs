@@ -4,9 +4,12 @@
 //! 1) Grade in chunks of `chunk_rows` input rows; chunk k is committed whole as
 //!    `graded/part-<k>.parquet` (every input row with `gold_answer`, `extracted_answer`,
 //!    `correct`, `reason`), so a killed run resumes at the first missing chunk.
-//! 2) Read the graded parts back in input order and apply the rules (truncated, no answer,
-//!    incorrect, length bounds, duplicates, per-problem cap), counting what each removed.
-//! 3) Write `sft.parquet` atomically; the runner writes the manifest after it.
+//! 2) Decontaminate: every training problem is checked against the problems of the config's eval
+//!    sets and of `decontaminate_against` (`data::decontaminate`: word n-grams and exact
+//!    normalised match); the matches go to `contamination.parquet`, counted per set.
+//! 3) Read the graded parts back in input order and apply the rules (contaminated, truncated, no
+//!    answer, incorrect, length bounds, duplicates, per-problem cap), counting what each removed.
+//! 4) Write `sft.parquet` atomically; the runner writes the manifest after it.
 //!
 //! Knows nothing of how the completions were produced.
 
@@ -19,11 +22,15 @@ use regex::Regex;
 
 use super::{output_file, Counts, Estimate, Plan, PlannedStage, StageOutput};
 use crate::config::{CompletionsFormat, Config, Dedup, FilterConfig};
+use crate::data::decontaminate::Index;
 use crate::data::load_source_with;
 use crate::data::schema::{
     completions_batch, completions_schema, has_logprobs, read_completions, read_problems,
-    sft_batch, sft_schema, write_parquet_atomic, Completion, Grade, ROW_GROUP_ROWS,
+    sft_batch, sft_schema, write_contamination, write_parquet_atomic, Completion, Contamination,
+    Grade, Problem, ROW_GROUP_ROWS,
 };
+use crate::eval::against::Against;
+use crate::eval::EvalSet;
 use crate::store::{self, InputRef};
 use crate::verify::{grade, GradeOptions};
 
@@ -33,11 +40,34 @@ pub const CODE_VERSION: u32 = 1;
 pub const GRADED_DIR: &str = "graded";
 /// The reason written for a completion whose problem is not among the data stage's problems.
 pub const UNKNOWN_PROBLEM: &str = "unknown_problem";
+/// The training problems that matched an eval problem, beside `sft.parquet`.
+pub const CONTAMINATION: &str = "contamination.parquet";
+/// Count prefixes of the manifest: training problems that matched each reference.
+pub const CONTAMINATED: &str = "contaminated.";
+
+/// What the filter decontaminates against: the config's eval sets, then
+/// `decontaminate_against`, each once; nothing when decontamination is off.
+pub fn references(cfg: &FilterConfig, eval_sets: &[EvalSet]) -> Vec<Against> {
+    if !cfg.decontaminate {
+        return Vec::new();
+    }
+    let mut out: Vec<Against> = eval_sets
+        .iter()
+        .map(|s| Against::Set(Box::new(s.clone())))
+        .collect();
+    for a in &cfg.against {
+        if !out.iter().any(|o| o.name() == a.name()) {
+            out.push(a.clone());
+        }
+    }
+    out
+}
 
 pub fn plan(
     cfg: &FilterConfig,
     data: &PlannedStage,
     sampled: Option<&PlannedStage>,
+    eval_sets: &[EvalSet],
     workdir: &Path,
     resolve: &super::Resolve,
 ) -> Result<PlannedStage> {
@@ -68,11 +98,21 @@ pub fn plan(
         ),
         (None, None) => bail!("the filter needs [filter.completions] or a [sample] section"),
     };
-    let inputs = vec![
+    let mut inputs = vec![
         upstream("problems", data),
         completions,
         super::verifier_input(),
     ];
+    for a in references(cfg, eval_sets) {
+        let input = match &a {
+            Against::Set(set) => super::eval_set_input(set, resolve)?,
+            Against::File { path, .. } => super::file_input("", path)?.0,
+        };
+        inputs.push(InputRef {
+            name: format!("against:{}", a.name()),
+            ..input
+        });
+    }
     let config = serde_json::to_value(cfg)?;
     let mut st = PlannedStage::new(
         super::StageKind::Filter,
@@ -178,18 +218,47 @@ pub fn run(
             rows.len()
         );
     }
-    let (kept, mut counts) = apply_rules(cfg, graded);
+    // 3) decontaminate, then apply the rules
+    let eval_sets = config.eval.as_ref().map_or(&[][..], |e| e.sets.as_slice());
+    let refs = references(cfg, eval_sets);
+    let (matches, contamination_counts) = decontaminate(cfg, &refs, &problems)?;
+    let contaminated: HashSet<&str> = matches.iter().map(|m| m.problem_id.as_str()).collect();
+    let (kept, mut counts) = apply_rules(cfg, graded, &contaminated);
     print_counts(&counts);
+    let dropped = counts
+        .iter()
+        .find(|c| c.0 == "removed.contaminated")
+        .map_or(0, |c| c.1);
+    if kept.is_empty() && dropped > 0 {
+        bail!(
+            "decontamination dropped every row that would have been kept ({dropped} rows of {} \
+             training problems that match {}): the training data are the eval data. Evaluate on \
+             other sets, or set `filter.decontaminate = false` to train on them anyway",
+            contaminated.len(),
+            refs.iter()
+                .map(Against::name)
+                .filter(|n| matches.iter().any(|m| m.eval_set == *n))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     counts.extend(load_counts);
+    counts.extend(contamination_counts);
 
-    // 3) commit the SFT file
+    // 4) commit the SFT file (and what matched an eval set)
+    let mut outputs = Vec::new();
+    if !refs.is_empty() {
+        let path = stage.dir.join(CONTAMINATION);
+        write_contamination(&path, &matches)?;
+        outputs.push(output_file(&stage.dir, &path, matches.len() as u64)?);
+    }
     let batches = kept
         .chunks(ROW_GROUP_ROWS)
         .map(sft_batch)
         .collect::<Result<Vec<_>>>()?;
     let out = stage.dir.join(super::SFT);
     write_parquet_atomic(&out, sft_schema(), &batches)?;
-    let mut outputs = vec![output_file(&stage.dir, &out, kept.len() as u64)?];
+    outputs.insert(0, output_file(&stage.dir, &out, kept.len() as u64)?);
     for (k, chunk) in chunks.iter().enumerate() {
         outputs.push(output_file(
             &stage.dir,
@@ -202,6 +271,64 @@ pub fn run(
         counts,
         rows: kept.len() as u64,
     })
+}
+
+/// The training problems that match a reference, one row per (problem, reference), and the
+/// counts `contaminated.<reference>` (problems) for every reference.
+fn decontaminate(
+    cfg: &FilterConfig,
+    refs: &[Against],
+    problems: &[Problem],
+) -> Result<(Vec<Contamination>, Counts)> {
+    if refs.is_empty() {
+        if !cfg.decontaminate {
+            tracing::info!("    decontamination: off (filter.decontaminate = false)");
+        } else {
+            tracing::info!("    decontamination: no eval set to check against");
+        }
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let t = std::time::Instant::now();
+    let loaded = refs.iter().map(Against::load).collect::<Result<Vec<_>>>()?;
+    let index = Index::new(cfg.decontaminate_ngram, &loaded)?;
+    let mut rows = Vec::new();
+    let mut per_ref = vec![0u64; refs.len()];
+    for p in problems {
+        for m in index.check(&p.problem) {
+            per_ref[m.set] += 1;
+            rows.push(Contamination {
+                problem_id: p.problem_id.clone(),
+                eval_set: index.names()[m.set].clone(),
+                eval_problem_id: m.eval_id,
+                kind: m.kind.as_str().to_string(),
+                text: m.text,
+            });
+        }
+    }
+    let (eval_problems, grams) = index.size();
+    let problems_hit: HashSet<&str> = rows.iter().map(|r| r.problem_id.as_str()).collect();
+    tracing::info!(
+        "    decontamination: {} of {} training problems match an eval problem ({} problems,          {} {}-grams in {} set(s); {:.2} s)",
+        problems_hit.len(),
+        problems.len(),
+        eval_problems,
+        grams,
+        index.n(),
+        refs.len(),
+        t.elapsed().as_secs_f64()
+    );
+    let counts = index
+        .names()
+        .iter()
+        .zip(&per_ref)
+        .map(|(name, n)| {
+            if *n > 0 {
+                tracing::info!("      {n:>8} match {name}");
+            }
+            (format!("{CONTAMINATED}{name}"), *n)
+        })
+        .collect();
+    Ok((rows, counts))
 }
 
 fn part_path(dir: &Path, k: usize) -> PathBuf {
@@ -340,10 +467,16 @@ fn grade_row(c: &Completion, gold: &HashMap<&str, &str>, opts: &GradeOptions) ->
 }
 
 /// The rules, in order. Returns the kept rows (input order) and what each rule removed.
-pub fn apply_rules(cfg: &FilterConfig, graded: Vec<Completion>) -> (Vec<Completion>, Counts) {
+/// The rows of `contaminated` problems are removed first.
+pub fn apply_rules(
+    cfg: &FilterConfig,
+    graded: Vec<Completion>,
+    contaminated: &HashSet<&str>,
+) -> (Vec<Completion>, Counts) {
     let mut removed: Vec<(&'static str, u64)> = [
         "ungraded",
         "unknown_problem",
+        "contaminated",
         "truncated",
         "no_answer",
         "incorrect",
@@ -372,7 +505,12 @@ pub fn apply_rules(cfg: &FilterConfig, graded: Vec<Completion>) -> (Vec<Completi
             Some((_, n)) => *n += 1,
             None => reasons.push((g.reason.clone(), 1)),
         }
-        let rule = drop_rule(cfg, &row, g, &mut seen, &mut per_problem);
+        let rule = if contaminated.contains(row.problem_id.as_str()) && g.reason != UNKNOWN_PROBLEM
+        {
+            Some("contaminated")
+        } else {
+            drop_rule(cfg, &row, g, &mut seen, &mut per_problem)
+        };
         match rule {
             Some(r) => {
                 if let Some((_, n)) = removed.iter_mut().find(|(name, _)| *name == r) {
@@ -512,6 +650,10 @@ mod tests {
             last_number_fallback: false,
             thinking: false,
             chunk_rows: 2,
+            decontaminate: true,
+            decontaminate_ngram: 8,
+            decontaminate_against: Vec::new(),
+            against: Vec::new(),
         }
     }
 
@@ -558,8 +700,10 @@ mod tests {
                 "stop",
             ),
             row("c", "\\boxed{4}", UNKNOWN_PROBLEM, false, "stop"),
+            row("d", "so \\boxed{4}", "exact", true, "stop"),
+            row("d", "no idea", "no_answer", false, "stop"),
         ];
-        let (kept, counts) = apply_rules(&cfg(), rows);
+        let (kept, counts) = apply_rules(&cfg(), rows, &HashSet::from(["d", "c"]));
         let get = |k: &str| counts.iter().find(|(n, _)| n == k).unwrap().1;
         assert_eq!(kept.len(), 2);
         assert_eq!(get("removed.duplicate"), 1);
@@ -570,7 +714,8 @@ mod tests {
         assert_eq!(get("removed.too_short"), 1);
         assert_eq!(get("removed.too_long"), 1);
         assert_eq!(get("removed.unknown_problem"), 1);
-        assert_eq!(get("input_rows"), 10);
-        assert_eq!(get("reason.exact"), 7);
+        assert_eq!(get("removed.contaminated"), 2);
+        assert_eq!(get("input_rows"), 12);
+        assert_eq!(get("reason.exact"), 8);
     }
 }

@@ -25,7 +25,8 @@ pub mod train;
 
 pub use crate::config::PRETRAINED;
 pub use resolve::{
-    file_input, model_input, verifier_input, LocationInputs, ModelFacts, Resolve, NOT_DOWNLOADED,
+    eval_set_input, file_input, model_input, verifier_input, LocationInputs, ModelFacts, Resolve,
+    NOT_DOWNLOADED,
 };
 pub use runner::{run, PlanRecord, PlanRecordStage, Target, STAGE_LOG};
 pub use stage::{

@@ -77,7 +77,8 @@ impl Plan {
                 let data =
                     find(&stages, StageKind::Data).context("the filter needs the data stage")?;
                 let from = sampled.map(|i| &stages[i]);
-                let mut st = filter::plan(f, data, from, workdir, &resolve)?;
+                let sets = cfg.eval.as_ref().map_or(&[][..], |e| e.sets.as_slice());
+                let mut st = filter::plan(f, data, from, sets, workdir, &resolve)?;
                 st.name = named("filter", r);
                 st.deps.push(("data", data.name.clone()));
                 if let Some(i) = sampled {

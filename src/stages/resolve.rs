@@ -162,3 +162,25 @@ pub fn file_input(name: &str, path: &Path) -> Result<(InputRef, u64)> {
         bytes,
     ))
 }
+
+/// The content of an eval set as a stage input: its definition and its data files.
+pub fn eval_set_input(set: &crate::eval::EvalSet, resolve: &Resolve) -> Result<InputRef> {
+    let what = format!("eval set `{}`", set.name);
+    let files = resolve.location(&set.name, &what, &set.source.location)?;
+    let mut parts = vec![store::hash_file(&set.file)?];
+    let planned = files.iter().any(|(_, path, _)| path.is_none());
+    parts.extend(files.into_iter().map(|(input, _, _)| input.hash));
+    let mut location = set.file.display().to_string();
+    if planned {
+        location = format!(
+            "{location}: {} {}",
+            set.source.location.describe(),
+            NOT_DOWNLOADED
+        );
+    }
+    Ok(InputRef {
+        name: format!("set:{}", set.name),
+        location,
+        hash: store::hash_json(&serde_json::json!(parts)),
+    })
+}
