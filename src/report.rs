@@ -349,6 +349,82 @@ fn eval_section(
             let _ = writeln!(md, "\n![pass@1 by level, {set}]({file})\n");
         }
     }
+    examples_section(md, dir, out)
+}
+
+/// What the models wrote (the eval stage's `examples.json`): per set, the length table, a chart
+/// of the length distributions and the examples, with their whole texts under `examples/`.
+fn examples_section(md: &mut String, dir: &Path, out: &Path) -> Result<()> {
+    let p = dir.join(stages::eval::EXAMPLES);
+    if !p.is_file() {
+        md.push_str(
+            "## What the models wrote\n\nNot recorded: this eval stage ran before examples \
+             were kept (delete its folder and rerun to get them).\n\n",
+        );
+        return Ok(());
+    }
+    let ex: crate::eval::examples::Examples = serde_json::from_slice(
+        &std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?,
+    )
+    .with_context(|| format!("{}: unreadable", p.display()))?;
+    let name = |m: &str| short_model_name(m).0;
+    md.push_str(
+        "## What the models wrote\n\nPer set and model: completion lengths, then samples \
+         chosen by a seeded rule (one correct, one wrong, one cut at `max_new_tokens`, and the \
+         samples whose verdict changed from the base model), each with its first and last \
+         lines; the links hold the whole texts.\n\n",
+    );
+    let body = crate::eval::examples::render(&ex, out, "examples", &name)?;
+    // the length chart of each set goes under its heading
+    let mut sets: Vec<&str> = Vec::new();
+    for l in &ex.lengths {
+        if !sets.contains(&l.set.as_str()) {
+            sets.push(&l.set);
+        }
+    }
+    let mut charts = Vec::new();
+    for set in &sets {
+        let ls: Vec<_> = ex.lengths.iter().filter(|l| l.set == *set).collect();
+        let max = ls.iter().filter_map(|l| l.tokens.last()).max().copied();
+        let Some(max) = max.filter(|m| *m > 0) else {
+            continue;
+        };
+        let bins = 20u32;
+        let width = max.div_ceil(bins).max(1);
+        let series: Vec<(String, Vec<(f64, f64)>)> = ls
+            .iter()
+            .map(|l| {
+                let mut counts = vec![0u64; bins as usize];
+                for &t in &l.tokens {
+                    counts[((t / width) as usize).min(bins as usize - 1)] += 1;
+                }
+                let n = l.tokens.len().max(1) as f64;
+                let pts = counts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &c)| ((i as f64 + 0.5) * width as f64, 100.0 * c as f64 / n))
+                    .collect();
+                (name(&l.model), pts)
+            })
+            .collect();
+        let file = format!("eval_lengths_{set}.png");
+        line_chart(
+            &out.join(&file),
+            &format!("{set}: completion length"),
+            ("tokens", "% of samples"),
+            &series,
+            None,
+            None,
+        )?;
+        charts.push((set.to_string(), file));
+    }
+    for (set, table, examples) in body {
+        md.push_str(&table);
+        if let Some((_, file)) = charts.iter().find(|(s, _)| *s == set) {
+            let _ = writeln!(md, "![{set}: completion lengths]({file})\n");
+        }
+        md.push_str(&examples);
+    }
     Ok(())
 }
 
@@ -384,19 +460,19 @@ fn train_section(md: &mut String, title: &str, name: &str, dir: &Path, out: &Pat
     );
     let loss: Vec<(f64, f64)> = steps.iter().map(|m| (m.step as f64, m.loss)).collect();
     let lr: Vec<(f64, f64)> = steps.iter().map(|m| (m.step as f64, m.lr)).collect();
-    let (loss, lr) = (
-        vec![("loss".to_string(), loss)],
-        vec![("lr".to_string(), lr)],
+    let weight = smoothing_weight(loss.len());
+    let smoothed = smooth(&loss, weight);
+    let _ = writeln!(
+        md,
+        "Smoothed loss at the last step: {:.4} (dots: each step's loss; line: its exponential \
+         moving average, weight {weight}, debiased).\n",
+        smoothed.last().map_or(f64::NAN, |p| p.1)
     );
+    let lr = vec![("lr".to_string(), lr)];
     let (loss_png, lr_png) = (format!("loss_{name}.png"), format!("lr_{name}.png"));
-    line_chart(
-        &out.join(&loss_png),
-        &format!("{name}: loss"),
-        ("step", "loss"),
-        &loss,
-        None,
-        None,
-    )?;
+    commit_png(&out.join(&loss_png), |tmp| {
+        draw_loss_chart(tmp, &format!("{name}: loss"), &loss, &smoothed)
+    })?;
     line_chart(
         &out.join(&lr_png),
         &format!("{name}: learning rate"),
@@ -621,6 +697,99 @@ fn draw_line_chart(
     Ok(())
 }
 
+/// The EMA weight for a curve of `n` points: TensorBoard's 0.9 once there are enough points
+/// for it to mean something, less for short runs.
+fn smoothing_weight(n: usize) -> f64 {
+    match n {
+        0..=9 => 0.5,
+        10..=49 => 0.8,
+        _ => 0.9,
+    }
+}
+
+/// The debiased exponential moving average of `pts` (TensorBoard's smoothing): the first point
+/// is the first value, not pulled toward zero.
+fn smooth(pts: &[(f64, f64)], weight: f64) -> Vec<(f64, f64)> {
+    let mut avg = 0.0;
+    pts.iter()
+        .enumerate()
+        .map(|(i, &(x, y))| {
+            avg = avg * weight + (1.0 - weight) * y;
+            (x, avg / (1.0 - weight.powi(i as i32 + 1)))
+        })
+        .collect()
+}
+
+/// The per-step loss as dots and its smoothed curve as a line over them.
+fn draw_loss_chart(
+    path: &Path,
+    title: &str,
+    raw: &[(f64, f64)],
+    smoothed: &[(f64, f64)],
+) -> Result<()> {
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in raw.iter().chain(smoothed).filter(|p| p.1.is_finite()) {
+        (x0, x1, y0, y1) = (x0.min(x), x1.max(x), y0.min(y), y1.max(y));
+    }
+    if x0 > x1 {
+        (x0, x1, y0, y1) = (0.0, 1.0, 0.0, 1.0);
+    }
+    let pad = ((y1 - y0) * 0.05).max(1e-12);
+    let x1 = if x1 > x0 { x1 } else { x0 + 1.0 };
+    let root = canvas(path)?;
+    let mut builder = frame(&root, title);
+    builder.margin_right(LEGEND_WIDTH + 12);
+    let mut chart = builder
+        .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))
+        .map_err(chart_err)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("loss")
+        .draw()
+        .map_err(chart_err)?;
+    let light = RGBColor(150, 150, 150);
+    chart
+        .draw_series(
+            raw.iter()
+                .filter(|p| p.1.is_finite())
+                .map(|&p| Circle::new(p, 2, light.filled())),
+        )
+        .map_err(chart_err)?;
+    chart
+        .draw_series(LineSeries::new(
+            smoothed.iter().copied(),
+            COLOURS[0].stroke_width(2),
+        ))
+        .map_err(chart_err)?;
+    let (width, _) = root.dim_in_pixel();
+    let x = (width - LEGEND_WIDTH) as i32;
+    for (i, (label, color, dot)) in [("per step", light, true), ("smoothed", COLOURS[0], false)]
+        .into_iter()
+        .enumerate()
+    {
+        let y = 60 + 24 * i as i32;
+        if dot {
+            root.draw(&Circle::new((x + 11, y), 3, color.filled()))
+                .map_err(chart_err)?;
+        } else {
+            root.draw(&PathElement::new(
+                vec![(x, y), (x + 22, y)],
+                color.stroke_width(3),
+            ))
+            .map_err(chart_err)?;
+        }
+        root.draw(&Text::new(
+            label,
+            (x + 28, y - 8),
+            ("sans-serif", 15).into_font().color(&BLACK),
+        ))
+        .map_err(chart_err)?;
+    }
+    root.present().map_err(chart_err)?;
+    Ok(())
+}
+
 /// A histogram of `values` (sorted) in up to 40 equal bins.
 fn draw_histogram(path: &Path, title: &str, x_desc: &str, values: &[u64]) -> Result<()> {
     let (lo, hi) = (values[0] as f64, *values.last().expect("non-empty") as f64);
@@ -667,6 +836,17 @@ mod tests {
         let names = ["one".to_string(), "two".into(), "three".into()];
         let label = move |x: f64| names.get(x as usize).cloned().unwrap_or_default();
         line_chart(&p, "t", ("x", "y"), &series, Some(&label), Some((0.0, 1.0))).unwrap();
+        let raw: Vec<(f64, f64)> = (0..30)
+            .map(|i| (i as f64, 3.0 - 0.05 * i as f64 + (i % 3) as f64))
+            .collect();
+        let sm = smooth(&raw, smoothing_weight(raw.len()));
+        assert_eq!(sm[0], raw[0]);
+        // smoothing shrinks the step-to-step spread
+        let spread = |v: &[(f64, f64)]| v.windows(2).map(|w| (w[1].1 - w[0].1).abs()).sum::<f64>();
+        assert!(spread(&sm) < spread(&raw) / 3.0);
+        let l = dir.path().join("loss.png");
+        commit_png(&l, |tmp| draw_loss_chart(tmp, "t", &raw, &sm)).unwrap();
+        assert_eq!(&std::fs::read(&l).unwrap()[..4], b"\x89PNG");
         let h = dir.path().join("h.png");
         histogram(&h, "t", "tokens", &[1, 2, 2, 3, 50, 51]).unwrap();
         histogram(&dir.path().join("one.png"), "t", "tokens", &[7]).unwrap();

@@ -124,6 +124,29 @@ fn eval_writes_samples_metrics_and_a_table_and_reuses_samples() {
         "{table}"
     );
     assert!(out.join(&slug).join("toy/metrics.json").is_file());
+    // what the models wrote: lengths of both, examples with their whole texts; the same weights
+    // change no verdict
+    let ex = std::fs::read_to_string(out.join("examples.md")).unwrap();
+    assert!(ex.contains("### toy: what the models wrote"), "{ex}");
+    assert_eq!(ex.matches("| 30 | ").count(), 2, "{ex}");
+    assert!(ex.contains("> What is "), "{ex}");
+    assert!(
+        !ex.contains("became right") && !ex.contains("became wrong"),
+        "{ex}"
+    );
+    let links: Vec<&str> = ex
+        .split("([whole text](")
+        .skip(1)
+        .map(|s| s.split(')').next().unwrap())
+        .collect();
+    assert!(!links.is_empty(), "{ex}");
+    for l in links {
+        let full = std::fs::read_to_string(out.join(l)).unwrap();
+        assert!(
+            full.contains("## Problem") && full.contains("## Completion"),
+            "{full}"
+        );
+    }
     // a rerun reuses the samples and gives the same numbers
     let o = run(&args, dir.path());
     assert!(o.status.success(), "{}", text(&o));
@@ -359,10 +382,19 @@ fn run_all_writes_a_report_that_pipeline_report_rebuilds() {
         "## Filter",
         "| kept | 24 |",
         "| train | done |",
+        "## What the models wrote",
+        "### math500: what the models wrote",
+        "![math500: completion lengths](eval_lengths_math500.png)",
+        "(dots: each step's loss; line: its exponential moving average, weight 0.5, debiased)",
     ] {
         assert!(report.contains(want), "{want} missing:\n{report}");
     }
-    for png in ["loss_train.png", "lr_train.png", "levels_math500.png"] {
+    for png in [
+        "loss_train.png",
+        "lr_train.png",
+        "levels_math500.png",
+        "eval_lengths_math500.png",
+    ] {
         let bytes = std::fs::read(report_dir.join(png)).unwrap();
         assert_eq!(&bytes[..4], b"\x89PNG", "{png}");
     }

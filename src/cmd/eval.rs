@@ -62,7 +62,12 @@ pub fn run(a: &EvalArgs, matches: &clap::ArgMatches) -> Result<()> {
     };
     let sets = cfg.load_sets(Path::new("."))?;
     eval::evaluate(&a.models, &sets, &cfg, &a.output, None)?;
-    crate::outln!("wrote {}", a.output.display());
+    let examples = eval::write_examples(&a.models, &sets, &a.output)?;
+    crate::outln!(
+        "wrote {} (what the models wrote: {})",
+        a.output.display(),
+        examples.display()
+    );
     Ok(())
 }
 

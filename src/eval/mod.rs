@@ -11,6 +11,7 @@
 //! Knows nothing of pipeline stages; the sampling itself is `jobs::sample`.
 
 pub mod against;
+pub mod examples;
 pub mod metrics;
 
 use std::collections::HashMap;
@@ -413,6 +414,47 @@ pub fn evaluate(
     crate::store::commit_file(&out.join("eval.md"), |tmp| Ok(std::fs::write(tmp, &table)?))?;
     crate::out!("{table}");
     Ok(results)
+}
+
+/// `<out>/examples.md` (and its `examples/` files): what each model wrote on each set, from the
+/// samples [`evaluate`] wrote there (see [`examples`]).
+pub fn write_examples(models: &[String], sets: &[EvalSet], out: &Path) -> Result<PathBuf> {
+    let samples: Vec<_> = sets
+        .iter()
+        .flat_map(|set| {
+            models.iter().map(move |m| {
+                let p = out
+                    .join(model_slug(m))
+                    .join(&set.name)
+                    .join("samples.parquet");
+                (set.name.clone(), m.clone(), p)
+            })
+        })
+        .collect();
+    let ex = examples::select(&samples, &problem_texts(sets)?, 0)?;
+    let md: String = examples::render(&ex, out, "examples", &|m: &str| m.to_string())?
+        .into_iter()
+        .map(|(_, table, examples)| table + &examples)
+        .collect();
+    let path = out.join("examples.md");
+    crate::store::commit_file(&path, |tmp| {
+        Ok(std::fs::write(
+            tmp,
+            format!("# What the models wrote\n\n{md}"),
+        )?)
+    })?;
+    Ok(path)
+}
+
+/// Every problem's text by id, of every set.
+pub fn problem_texts(sets: &[EvalSet]) -> Result<HashMap<String, String>> {
+    let mut out = HashMap::new();
+    for set in sets {
+        for p in set.problems(None)? {
+            out.insert(p.problem_id, p.problem);
+        }
+    }
+    Ok(out)
 }
 
 /// The graded samples of a completions file as metric outcomes.

@@ -21,6 +21,8 @@ use crate::store::{self, InputRef};
 /// Bump when the output for the same inputs changes.
 pub const CODE_VERSION: u32 = 1;
 pub const TABLE: &str = "eval.md";
+/// The examples and lengths of [`crate::eval::examples`], which the report shows.
+pub const EXAMPLES: &str = "examples.json";
 
 pub fn plan(
     e: &EvalConfig,
@@ -159,6 +161,8 @@ pub fn run(
     }
     let root = cache_root(&plan.workdir);
     let mut results = Vec::new();
+    // (set, "label (model)", samples file), set by set, for the examples
+    let mut samples = Vec::new();
     let mut reused = 0u64;
     for (label, model, fp) in &models {
         let key = store::hash_json(&serde_json::json!({
@@ -192,10 +196,22 @@ pub fn run(
         let mut rs: Vec<EvalResult> = serde_json::from_slice(&bytes)
             .with_context(|| format!("{}: unreadable", done.display()))?;
         for r in &mut rs {
+            // the samples are under the name the cached evaluation was made with, which may
+            // be another run's path to the same weights
+            let file = dir
+                .join(crate::eval::model_slug(&r.model))
+                .join(&r.set)
+                .join("samples.parquet");
+            samples.push((r.set.clone(), format!("{label} ({model})"), file));
             r.model = format!("{label} ({})", r.model);
         }
         results.extend(rs);
     }
+    // what the models wrote: examples and lengths, for the report
+    samples.sort_by_key(|(set, ..)| sets.iter().position(|s| &s.name == set));
+    let problems = crate::eval::problem_texts(sets)?;
+    let examples = crate::eval::examples::select(&samples, &problems, 0)?;
+    store::write_json_atomic(&stage.dir.join(EXAMPLES), &examples)?;
     store::write_json_atomic(&stage.dir.join(super::EVAL_METRICS), &results)?;
     let labels: Vec<String> = results.iter().map(|r| r.model.clone()).collect();
     let table = crate::eval::table(&results, &labels);
@@ -211,6 +227,11 @@ pub fn run(
                 results.len() as u64,
             )?,
             output_file(&stage.dir, &stage.dir.join(TABLE), 0)?,
+            output_file(
+                &stage.dir,
+                &stage.dir.join(EXAMPLES),
+                examples.examples.len() as u64,
+            )?,
         ],
         counts: vec![
             ("models".into(), models.len() as u64),
