@@ -48,7 +48,27 @@ struct RawRun {
     workdir: Option<String>,
     disk_budget: Option<String>,
     rounds: Option<u32>,
-    gpu_hour_price: Option<f64>,
+    gpu_hour_price: Option<GpuPrice>,
+}
+
+/// `run.gpu_hour_price`: one price for every GPU, or a price per GPU kind
+/// (`{ h100 = 2.5, h200 = 3.6, b200 = 6.0 }`, the names of `--gpu`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum GpuPrice {
+    Flat(f64),
+    ByKind(std::collections::BTreeMap<String, f64>),
+}
+
+impl GpuPrice {
+    /// The price of an hour of `gpu` (a name of `train::memory::GPUS`, e.g. `h100`); `None`
+    /// when the table has no price for it.
+    pub fn for_gpu(&self, gpu: &str) -> Option<f64> {
+        match self {
+            GpuPrice::Flat(p) => Some(*p),
+            GpuPrice::ByKind(t) => t.get(gpu).copied(),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -201,9 +221,9 @@ pub struct Config {
     pub disk_budget_bytes: Option<u64>,
     /// Times sample -> filter -> train repeats, each round from the last round's model.
     pub rounds: u32,
-    /// What one GPU-hour costs (`run.gpu_hour_price`, in the user's currency): preflight and the
-    /// report turn GPU hours into cost with it.
-    pub gpu_hour_price: Option<f64>,
+    /// What one GPU-hour costs (`run.gpu_hour_price`, in the user's currency), for every GPU or
+    /// per GPU kind: preflight and the report turn GPU hours into cost with it.
+    pub gpu_hour_price: Option<GpuPrice>,
     pub data: Option<DataConfig>,
     pub pretrain: Option<crate::pretrain::PretrainConfig>,
     pub sample: Option<SampleSettings>,
@@ -375,7 +395,7 @@ struct Run {
     workdir: PathBuf,
     disk_budget_bytes: Option<u64>,
     rounds: u32,
-    gpu_hour_price: Option<f64>,
+    gpu_hour_price: Option<GpuPrice>,
 }
 
 /// `[run]`: the name (default `default_name`), the work dir (default `runs/<name>`), the disk
@@ -406,11 +426,37 @@ fn validate_run(
     if rounds == 0 {
         return Err(err("run.rounds", "must be at least 1".into()));
     }
-    if let Some(p) = raw.gpu_hour_price.filter(|p| !p.is_finite() || *p < 0.0) {
-        return Err(err(
-            "run.gpu_hour_price",
-            format!("must be a price of one GPU-hour, 0 or more, got {p}"),
-        ));
+    let prices: Vec<(String, f64)> = match &raw.gpu_hour_price {
+        None => Vec::new(),
+        Some(GpuPrice::Flat(p)) => vec![("run.gpu_hour_price".into(), *p)],
+        Some(GpuPrice::ByKind(t)) => {
+            let known: Vec<String> = crate::train::memory::GPUS
+                .iter()
+                .map(|(k, _)| k.to_string())
+                .collect();
+            for k in t.keys() {
+                if !known.contains(k) {
+                    let hint = crate::names::closest(k, &known)
+                        .map(|c| format!("did you mean `{c}`? "))
+                        .unwrap_or_default();
+                    return Err(err(
+                        &format!("run.gpu_hour_price.{k}"),
+                        format!("not a GPU kind ({hint}known: {})", known.join(", ")),
+                    ));
+                }
+            }
+            t.iter()
+                .map(|(k, p)| (format!("run.gpu_hour_price.{k}"), *p))
+                .collect()
+        }
+    };
+    for (key, p) in prices {
+        if !p.is_finite() || p < 0.0 {
+            return Err(err(
+                &key,
+                format!("must be a price of one GPU-hour, 0 or more, got {p}"),
+            ));
+        }
     }
     Ok(Run {
         name,

@@ -866,6 +866,28 @@ fn preflight_checks_the_train_stage_against_a_named_gpu() {
     );
     // a bigger GPU takes the same run
     assert!(preflight(&too_big, "b200").status.success());
+    // compared with others, a GPU it does not fit is marked, not failed; none fitting fails
+    let o = preflight(&too_big, "h100,b200");
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("GPU memory: NVIDIA H100 80GB: 74.5 GiB: does not fit (train needs")
+            && out.contains("GPU memory: NVIDIA B200 180GB: 167.6 GiB: every GPU stage fits"),
+        "{out}"
+    );
+    let h100 = out
+        .lines()
+        .skip_while(|l| !l.starts_with("the job on each GPU"))
+        .find(|l| l.contains("NVIDIA H100"))
+        .unwrap();
+    assert!(h100.contains("does not fit: train needs"), "{h100}");
+    let o = preflight(&too_big, "h100,40GB");
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("the GPU stages fit on none of"),
+        "{}",
+        text(&o)
+    );
     let o = preflight(&fits, "h1000");
     assert!(!o.status.success());
     assert!(text(&o).contains("h100, h200, b200"), "{}", text(&o));
@@ -1518,4 +1540,74 @@ fn data_decontaminate_prints_the_overlap_and_writes_the_rest() {
         "{}",
         text(&o)
     );
+}
+
+/// Every shipped real job is planned offline (nothing downloaded: the hub data from their
+/// built-in cards, the model from its card): preflight prints each stage's time, GPU hours and
+/// cost, says which rows came from a card, and with `--gpu h100,h200,b200` one row per GPU at
+/// that GPU's price from the config's price table.
+#[test]
+fn preflight_plans_every_shipped_real_job_offline_with_time_and_cost_per_gpu() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    for job in [
+        "qwen3-4b-gsm8k",
+        "qwen3.5-4b-gsm8k",
+        "eval-only",
+        "sample-only",
+    ] {
+        let o = bin()
+            .args([
+                "preflight",
+                "--plan-only",
+                "--gpu",
+                "h100,h200,b200",
+                "--config",
+            ])
+            .arg(repo.join(format!("pipelines/{job}.toml")))
+            .args(["--workdir", "w"])
+            .current_dir(dir.path())
+            .env("HF_HUB_OFFLINE", "1")
+            .env("HF_HOME", dir.path().join("hf"))
+            .env("SELFDISTILL_CACHE_DIR", dir.path().join("cache"))
+            .output()
+            .unwrap();
+        let out = text(&o);
+        assert!(o.status.success(), "{job}: {out}");
+        assert!(
+            out.contains("rows from built-in cards: hf://"),
+            "{job}: {out}"
+        );
+        let total = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("total:"))
+            .unwrap_or_else(|| panic!("{job}: no total: {out}"));
+        assert!(
+            total.contains("GPU hours, cost") && total.contains("at 2.99 per GPU-hour"),
+            "{job}: {total}"
+        );
+        let rows: Vec<&str> = out
+            .lines()
+            .skip_while(|l| !l.starts_with("the job on each GPU"))
+            .skip(2)
+            .take(3)
+            .collect();
+        assert_eq!(rows.len(), 3, "{job}: {out}");
+        for (row, (gpu, price)) in rows
+            .iter()
+            .zip([("H100", 2.99), ("H200", 3.79), ("B200", 5.99)])
+        {
+            assert!(row.contains(gpu), "{job}: {row}");
+            let cols: Vec<&str> = row.split_whitespace().collect();
+            // name (3 words), time, GPU hours, price, cost
+            let hours: f64 = cols[4].parse().unwrap();
+            let (p, cost): (f64, f64) = (cols[5].parse().unwrap(), cols[6].parse().unwrap());
+            assert!(hours > 0.0 && (p - price).abs() < 1e-9, "{job}: {row}");
+            assert!(
+                (cost - p * hours).abs() < 0.02 + 0.01 * cost,
+                "{job}: {row}"
+            );
+        }
+        assert!(out.contains("fastest"), "{job}: {out}");
+    }
 }

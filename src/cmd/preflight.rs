@@ -26,7 +26,8 @@ pub struct PreflightArgs {
     #[arg(long)]
     pub plan_only: bool,
     /// With --plan-only: the GPU the GPU stages are planned for (h100, h200, b200, a100,
-    /// or its memory, e.g. 80GB); their memory is checked against it.
+    /// or its memory, e.g. 80GB); their memory is checked against it. Several, comma-separated
+    /// (h100,h200,b200), compare the job's time, GPU hours and cost on each.
     #[arg(long, requires = "plan_only")]
     pub gpu: Option<String>,
 }
@@ -41,7 +42,15 @@ pub fn run(a: &PreflightArgs) -> Result<()> {
 /// Without `plan_only`, a GPU stage is checked against its device's memory when this binary
 /// can open it.
 pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
-    let gpu = gpu.map(crate::train::memory::parse_gpu).transpose()?;
+    let gpus: Vec<crate::train::memory::Gpu> = gpu
+        .map(|g| {
+            g.split(',')
+                .map(|x| crate::train::memory::parse_gpu(x.trim()))
+                .collect::<Result<Vec<_>>>()
+        })
+        .transpose()?
+        .unwrap_or_default();
+    let gpu = gpus.first().copied();
     crate::outln!("config {}: valid", cfg.origin);
     // a hub model that is not downloaded is planned from its built-in card (config only)
     let plan = Plan::build_with(cfg, &cfg.workdir, Resolve { preflight: true })?;
@@ -146,7 +155,35 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
             ));
         }
     }
-    if !gpu_stages.is_empty() {
+    // several GPUs named: which of them the GPU stages fit on (the comparison says), failing
+    // only when none does
+    let mut fits: Vec<Option<String>> = Vec::new();
+    if gpus.len() > 1 && !gpu_stages.is_empty() {
+        for g in &gpus {
+            let over: Vec<String> = gpu_stages
+                .iter()
+                .filter(|(_, need, _)| *need > g.memory)
+                .map(|(name, need, _)| format!("{name} needs {}", format_bytes(*need)))
+                .collect();
+            crate::outln!(
+                "GPU memory: {}: {}: {}",
+                g.name,
+                format_bytes(g.memory),
+                if over.is_empty() {
+                    "every GPU stage fits".to_string()
+                } else {
+                    format!("does not fit ({})", over.join(", "))
+                }
+            );
+            fits.push((!over.is_empty()).then(|| over.join(", ")));
+        }
+        if fits.iter().all(Option::is_some) {
+            problems.push(format!(
+                "the GPU stages fit on none of {}: see the lines above",
+                gpus.iter().map(|g| g.name).collect::<Vec<_>>().join(", ")
+            ));
+        }
+    } else if !gpu_stages.is_empty() {
         match gpu_memory(plan_only, gpu)? {
             Some((what, have)) => {
                 crate::outln!("GPU memory: {what}: {}", format_bytes(have));
@@ -181,10 +218,31 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
             ),
         }
     }
-    let costs = crate::stages::cost::estimate(&plan, cost_gpu(gpu), cfg.gpu_hour_price);
+    use crate::stages::cost;
+    let price = cost::price_for(cfg.gpu_hour_price.as_ref(), cost_gpu(gpu));
+    let costs = cost::estimate(&plan, cost_gpu(gpu), price);
     if !costs.is_empty() {
         crate::outln!("time and cost of the stages to run:");
-        for l in crate::stages::cost::table(&costs, cfg.gpu_hour_price) {
+        for l in cost::table(&costs, price) {
+            crate::outln!("  {l}");
+        }
+    }
+    if gpus.len() > 1 && !costs.is_empty() {
+        let rows: Vec<cost::GpuRow> = gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let price = cost::price_for(cfg.gpu_hour_price.as_ref(), Some(*g));
+                cost::GpuRow::of(
+                    g,
+                    &cost::estimate(&plan, Some(*g), price),
+                    price,
+                    fits.get(i).cloned().flatten(),
+                )
+            })
+            .collect();
+        crate::outln!("the job on each GPU (GPU stages at that GPU's rates):");
+        for l in cost::gpu_table(&rows) {
             crate::outln!("  {l}");
         }
     }

@@ -302,3 +302,38 @@ fn decontamination_keys_are_checked_at_parse_time() {
         assert!(e.contains(want), "{extra}: {e}");
     }
 }
+
+#[test]
+fn gpu_hour_price_is_one_price_or_a_table_of_known_gpus() {
+    let with = |v: &str| {
+        OK.replace(
+            "disk_budget = \"2 GiB\"\n",
+            &format!("disk_budget = \"2 GiB\"\ngpu_hour_price = {v}\n"),
+        )
+    };
+    let c = parse(&with("2")).unwrap();
+    assert_eq!(c.gpu_hour_price.unwrap().for_gpu("b200"), Some(2.0));
+    let c = parse(&with("{ h100 = 2.5, b200 = 6 }")).unwrap();
+    let p = c.gpu_hour_price.unwrap();
+    assert_eq!(
+        (p.for_gpu("h100"), p.for_gpu("b200"), p.for_gpu("h200")),
+        (Some(2.5), Some(6.0), None)
+    );
+    for (v, want) in [
+        (
+            "-1.0",
+            "`run.gpu_hour_price`: must be a price of one GPU-hour, 0 or more, got -1",
+        ),
+        (
+            "{ h1000 = 2.0 }",
+            "`run.gpu_hour_price.h1000`: not a GPU kind (did you mean `h100`?",
+        ),
+        (
+            "{ h200 = -3.0 }",
+            "`run.gpu_hour_price.h200`: must be a price",
+        ),
+    ] {
+        let e = parse(&with(v)).unwrap_err().0;
+        assert!(e.contains(want), "{v}: {e}");
+    }
+}

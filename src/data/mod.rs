@@ -4,6 +4,7 @@
 //! `load_source` turns the records of one configured source into [`schema::Problem`]s with stable
 //! ids, counting (or failing on) bad rows. It knows nothing of stages or the work dir.
 
+pub mod cards;
 pub mod decontaminate;
 pub mod hub;
 pub mod records;

@@ -6,12 +6,14 @@
 //! - generation on a device `pipeline bench sample` has measured (the records in
 //!   `~/.cache/selfdistill/bench-sample.jsonl`, same device, a model within 25% of the size):
 //!   the measured decode rate at the batch nearest the stage's `max_num_seqs`;
-//! - generation on a GPU: the rate measured on an H200 at Qwen3-4B shapes (4,331 tok/s at batch
-//!   128, `kernels/NOTES.md`), scaled by the GPU's memory bandwidth and the model's size
+//! - generation on a GPU: the decode rates measured on an H100 at Qwen3-4B shapes (145, 3,553,
+//!   9,603 and 13,221 tok/s at batch 1, 32, 128 and 256; `docs/gpu.md`), at the batch nearest
+//!   the stage's `max_num_seqs`, scaled by the GPU's memory bandwidth and the model's size
 //!   (decoding reads every weight per step);
 //! - generation on the CPU: 10 GFLOP/s per core at 2 FLOPs per parameter and token;
-//! - training: 6 FLOPs per parameter and token at 35% of the GPU's bf16 peak (an assumption
-//!   until `bench train --device cuda` measures it) or, on the CPU, 10 GFLOP/s per core.
+//! - training on a GPU: 6 FLOPs per parameter and token at the MFU our trainer measured on an
+//!   H100 at Qwen3-4B shapes (708 tok/s, 1.7% of the bf16 peak; `docs/gpu.md`), scaled by the
+//!   GPU's bf16 peak; on the CPU, 10 GFLOP/s per core.
 //!
 //! The table says which source each row used. Knows the stages only through their estimates.
 
@@ -37,14 +39,27 @@ pub struct StageCost {
     pub cost: Option<f64>,
 }
 
-/// Decode tokens/s measured on an H200 for Qwen3-4B shapes at batch 128 (bf16, random weights).
-const H200_QWEN3_4B_TOKENS_PER_SECOND: f64 = 4331.0;
-const H200_BANDWIDTH: f64 = 4.8e12;
+/// Decode tokens/s measured on an H100 for Qwen3-4B shapes by batch (bf16, random weights,
+/// prompt 128, 512 new tokens; `bench sample`, 2026-11-26).
+const H100_QWEN3_4B_DECODE: [(usize, f64); 4] =
+    [(1, 145.0), (32, 3553.0), (128, 9603.0), (256, 13221.0)];
+const H100_BANDWIDTH: f64 = 3.35e12;
 const QWEN3_4B_PARAMS: f64 = 4.02e9;
 /// FLOP/s per CPU core assumed without a measurement.
 const CPU_FLOPS_PER_CORE: f64 = 10e9;
-/// Training MFU assumed on a GPU.
-const GPU_TRAIN_MFU: f64 = 0.35;
+/// Training MFU measured on an H100 at Qwen3-4B shapes (`bench train`, 4,096-token rows with
+/// recompute: 708 tok/s).
+const GPU_TRAIN_MFU: f64 = 0.017;
+
+/// The price of an hour of `gpu` (of the H100 the estimates assume when there is none) from
+/// `run.gpu_hour_price`.
+pub fn price_for(price: Option<&crate::config::GpuPrice>, gpu: Option<Gpu>) -> Option<f64> {
+    let key = match gpu {
+        Some(g) => crate::train::memory::gpu_key(&g)?,
+        None => "h100",
+    };
+    price?.for_gpu(key)
+}
 
 /// Estimates every stage with work that is not done yet. `gpu`: the GPU that cuda stages run
 /// on (named with `--gpu`, or this machine's); without one an H100 is assumed and said.
@@ -58,7 +73,17 @@ pub fn estimate(plan: &Plan, gpu: Option<Gpu>, price: Option<f64>) -> Vec<StageC
         if matches!(super::stage_state(&s.dir), Ok(super::StageState::Done(_))) {
             continue;
         }
-        out.push(stage_cost(&s.name, w, gpu, price, &records));
+        let mut c = stage_cost(&s.name, w, gpu, price, &records);
+        if !s.estimate.cards.is_empty() {
+            let mut cards = s.estimate.cards.clone();
+            cards.dedup();
+            c.basis = format!(
+                "{}; rows from built-in cards: {}",
+                c.basis,
+                cards.join(", ")
+            );
+        }
+        out.push(c);
     }
     out
 }
@@ -93,7 +118,7 @@ fn stage_cost(
             Some(g) => (
                 GPU_TRAIN_MFU * g.bf16_flops / (6.0 * params),
                 format!(
-                    "{:.0}% MFU of {:.0} TFLOP/s (assumed)",
+                    "{:.1}% MFU of {:.0} TFLOP/s (measured on an H100)",
                     100.0 * GPU_TRAIN_MFU,
                     g.bf16_flops / 1e12
                 ),
@@ -129,12 +154,17 @@ fn stage_cost(
                 r.decode_tokens_per_second * r.params as f64 / params,
                 format!("bench sample at batch {} on this machine", r.batch),
             ),
-            (None, Some(g)) if on_gpu => (
-                H200_QWEN3_4B_TOKENS_PER_SECOND
-                    * (g.bandwidth / H200_BANDWIDTH)
-                    * (QWEN3_4B_PARAMS / params),
-                "H200 Qwen3-4B batch 128 measured, scaled by bandwidth and size".into(),
-            ),
+            (None, Some(g)) if on_gpu => {
+                let (batch, rate) = H100_QWEN3_4B_DECODE
+                    .iter()
+                    .copied()
+                    .min_by_key(|(b, _)| b.abs_diff(w.batch))
+                    .expect("measured rates");
+                (
+                    rate * (g.bandwidth / H100_BANDWIDTH) * (QWEN3_4B_PARAMS / params),
+                    format!("H100 Qwen3-4B batch {batch} measured, scaled by bandwidth and size"),
+                )
+            }
             _ => (
                 CPU_FLOPS_PER_CORE * cores() / (2.0 * params),
                 format!(
@@ -196,6 +226,77 @@ pub fn table(costs: &[StageCost], price: Option<f64>) -> Vec<String> {
     lines
 }
 
+/// The whole job on one GPU, for the comparison `preflight --gpu h100,h200,b200` prints.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuRow {
+    pub gpu: String,
+    pub seconds: f64,
+    pub gpu_hours: f64,
+    pub price: Option<f64>,
+    pub cost: Option<f64>,
+    /// Why the GPU stages do not fit its memory, when they do not.
+    pub does_not_fit: Option<String>,
+}
+
+impl GpuRow {
+    pub fn of(
+        g: &Gpu,
+        costs: &[StageCost],
+        price: Option<f64>,
+        does_not_fit: Option<String>,
+    ) -> GpuRow {
+        let gpu_hours: f64 = costs.iter().map(|c| c.gpu_hours).sum();
+        GpuRow {
+            gpu: g.name.to_string(),
+            seconds: costs.iter().map(|c| c.seconds).sum(),
+            gpu_hours,
+            price,
+            cost: price.map(|p| p * gpu_hours),
+            does_not_fit,
+        }
+    }
+}
+
+/// One line per GPU: time, GPU hours, price, cost and whether the job fits, with the cheapest
+/// and the fastest that fit marked.
+pub fn gpu_table(rows: &[GpuRow]) -> Vec<String> {
+    let fitting = || rows.iter().filter(|r| r.does_not_fit.is_none());
+    let fastest = fitting().map(|r| r.seconds).fold(f64::INFINITY, f64::min);
+    let cheapest = fitting()
+        .filter_map(|r| r.cost)
+        .fold(f64::INFINITY, f64::min);
+    let mut lines = vec![format!(
+        "{:<18} {:>10} {:>10} {:>12} {:>10}  {}",
+        "gpu", "time", "GPU hours", "price/hour", "cost", "note"
+    )];
+    for r in rows {
+        let mut notes = Vec::new();
+        if let Some(why) = &r.does_not_fit {
+            notes.push(format!("does not fit: {why}"));
+        } else {
+            if r.seconds <= fastest {
+                notes.push("fastest".to_string());
+            }
+            if r.cost.is_some_and(|c| c <= cheapest) {
+                notes.push("cheapest".to_string());
+            }
+        }
+        if r.price.is_none() {
+            notes.push("no price (run.gpu_hour_price)".to_string());
+        }
+        lines.push(format!(
+            "{:<18} {:>10} {:>10.2} {:>12} {:>10}  {}",
+            r.gpu,
+            crate::progress::fmt_secs(r.seconds),
+            r.gpu_hours,
+            r.price.map_or("-".to_string(), |p| format!("{p:.2}")),
+            r.cost.map_or("-".to_string(), |c| format!("{c:.2}")),
+            notes.join("; ")
+        ));
+    }
+    lines
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,26 +316,33 @@ mod tests {
     fn gpu_rates_scale_with_bandwidth_and_training_with_the_peak() {
         let h200 = crate::train::memory::parse_gpu("h200").ok();
         let b200 = crate::train::memory::parse_gpu("b200").ok();
+        let h100 = crate::train::memory::parse_gpu("h100").ok();
         let c = stage_cost(
             "sample",
-            &work(4_331 * 3600, false, "cuda"),
-            h200,
+            &work(9_603 * 3600, false, "cuda"),
+            h100,
             Some(2.0),
             &[],
         );
+        // at batch 128: the measured rate, less 0.5% for the 4.02B parameters
         assert!((c.seconds - 3600.0).abs() < 40.0, "{c:?}");
         assert!((c.gpu_hours - 1.0).abs() < 0.02 && (c.cost.unwrap() - 2.0).abs() < 0.05);
+        assert!(c.rate_source.contains("batch 128"), "{c:?}");
         let fast = stage_cost(
             "sample",
-            &work(4_331 * 3600, false, "cuda"),
+            &work(9_603 * 3600, false, "cuda"),
             b200,
             None,
             &[],
         );
         assert!(
-            (c.seconds / fast.seconds - 8.0 / 4.8).abs() < 0.01,
+            (c.seconds / fast.seconds - 8.0 / 3.35).abs() < 0.01,
             "{fast:?}"
         );
+        let mut small = work(1000, false, "cuda");
+        small.batch = 20;
+        let s = stage_cost("sample", &small, h100, None, &[]);
+        assert!(s.rate_source.contains("batch 32"), "{s:?}");
         // no GPU named: an H100, said
         let h = stage_cost("sample", &work(1000, false, "cuda"), None, None, &[]);
         assert!(
@@ -242,7 +350,7 @@ mod tests {
             "{h:?}"
         );
         let t = stage_cost("train", &work(1_000_000, true, "cuda"), h200, None, &[]);
-        let expect = 6.0 * 4.02e9 * 1e6 / (0.35 * 989e12);
+        let expect = 6.0 * 4.02e9 * 1e6 / (0.017 * 989e12);
         assert!((t.seconds - expect).abs() / expect < 1e-6, "{t:?}");
         // CPU stages cost no GPU hours
         let cpu = stage_cost("sample", &work(1000, false, "cpu"), h200, Some(2.0), &[]);

@@ -22,13 +22,28 @@ pub fn plan(cfg: &DataConfig, workdir: &Path, resolve: &super::Resolve) -> Resul
     let mut bytes = 0;
     // problems: counted from the files where that is cheap (lines, Parquet metadata)
     let mut rows = Some(0u64);
+    // problem tokens, summed over the rows, where every source has a card
+    let mut tokens = Some(0.0f64);
+    let mut cards = Vec::new();
     for s in &cfg.sources {
         let what = format!("data source `{}`", s.name);
         let mut source_rows = Some(0u64);
         let mut source_bytes = 0;
+        let card = crate::data::cards::card(&s.location);
         for (input, path, n) in resolve.location(&s.name, &what, &s.location)? {
             source_bytes += n;
-            let counted = path.as_deref().and_then(crate::data::count_rows);
+            let counted = match (&path, card) {
+                (Some(p), _) => crate::data::count_rows(p),
+                // not downloaded (preflight): the card's count and size
+                (None, Some(c)) => {
+                    cards.push(s.location.describe());
+                    source_bytes += c.rows
+                        * 4
+                        * (c.problem_tokens + c.solution_tokens.unwrap_or(0.0) + 16.0) as u64;
+                    Some(c.rows)
+                }
+                (None, None) => None,
+            };
             source_rows = source_rows.zip(counted).map(|(a, b)| a + b);
             if let Some(path) = path {
                 files.push((input.name.clone(), path));
@@ -45,6 +60,9 @@ pub fn plan(cfg: &DataConfig, workdir: &Path, resolve: &super::Resolve) -> Resul
             None => r,
         });
         rows = rows.zip(source_rows).map(|(a, b)| a + b);
+        tokens = tokens
+            .zip(card.zip(source_rows))
+            .map(|(t, (c, r))| t + c.problem_tokens * r as f64);
     }
     // Gold answers of `boxed` sources are extracted by the verifier.
     inputs.push(super::verifier_input());
@@ -62,6 +80,12 @@ pub fn plan(cfg: &DataConfig, workdir: &Path, resolve: &super::Resolve) -> Resul
         disk_bytes: bytes,
         memory_bytes: bytes * 3,
         rows,
+        // a problem's mean tokens, known from the cards of hub sets
+        row_tokens: tokens
+            .zip(rows)
+            .filter(|(_, r)| *r > 0)
+            .map(|(t, r)| (t / r as f64).round() as u64),
+        cards,
         ..Estimate::default()
     };
     Ok(st)

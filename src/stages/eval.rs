@@ -50,6 +50,7 @@ pub fn plan(
     let mut tokens = Some(0u64);
     let mut device = String::from("cpu");
     let mut batch = 0;
+    let mut cards = Vec::new();
     for s in sets {
         let st = e.settings(s, &base.input.location)?;
         memory_bytes = memory_bytes.max(crate::jobs::sample::memory::host_memory_estimate(
@@ -61,14 +62,22 @@ pub fn plan(
             &st,
             &base.config,
         )?);
-        let problems = crate::data::hub::resolve(&s.source.location)
+        let counted = crate::data::hub::resolve(&s.source.location)
             .ok()
             .and_then(|files| {
                 files
                     .iter()
                     .map(|f| crate::data::count_rows(f))
                     .sum::<Option<u64>>()
-            })
+            });
+        // not downloaded (preflight): the set's card
+        let from_card = || {
+            let c = crate::data::cards::card(&s.source.location)?;
+            cards.push(s.source.location.describe());
+            Some(c.rows)
+        };
+        let problems = counted
+            .or_else(from_card)
             .map(|r| match e.limit.or(s.source.limit) {
                 Some(l) => r.min(l as u64),
                 None => r,
@@ -97,6 +106,7 @@ pub fn plan(
         disk_bytes: tokens.map_or(0, |t| 4 * t + (64 << 10)),
         memory_bytes,
         gpu_bytes,
+        cards,
         work: tokens.map(|tokens| super::Work {
             tokens,
             train: false,

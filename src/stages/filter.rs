@@ -139,6 +139,9 @@ pub fn plan(
         memory_bytes: bytes * 4,
         rows,
         row_tokens: sampled.and_then(|s| s.estimate.row_tokens),
+        cards: sampled
+            .map(|s| s.estimate.cards.clone())
+            .unwrap_or_default(),
         ..Estimate::default()
     };
     Ok(st)

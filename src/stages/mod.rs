@@ -32,5 +32,5 @@ pub use runner::{run, PlanRecord, PlanRecordStage, Target, STAGE_LOG};
 pub use stage::{
     completion_row_bytes, expected_completion_tokens, output_file, stage_key, stage_state, Counts,
     Estimate, Plan, PlannedStage, StageKind, StageOutput, StageState, Work, ASSUMED_PROMPT_TOKENS,
-    COMPLETIONS, EVAL_METRICS, MODEL_DIR, PROBLEMS, SFT, TRAIN_STATE_DIR,
+    ASSUMED_TEMPLATE_TOKENS, COMPLETIONS, EVAL_METRICS, MODEL_DIR, PROBLEMS, SFT, TRAIN_STATE_DIR,
 };

@@ -23,7 +23,8 @@ pub struct PlanRecord {
     /// The time and cost estimate of the stages this run had to do ([`cost`]).
     #[serde(default)]
     pub estimates: Vec<cost::StageCost>,
-    /// `run.gpu_hour_price`, for the report.
+    /// `run.gpu_hour_price` of the GPU this run is on (the H100 assumed without one), for the
+    /// report.
     #[serde(default)]
     pub gpu_hour_price: Option<f64>,
 }
@@ -122,12 +123,14 @@ pub fn run(
         .position(|s| force.iter().any(|f| is(s, f)));
     // GPU stages: estimated for an H100 unless this machine has a known GPU (preflight --gpu
     // names another)
-    let estimates = cost::estimate(&plan, crate::train::memory::local_gpu(), cfg.gpu_hour_price);
+    let gpu = crate::train::memory::local_gpu();
+    let price = cost::price_for(cfg.gpu_hour_price.as_ref(), gpu);
+    let estimates = cost::estimate(&plan, gpu, price);
     store::write_json_atomic(
         &wd.root.join(store::PLAN),
         &PlanRecord {
             estimates: estimates.clone(),
-            gpu_hour_price: cfg.gpu_hour_price,
+            gpu_hour_price: price,
             config: cfg.origin.clone(),
             stages: plan
                 .stages
@@ -148,7 +151,7 @@ pub fn run(
     print_plan(cfg, &plan, last, first_forced)?;
     if !estimates.is_empty() {
         crate::outln!("estimated time and cost (assumptions in each row; `pipeline preflight`):");
-        for l in cost::table(&estimates, cfg.gpu_hour_price) {
+        for l in cost::table(&estimates, price) {
             crate::outln!("  {l}");
         }
     }

@@ -69,7 +69,15 @@ pub fn plan(
         memory_bytes,
         gpu_bytes: crate::jobs::sample::memory::gpu_memory_estimate(s, &facts.config)?,
         rows,
-        row_tokens: Some(super::ASSUMED_PROMPT_TOKENS + expected),
+        row_tokens: Some(
+            data.estimate
+                .row_tokens
+                .map_or(super::ASSUMED_PROMPT_TOKENS, |t| {
+                    t + super::ASSUMED_TEMPLATE_TOKENS
+                })
+                + expected,
+        ),
+        cards: data.estimate.cards.clone(),
         work: rows.map(|r| super::Work {
             tokens: r * expected,
             train: false,

@@ -116,6 +116,10 @@ pub struct Estimate {
     /// The compute the stage does, for the time and cost estimate ([`cost`]).
     #[serde(default)]
     pub work: Option<Work>,
+    /// The built-in dataset cards (`data::cards`) its figures come from: hub data that is not
+    /// downloaded yet, counted from its card (said in the cost table).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cards: Vec<String>,
 }
 
 /// Tokens a stage generates or trains on, and where.
@@ -152,6 +156,8 @@ pub fn completion_row_bytes(tokens: u64, vocab: usize, logprobs: Option<usize>) 
 /// The prompt length assumed before the prompts are rendered (a math problem in a chat
 /// template).
 pub const ASSUMED_PROMPT_TOKENS: u64 = 150;
+/// Tokens a prompt adds to its problem (a chat template and a one-line system prompt), assumed.
+pub const ASSUMED_TEMPLATE_TOKENS: u64 = 40;
 
 #[derive(Debug, Clone)]
 pub struct Plan {

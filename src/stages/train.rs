@@ -75,6 +75,7 @@ pub fn plan(
                 .map(|(r, t)| crate::train::memory::planned_steps(s, r, t)),
         ),
         work,
+        cards: filter.estimate.cards.clone(),
         ..train_memory(s, &budget)
     };
     Ok(st)

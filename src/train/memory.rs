@@ -451,6 +451,11 @@ pub fn parse_gpu(s: &str) -> anyhow::Result<Gpu> {
     }
 }
 
+/// The name `--gpu` and `run.gpu_hour_price` know `g` by (`h100`), for a GPU of the table.
+pub fn gpu_key(g: &Gpu) -> Option<&'static str> {
+    GPUS.iter().find(|(_, t)| t.name == g.name).map(|(k, _)| *k)
+}
+
 /// The table's entry for a CUDA device name (`NVIDIA H100 80GB HBM3`, ...).
 pub fn gpu_by_device_name(name: &str) -> Option<Gpu> {
     let n = name.to_ascii_lowercase();
