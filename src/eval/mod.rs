@@ -2,7 +2,8 @@
 //! each set with the set's settings and the same seeds (so models differ only by their
 //! weights), the samples are graded by the verifier, and the metrics of [`metrics`] are written
 //! per model and set, with a summary table (pass@1 with its 95% interval, the change from the
-//! first model, maj@n, pass@n, no answer, truncated, mean length).
+//! first model, majority@n, pass@n, no answer, truncated, mean length; named as NeMo-Skills
+//! names them).
 //!
 //! Output layout: `<out>/<model slug>/<set>/samples.parquet` (the completions schema, graded;
 //! resumable like any sampling job) and `metrics.json` beside it, written once the samples are
@@ -329,7 +330,9 @@ impl Serialize for EvalConfig {
     }
 }
 
-/// The metrics of one model on one set.
+/// The metrics of one model on one set. The table names them as NeMo-Skills does:
+/// `pass@1[avg-of-n]` (pass@1 as the mean over each problem's n samples, what papers report for
+/// AIME and HMMT at n = 16 or more), `majority@n` (our `maj_at_n`) and `pass@n`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EvalResult {
     pub model: String,
@@ -492,7 +495,7 @@ pub fn outcomes(samples: &Path, levels: &HashMap<&str, &str>) -> Result<Vec<Outc
 /// against the first model.
 pub fn table(results: &[EvalResult], models: &[String]) -> String {
     let mut s = String::from(
-        "| set | model | pass@1 (95% CI) | vs first | maj@n | pass@n | no answer | truncated | mean tokens |\n\
+        "| set | model | pass@1[avg-of-n] (95% CI) | vs first | majority@n | pass@n | no answer | truncated | mean tokens |\n\
          | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let pct = |x: f64| format!("{:.1}", 100.0 * x);
