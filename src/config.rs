@@ -231,6 +231,8 @@ pub struct Config {
     /// `model` is always set (from `[sample].model` when the section leaves it out).
     pub train: Option<TrainSettings>,
     pub eval: Option<EvalPlan>,
+    /// The `--set KEY=VALUE` overrides applied over the file, as typed ([`overrides`]).
+    pub overrides: Vec<String>,
 }
 
 /// The `[eval]` section with its base model and sets resolved.
@@ -251,6 +253,11 @@ impl Config {
     /// Its relative paths (data/arith/, evals/) resolve against `pipelines/` of the current
     /// folder when it is this repository, else against the repository the binary was built from.
     pub fn embedded_default() -> Result<Config, ConfigError> {
+        Config::embedded_default_with(&[])
+    }
+
+    /// [`Self::embedded_default`] with `--set` overrides.
+    pub fn embedded_default_with(sets: &[String]) -> Result<Config, ConfigError> {
         let here = Path::new("pipelines");
         let base = if here.join("tiny-arith.toml").is_file() {
             here.to_path_buf()
@@ -264,16 +271,22 @@ impl Config {
                 base.display()
             )));
         }
-        Config::from_toml(
+        overrides::config_with(
             EMBEDDED_DEFAULT,
             "<embedded default: pipelines/tiny-arith.toml>",
             &base,
             "tiny-arith",
+            sets,
         )
     }
 
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_with(path, &[])
+    }
+
+    /// [`Self::load`] with `--set` overrides.
+    pub fn load_with(path: &Path, sets: &[String]) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError(format!("cannot read config {}: {e}", path.display())))?;
         let base = path.parent().unwrap_or(Path::new(".")).to_path_buf();
@@ -281,7 +294,7 @@ impl Config {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "run".into());
-        Config::from_toml(&text, &path.display().to_string(), &base, &stem)
+        overrides::config_with(&text, &path.display().to_string(), &base, &stem, sets)
     }
 
     /// Parses `text` (named `origin` in errors); relative paths resolve against `base`.
@@ -385,6 +398,7 @@ impl Config {
             filter,
             train,
             eval,
+            overrides: Vec::new(),
         })
     }
 }
@@ -975,5 +989,6 @@ fn header_name(line: &str) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
+pub mod overrides;
 #[cfg(test)]
 mod tests;

@@ -1611,3 +1611,64 @@ fn preflight_plans_every_shipped_real_job_offline_with_time_and_cost_per_gpu() {
         assert!(out.contains("fastest"), "{job}: {out}");
     }
 }
+
+/// `--set KEY=VALUE` gives the stage keys of the file with the key written in it, a work dir
+/// named with the overrides, and clear errors for an unknown key or a wrong type.
+#[test]
+fn set_overrides_a_key_as_if_written_in_the_file() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let toml = std::fs::read_to_string(repo.join("pipelines/qwen3-4b-gsm8k.toml")).unwrap();
+    let file = dir.path().join("q.toml");
+    std::fs::write(&file, &toml).unwrap();
+    let written = dir.path().join("w.toml");
+    std::fs::write(
+        &written,
+        toml.replacen("\nlr = 1e-5", "\nlr = 2e-5", 1)
+            .replacen("\nn = 8", "\nn = 16", 1),
+    )
+    .unwrap();
+    let preflight = |cfg: &Path, extra: &[&str]| {
+        let o = bin()
+            .args(["preflight", "--plan-only", "--config"])
+            .arg(cfg)
+            .args(extra)
+            .current_dir(dir.path())
+            .env("HF_HUB_OFFLINE", "1")
+            .env("HF_HOME", dir.path().join("hf"))
+            .output()
+            .unwrap();
+        (o.status.success(), text(&o))
+    };
+    let keys = |out: &str| -> Vec<String> {
+        out.lines()
+            .skip_while(|l| !l.starts_with("stage "))
+            .skip(1)
+            .take_while(|l| !l.starts_with("needs "))
+            .map(|l| l.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+            .collect()
+    };
+    let (ok, base) = preflight(&file, &[]);
+    assert!(ok, "{base}");
+    let (ok, set) = preflight(&file, &["--set", "train.lr=2e-5", "--set", "sample.n=16"]);
+    assert!(ok, "{set}");
+    let (ok, w) = preflight(&written, &[]);
+    assert!(ok, "{w}");
+    assert_eq!(keys(&set), keys(&w), "{set}\n{w}");
+    assert_ne!(keys(&set), keys(&base));
+    assert_eq!(keys(&set).len(), 5, "{set}");
+    assert!(
+        set.contains("runs/qwen3-4b-gsm8k+train.lr=2e-5+sample.n=16"),
+        "{set}"
+    );
+    for (extra, want) in [
+        ("train.lrr=1", "--set train.lrr=1 (over"),
+        ("sample.n=many", "--set sample.n=many (over"),
+        ("train.lr", "expected KEY=VALUE"),
+    ] {
+        let (ok, out) = preflight(&file, &["--set", extra]);
+        assert!(!ok && out.contains(want), "{extra}: {out}");
+    }
+    let (_, out) = preflight(&file, &["--set", "train.lrr=1"]);
+    assert!(out.contains("did you mean `lr`?"), "{out}");
+}

@@ -30,15 +30,21 @@ use anyhow::Result;
 
 use crate::config::Config;
 
-/// The config at `path`, or the embedded default without one; `workdir` overrides its
-/// `run.workdir`.
-pub fn load_config(path: Option<PathBuf>, workdir: Option<PathBuf>) -> Result<Config> {
+/// The config at `path`, or the embedded default without one, with the `--set` overrides;
+/// `workdir` overrides its `run.workdir` (without it, a run with overrides gets a work dir of
+/// its own: see [`crate::config::overrides::workdir_with`]).
+pub fn load_config(
+    path: Option<PathBuf>,
+    workdir: Option<PathBuf>,
+    sets: &[String],
+) -> Result<Config> {
     let mut cfg = match path {
-        Some(path) => Config::load(&path)?,
-        None => Config::embedded_default()?,
+        Some(path) => Config::load_with(&path, sets)?,
+        None => Config::embedded_default_with(sets)?,
     };
-    if let Some(w) = workdir {
-        cfg.workdir = w;
+    match workdir {
+        Some(w) => cfg.workdir = w,
+        None => cfg.workdir = crate::config::overrides::workdir_with(&cfg.workdir, sets),
     }
     // Stage records, plans and model inputs name their folders as text: a path that is not
     // UTF-8 would come back as another path ("no checkpoint folder") stages later.

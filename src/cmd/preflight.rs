@@ -21,6 +21,11 @@ pub struct PreflightArgs {
     pub config: Option<PathBuf>,
     #[arg(long)]
     pub workdir: Option<PathBuf>,
+    /// Override a config key, validated like the file: `--set train.lr=2e-5 --set sample.n=16`
+    /// (dotted keys; `data.sources.0.limit` for an entry of a list). Without `--workdir` the
+    /// run gets a work dir named with its overrides.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
     /// Plan for another machine (a GPU box): validate and estimate, but do not compare the
     /// estimates with this machine's free disk and memory (`run.disk_budget` still applies).
     #[arg(long)]
@@ -33,7 +38,7 @@ pub struct PreflightArgs {
 }
 
 pub fn run(a: &PreflightArgs) -> Result<()> {
-    let cfg = super::load_config(a.config.clone(), a.workdir.clone())?;
+    let cfg = super::load_config(a.config.clone(), a.workdir.clone(), &a.set)?;
     check(&cfg, a.plan_only, a.gpu.as_deref())
 }
 

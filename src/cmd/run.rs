@@ -21,6 +21,11 @@ pub struct RunArgs {
     /// Overrides `run.workdir`.
     #[arg(long)]
     pub workdir: Option<PathBuf>,
+    /// Override a config key, validated like the file: `--set train.lr=2e-5 --set sample.n=16`
+    /// (dotted keys; `data.sources.0.limit` for an entry of a list). Without `--workdir` the
+    /// run gets a work dir named with its overrides.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
     /// Re-run this stage and every stage after it, even if cached (repeatable).
     #[arg(long)]
     pub force: Vec<String>,
@@ -35,7 +40,7 @@ pub struct RunArgs {
 }
 
 pub fn run(a: &RunArgs) -> Result<()> {
-    let cfg = super::load_config(a.config.clone(), a.workdir.clone())?;
+    let cfg = super::load_config(a.config.clone(), a.workdir.clone(), &a.set)?;
     let target = if a.stage == "all" {
         Target::All
     } else {

@@ -25,6 +25,11 @@ use crate::store::{self, dir_bytes, Progress};
 pub struct StatusArgs {
     #[arg(long)]
     pub workdir: Option<PathBuf>,
+    /// Override a config key, validated like the file: `--set train.lr=2e-5 --set sample.n=16`
+    /// (dotted keys; `data.sources.0.limit` for an entry of a list). Without `--workdir` the
+    /// run gets a work dir named with its overrides.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
     /// Take the work dir from this config (`run.workdir`, or `runs/<name>`).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -73,10 +78,10 @@ pub struct StageStatus {
 
 pub fn run(a: &StatusArgs) -> Result<()> {
     let cfg = match (&a.config, &a.workdir) {
-        (Some(p), w) => Some(super::load_config(Some(p.clone()), w.clone())?),
+        (Some(p), w) => Some(super::load_config(Some(p.clone()), w.clone(), &a.set)?),
         (None, Some(_)) => None,
         // the embedded default's work dir, as `run all` with no config
-        (None, None) => Some(super::load_config(None, None)?),
+        (None, None) => Some(super::load_config(None, None, &a.set)?),
     };
     show(a, cfg.as_ref())
 }

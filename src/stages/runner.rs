@@ -27,6 +27,9 @@ pub struct PlanRecord {
     /// report.
     #[serde(default)]
     pub gpu_hour_price: Option<f64>,
+    /// The `--set` overrides the run was made with.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -131,6 +134,7 @@ pub fn run(
         &PlanRecord {
             estimates: estimates.clone(),
             gpu_hour_price: price,
+            overrides: cfg.overrides.clone(),
             config: cfg.origin.clone(),
             stages: plan
                 .stages
