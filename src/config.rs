@@ -39,6 +39,47 @@ struct RawConfig {
     filter: Option<RawFilter>,
     train: Option<TrainSettings>,
     eval: Option<toml::Table>,
+    mix: Option<RawMix>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMix {
+    #[serde(default)]
+    accumulate: bool,
+    #[serde(default)]
+    seed: u64,
+    #[serde(default)]
+    sources: Vec<toml::Table>,
+}
+
+/// Which model each round's train stage starts from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainFrom {
+    /// The model the round before trained (expert iteration, STaR).
+    #[default]
+    Previous,
+    /// The `[train]` model, every round (ReST-EM).
+    Base,
+}
+
+/// `[mix]`: what each round trains on besides its own kept rows.
+#[derive(Debug, Clone, Serialize)]
+pub struct MixConfig {
+    /// Earlier rounds' kept rows join each round's.
+    pub accumulate: bool,
+    /// Seeds the draw of source rows.
+    pub seed: u64,
+    pub sources: Vec<MixSource>,
+}
+
+/// A source of worked solutions mixed into every round's training rows.
+#[derive(Debug, Clone, Serialize)]
+pub struct MixSource {
+    pub source: SourceSpec,
+    /// Rows drawn per round: this share of the round's own (and accumulated) rows.
+    pub share: f64,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -49,6 +90,8 @@ struct RawRun {
     disk_budget: Option<String>,
     rounds: Option<u32>,
     gpu_hour_price: Option<GpuPrice>,
+    #[serde(default)]
+    train_from: TrainFrom,
 }
 
 /// `run.gpu_hour_price`: one price for every GPU, or a price per GPU kind
@@ -233,6 +276,9 @@ pub struct Config {
     pub eval: Option<EvalPlan>,
     /// The `--set KEY=VALUE` overrides applied over the file, as typed ([`overrides`]).
     pub overrides: Vec<String>,
+    /// Where each round's training starts (`run.train_from`).
+    pub train_from: TrainFrom,
+    pub mix: Option<MixConfig>,
 }
 
 /// The `[eval]` section with its base model and sets resolved.
@@ -253,11 +299,13 @@ impl Config {
     /// Its relative paths (data/arith/, evals/) resolve against `pipelines/` of the current
     /// folder when it is this repository, else against the repository the binary was built from.
     pub fn embedded_default() -> Result<Config, ConfigError> {
-        Config::embedded_default_with(&[])
+        let (text, origin, base, name) = Config::embedded_source()?;
+        Config::from_toml(text, origin, &base, name)
     }
 
-    /// [`Self::embedded_default`] with `--set` overrides.
-    pub fn embedded_default_with(sets: &[String]) -> Result<Config, ConfigError> {
+    /// The embedded default's text, origin, base folder and default name.
+    pub fn embedded_source(
+    ) -> Result<(&'static str, &'static str, PathBuf, &'static str), ConfigError> {
         let here = Path::new("pipelines");
         let base = if here.join("tiny-arith.toml").is_file() {
             here.to_path_buf()
@@ -271,22 +319,22 @@ impl Config {
                 base.display()
             )));
         }
-        overrides::config_with(
+        Ok((
             EMBEDDED_DEFAULT,
             "<embedded default: pipelines/tiny-arith.toml>",
-            &base,
+            base,
             "tiny-arith",
-            sets,
-        )
+        ))
     }
 
     /// Reads and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        Config::load_with(path, &[])
+        let (text, origin, base, stem) = Config::file_source(path)?;
+        Config::from_toml(&text, &origin, &base, &stem)
     }
 
-    /// [`Self::load`] with `--set` overrides.
-    pub fn load_with(path: &Path, sets: &[String]) -> Result<Config, ConfigError> {
+    /// A config file's text, origin, base folder and default name (its stem).
+    pub fn file_source(path: &Path) -> Result<(String, String, PathBuf, String), ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError(format!("cannot read config {}: {e}", path.display())))?;
         let base = path.parent().unwrap_or(Path::new(".")).to_path_buf();
@@ -294,7 +342,7 @@ impl Config {
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "run".into());
-        overrides::config_with(&text, &path.display().to_string(), &base, &stem, sets)
+        Ok((text, path.display().to_string(), base, stem))
     }
 
     /// Parses `text` (named `origin` in errors); relative paths resolve against `base`.
@@ -374,6 +422,18 @@ impl Config {
                 )
             })
             .transpose()?;
+        if run.train_from == TrainFrom::Base && run.rounds < 2 {
+            return Err(err(
+                "run.train_from",
+                "\"base\" differs from \"previous\" only from round 2 on: set run.rounds = 2 \
+                 or more, or remove the key"
+                    .into(),
+            ));
+        }
+        let mix = raw
+            .mix
+            .map(|m| validate_mix(m, base, origin, train.is_some(), run.rounds))
+            .transpose()?;
         let pretrain = match raw.pretrain {
             Some(p) => Some(validate_pretrain(
                 p,
@@ -382,6 +442,7 @@ impl Config {
                 data.as_ref(),
                 sample.as_ref(),
                 eval.as_ref(),
+                mix.as_ref(),
             )?),
             None => None,
         };
@@ -399,6 +460,8 @@ impl Config {
             train,
             eval,
             overrides: Vec::new(),
+            train_from: run.train_from,
+            mix,
         })
     }
 }
@@ -410,6 +473,7 @@ struct Run {
     disk_budget_bytes: Option<u64>,
     rounds: u32,
     gpu_hour_price: Option<GpuPrice>,
+    train_from: TrainFrom,
 }
 
 /// `[run]`: the name (default `default_name`), the work dir (default `runs/<name>`), the disk
@@ -478,6 +542,7 @@ fn validate_run(
         disk_budget_bytes,
         rounds,
         gpu_hour_price: raw.gpu_hour_price,
+        train_from: raw.train_from,
     })
 }
 
@@ -581,6 +646,7 @@ fn validate_pretrain(
     data: Option<&DataConfig>,
     sample: Option<&SampleSettings>,
     eval: Option<&EvalPlan>,
+    mix: Option<&MixConfig>,
 ) -> Result<crate::pretrain::PretrainConfig, ConfigError> {
     let err = |key: &str, msg: String| ConfigError(format!("{origin}: `pretrain.{key}`: {msg}"));
     let source =
@@ -662,6 +728,14 @@ fn validate_pretrain(
             tokenizer_sources.push(src);
         }
     }
+    // rows mixed into training must tokenize too (the pretraining source already does)
+    for m in mix.map(|m| m.sources.as_slice()).unwrap_or_default() {
+        if m.source.location != source.location {
+            let mut src = m.source.clone();
+            src.name = format!("mix-{}", m.source.name);
+            tokenizer_sources.push(src);
+        }
+    }
     Ok(crate::pretrain::PretrainConfig {
         source,
         tokenizer_sources,
@@ -669,6 +743,75 @@ fn validate_pretrain(
         model: p.model,
         seed: p.seed,
         train,
+    })
+}
+
+/// `[mix]`: sources of worked solutions with shares in [0, 1]; `accumulate` needs rounds to
+/// accumulate over; the section needs a train stage to feed.
+fn validate_mix(
+    m: RawMix,
+    base: &Path,
+    origin: &str,
+    has_train: bool,
+    rounds: u32,
+) -> Result<MixConfig, ConfigError> {
+    let err = |key: &str, msg: String| ConfigError(format!("{origin}: `mix.{key}`: {msg}"));
+    if !has_train {
+        return Err(ConfigError(format!(
+            "{origin}: `mix`: mixes rows into training: add a [train] section"
+        )));
+    }
+    if m.accumulate && rounds < 2 {
+        return Err(err(
+            "accumulate",
+            "keeps earlier rounds' rows, but run.rounds is 1: set run.rounds = 2 or more".into(),
+        ));
+    }
+    if !m.accumulate && m.sources.is_empty() {
+        return Err(ConfigError(format!(
+            "{origin}: `mix`: mixes nothing: set accumulate = true or add [[mix.sources]]"
+        )));
+    }
+    let mut sources: Vec<MixSource> = Vec::new();
+    for (i, mut t) in m.sources.into_iter().enumerate() {
+        let key = format!("sources.{i}");
+        let share = match t.remove("share") {
+            Some(toml::Value::Float(f)) => f,
+            Some(toml::Value::Integer(n)) => n as f64,
+            Some(v) => return Err(err(&format!("{key}.share"), format!("a number, got {v}"))),
+            None => {
+                return Err(err(
+                    &format!("{key}.share"),
+                    "missing: the share of the round's rows drawn from this source".into(),
+                ))
+            }
+        };
+        if !(0.0..=1.0).contains(&share) || !share.is_finite() {
+            return Err(err(
+                &format!("{key}.share"),
+                format!("must be in [0, 1], got {share}"),
+            ));
+        }
+        let source = source_from_toml(toml::Value::Table(t), &format!("mix.{key}"), base, origin)
+            .map_err(ConfigError)?;
+        if source.fields.solution.is_none() {
+            return Err(err(
+                &key,
+                "the rows mixed in need worked solutions: set solution_field".into(),
+            ));
+        }
+        if sources.iter().any(|s| s.source.name == source.name) {
+            return Err(err(
+                &format!("{key}.name"),
+                format!("`{}` is named twice", source.name),
+            ));
+        }
+        sources.push(MixSource { source, share });
+    }
+    Ok(MixConfig {
+        accumulate: m.accumulate,
+        seed: m.seed,
+        sources,
     })
 }
 

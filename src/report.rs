@@ -150,7 +150,33 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
                     );
                 }
             }
-            Some(StageKind::Train) => train_section(&mut md, "Training", &s.name, &s.dir, &out)?,
+            Some(StageKind::Train) => {
+                train_section(&mut md, "Training", &s.name, &s.dir, &out)?;
+                let m = s.manifest.as_ref().expect("done");
+                if let Some(total) = m.counts.iter().find(|c| c.0 == "mix.rows") {
+                    let count = |k: &str| m.counts.iter().find(|c| c.0 == k).map_or(0, |c| c.1);
+                    let sources: Vec<String> = m
+                        .counts
+                        .iter()
+                        .filter_map(|(k, n)| {
+                            Some(format!("{n} from {}", k.strip_prefix("mix.source.")?))
+                        })
+                        .collect();
+                    let _ = writeln!(
+                        md,
+                        "Training rows (`[mix]`): {} in all: {} kept this round, {} kept in earlier \
+                         rounds{}.\n",
+                        total.1,
+                        count("mix.round_rows"),
+                        count("mix.earlier_rows"),
+                        if sources.is_empty() {
+                            String::new()
+                        } else {
+                            format!(", {}", sources.join(", "))
+                        }
+                    );
+                }
+            }
             _ => {}
         }
     }

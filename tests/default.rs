@@ -239,3 +239,101 @@ fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
     }
     out
 }
+
+/// Two rounds of the quick default with `[mix]` (earlier rounds' rows and half as many
+/// pretraining rows again) and `run.train_from = "base"`: round 2 trains the pretrained model,
+/// on its own kept rows, round 1's, and the drawn share of the pretraining rows, all counted in
+/// its manifest and the report.
+#[test]
+fn mix_accumulates_and_replays_and_rounds_can_start_from_the_base() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = quick_config(
+        dir.path(),
+        &[
+            (
+                "name = \"tiny-arith-quick\"",
+                "name = \"mini\"\nrounds = 2\ntrain_from = \"base\"",
+            ),
+            ("limit = 30", "limit = 10"),
+        ],
+    );
+    let mut toml = std::fs::read_to_string(&cfg).unwrap();
+    toml.push_str(&format!(
+        "\n[mix]\naccumulate = true\n[[mix.sources]]\nname = \"replay\"\nformat = \"arith\"\n\
+         path = \"{}/data/arith/pretrain.jsonl\"\nshare = 0.5\n",
+        root.display()
+    ));
+    std::fs::write(&cfg, toml).unwrap();
+    let o = run(&["run", "all", "--config", "mini.toml"], dir.path());
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    let work = dir.path().join("runs/mini");
+    // stage folders are named by kind and key: find a round's in the plan
+    let plan: Value =
+        serde_json::from_slice(&std::fs::read(work.join("plan.json")).unwrap()).unwrap();
+    let dir_of = |name: &str| -> std::path::PathBuf {
+        let s = plan["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {plan}"));
+        work.join("stages").join(s["dir"].as_str().unwrap())
+    };
+    let manifest = |name: &str| -> Value {
+        serde_json::from_slice(&std::fs::read(dir_of(name).join("manifest.json")).unwrap()).unwrap()
+    };
+    let count = |m: &Value, k: &str| {
+        m["counts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c[0] == k)
+            .unwrap_or_else(|| panic!("no {k}: {m}"))[1]
+            .as_u64()
+            .unwrap()
+    };
+    let kept = |name: &str| count(&manifest(name), "kept");
+    let (k1, k2) = (kept("filter-r1"), kept("filter-r2"));
+    let t2 = manifest("train-r2");
+    assert_eq!(count(&t2, "mix.round_rows"), k2);
+    assert_eq!(count(&t2, "mix.earlier_rows"), k1);
+    let replay = ((k1 + k2) as f64 * 0.5).round() as u64;
+    assert_eq!(count(&t2, "mix.source.replay"), replay);
+    assert_eq!(count(&t2, "mix.rows"), k1 + k2 + replay);
+    let rows = selfdistill::data::schema::read_completions(&dir_of("train-r2").join("mix.parquet"))
+        .unwrap();
+    assert_eq!(rows.len() as u64, k1 + k2 + replay);
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r.model.as_deref() == Some("mix:replay"))
+            .count() as u64,
+        replay
+    );
+    let t1 = manifest("train-r1");
+    assert_eq!(count(&t1, "mix.earlier_rows"), 0);
+    // round 2 starts from the pretrained model, not round 1's
+    let pretrain = dir_of("pretrain").join("model");
+    let model_of = |m: &Value| {
+        m["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["name"] == "model")
+            .unwrap()["location"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(pretrain.ends_with(model_of(&t2)), "{}", model_of(&t2));
+    assert_eq!(model_of(&t1), model_of(&t2));
+    let report = std::fs::read_to_string(work.join("report/report.md")).unwrap();
+    assert!(
+        report.contains(&format!(
+            "Training rows (`[mix]`): {} in all: {k2} kept this round, {k1} kept in earlier rounds, {replay} from replay.",
+            k1 + k2 + replay
+        )),
+        "{report}"
+    );
+}

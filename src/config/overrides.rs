@@ -114,6 +114,20 @@ fn set(table: &mut toml::Table, o: &Override) -> Result<(), String> {
     }
 }
 
+impl Config {
+    /// [`Config::embedded_default`] with `--set` overrides.
+    pub fn embedded_default_with(sets: &[String]) -> Result<Config, ConfigError> {
+        let (text, origin, base, name) = Config::embedded_source()?;
+        config_with(text, origin, &base, name, sets)
+    }
+
+    /// [`Config::load`] with `--set` overrides.
+    pub fn load_with(path: &Path, sets: &[String]) -> Result<Config, ConfigError> {
+        let (text, origin, base, stem) = Config::file_source(path)?;
+        config_with(&text, &origin, &base, &stem, sets)
+    }
+}
+
 /// The config of `text` with the overrides, each validated in turn; its `overrides` hold them.
 pub fn config_with(
     text: &str,

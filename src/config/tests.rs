@@ -337,3 +337,57 @@ fn gpu_hour_price_is_one_price_or_a_table_of_known_gpus() {
         assert!(e.contains(want), "{v}: {e}");
     }
 }
+
+#[test]
+fn mix_and_train_from_are_checked_at_parse_time() {
+    // a config with sampling, two rounds and training
+    let two = r#"
+[run]
+name = "t"
+rounds = 2
+[[data.sources]]
+name = "math500"
+format = "math"
+path = "data/math500.jsonl"
+[sample]
+model = "m"
+[filter]
+[train]
+"#;
+    let c = parse(&format!("{two}[mix]\naccumulate = true\n[[mix.sources]]\nname = \"r\"\nformat = \"math\"\npath = \"r.jsonl\"\nshare = 0.25\n")).unwrap();
+    let m = c.mix.unwrap();
+    assert!(m.accumulate && m.sources[0].share == 0.25);
+    assert_eq!(c.train_from, TrainFrom::Previous);
+    let c = parse(&two.replace("rounds = 2", "rounds = 2\ntrain_from = \"base\"")).unwrap();
+    assert_eq!(c.train_from, TrainFrom::Base);
+    for (text, want) in [
+        (
+            format!("{two}[mix]\n[[mix.sources]]\nname = \"r\"\nformat = \"math\"\npath = \"r.jsonl\"\nshare = 1.5\n"),
+            "`mix.sources.0.share`: must be in [0, 1], got 1.5",
+        ),
+        (
+            format!("{two}[mix]\n[[mix.sources]]\nname = \"r\"\nformat = \"math\"\npath = \"r.jsonl\"\n"),
+            "`mix.sources.0.share`: missing",
+        ),
+        (
+            format!("{two}[mix]\n[[mix.sources]]\nname = \"r\"\nformat = \"mapped\"\nproblem_field = \"q\"\nanswer_field = \"a\"\npath = \"r.jsonl\"\nshare = 0.1\n"),
+            "`mix.sources.0`: the rows mixed in need worked solutions",
+        ),
+        (format!("{two}[mix]\n"), "`mix`: mixes nothing"),
+        (
+            format!("{}[mix]\naccumulate = true\n", two.replace("rounds = 2", "rounds = 1")),
+            "`mix.accumulate`: keeps earlier rounds' rows, but run.rounds is 1",
+        ),
+        (
+            two.replace("rounds = 2", "rounds = 1\ntrain_from = \"base\""),
+            "`run.train_from`: \"base\" differs from \"previous\" only from round 2 on",
+        ),
+        (
+            two.replace("rounds = 2", "rounds = 2\ntrain_from = \"bsae\""),
+            "did you mean `base`?",
+        ),
+    ] {
+        let e = parse(&text).unwrap_err().0;
+        assert!(e.contains(want), "{want}: {e}");
+    }
+}

@@ -15,6 +15,7 @@ pub mod cost;
 pub mod data;
 pub mod eval;
 pub mod filter;
+pub mod mix;
 pub mod plan;
 pub mod pretrain;
 pub mod resolve;

@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use super::resolve::{ModelFacts, Resolve};
 use super::stage::{Plan, PlannedStage, StageKind};
 use super::{data, eval, filter, pretrain, sample, train};
-use crate::config::{Config, PRETRAINED};
+use crate::config::{Config, TrainFrom, PRETRAINED};
 
 impl Plan {
     /// Resolves every input (downloading hub files when needed) and keys every stage.
@@ -53,6 +53,8 @@ impl Plan {
         // The model the round before trained: (its folder, facts). Round 1 samples the [sample]
         // model and trains the [train] model (by default the same).
         let mut prev: Option<(String, ModelFacts)> = None;
+        // the filter stages of the rounds before, for `[mix] accumulate`
+        let mut earlier: Vec<String> = Vec::new();
         for r in 1..=rounds {
             let start =
                 |configured: &str, stages: &[PlannedStage]| -> Result<(String, ModelFacts)> {
@@ -90,10 +92,29 @@ impl Plan {
                 let filter = stages.last().filter(|s| s.kind == StageKind::Filter);
                 let filter = filter.context("the train stage needs the filter stage")?;
                 let configured = t.model.as_deref().context("train.model is unresolved")?;
-                let (model, mf) = start(configured, &stages)?;
-                let mut st = train::plan(t, filter, workdir, &mf)?;
+                let (model, mf) = match cfg.train_from {
+                    TrainFrom::Previous => start(configured, &stages)?,
+                    // ReST-EM: every round from the [train] model
+                    TrainFrom::Base => (model_path(&stages, configured), facts(configured)?),
+                };
+                let accumulated: Vec<&PlannedStage> = match &cfg.mix {
+                    Some(m) if m.accumulate => earlier
+                        .iter()
+                        .filter_map(|n| stages.iter().find(|s| &s.name == n))
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                let mix = cfg
+                    .mix
+                    .as_ref()
+                    .map(|m| (m, accumulated.as_slice(), &resolve));
+                let mut st = train::plan(t, filter, workdir, &mf, mix)?;
                 st.name = named("train", r);
                 st.deps.push(("sft", filter.name.clone()));
+                for e in &accumulated {
+                    st.deps.push((super::mix::EARLIER, e.name.clone()));
+                }
+                earlier.push(filter.name.clone());
                 st.model = Some(model);
                 prev = Some((
                     st.model_input().location,

@@ -335,6 +335,7 @@ fn run_logged(cfg: &Config, plan: &Plan, stage: &PlannedStage) -> Result<()> {
         )?,
         StageKind::Train => train::run(
             cfg.train.as_ref().context("no [train] section")?,
+            cfg,
             plan,
             stage,
         )?,

@@ -22,17 +22,20 @@ fn model_name(s: &TrainSettings) -> Result<&str> {
         .context("train.model is resolved when the config is read")
 }
 
+/// `mix`: with `[mix]`, the earlier rounds' filter stages it accumulates (empty without
+/// `accumulate`) and the resolver for its sources.
 pub fn plan(
     s: &TrainSettings,
     filter: &PlannedStage,
     workdir: &Path,
     facts: &super::ModelFacts,
+    mix: Option<(&crate::config::MixConfig, &[&PlannedStage], &super::Resolve)>,
 ) -> Result<PlannedStage> {
     let model = facts.input.clone();
     let params = facts.config.num_params() as u64;
     let budget = crate::train::memory::budget(&facts.config, params, s);
     let dtype_bytes = crate::train::checkpoint::config_dtype(&facts.config).size_in_bytes() as u64;
-    let inputs = vec![
+    let mut inputs = vec![
         InputRef {
             name: "sft".into(),
             location: filter.dir.display().to_string(),
@@ -40,7 +43,14 @@ pub fn plan(
         },
         model,
     ];
-    let config = serde_json::to_value(s)?;
+    let mut config = serde_json::to_value(s)?;
+    // a train stage without [mix] keeps the key it always had
+    let mut rows = filter.estimate.rows;
+    if let Some((m, earlier, resolve)) = mix {
+        inputs.extend(super::mix::inputs(m, earlier, resolve)?);
+        config["mix"] = serde_json::to_value(m)?;
+        rows = super::mix::planned_rows(m, &filter.estimate, earlier);
+    }
     let mut st = PlannedStage::new(
         super::StageKind::Train,
         workdir,
@@ -48,9 +58,7 @@ pub fn plan(
         config,
         inputs,
     );
-    let work = filter
-        .estimate
-        .rows
+    let work = rows
         .zip(filter.estimate.row_tokens)
         .map(|(rows, per_row)| super::Work {
             tokens: rows * per_row * s.epochs,
@@ -68,10 +76,7 @@ pub fn plan(
             params,
             dtype_bytes,
             s,
-            filter
-                .estimate
-                .rows
-                .zip(filter.estimate.row_tokens)
+            rows.zip(filter.estimate.row_tokens)
                 .map(|(r, t)| crate::train::memory::planned_steps(s, r, t)),
         ),
         work,
@@ -99,23 +104,40 @@ pub fn train_memory(s: &TrainSettings, budget: &crate::train::memory::Budget) ->
     }
 }
 
-pub fn run(s: &TrainSettings, plan: &Plan, stage: &PlannedStage) -> Result<StageOutput> {
+pub fn run(
+    s: &TrainSettings,
+    cfg: &crate::config::Config,
+    plan: &Plan,
+    stage: &PlannedStage,
+) -> Result<StageOutput> {
     let filter = plan.dep(stage, "sft")?;
     let model = match &stage.model {
         Some(m) => m.clone(),
         None => model_name(s)?.to_string(),
     };
-    let data = filter.dir.join(super::SFT);
-    let (summary, outputs) = train_into(stage, s.clone(), model, data)?;
+    let (data, mut counts) = match &cfg.mix {
+        Some(m) => {
+            let (path, counts) = super::mix::build(m, cfg.sample.as_ref(), &model, plan, stage)?;
+            (path, counts)
+        }
+        None => (filter.dir.join(super::SFT), Vec::new()),
+    };
+    let (summary, mut outputs) = train_into(stage, s.clone(), model, data.clone())?;
+    if cfg.mix.is_some() {
+        let rows = counts.iter().find(|c| c.0 == "mix.rows").map_or(0, |c| c.1);
+        outputs.push(output_file(&stage.dir, &data, rows)?);
+    }
+    let mut all = vec![
+        ("steps".into(), summary.steps),
+        ("rows".into(), summary.rows as u64),
+        ("tokens".into(), summary.tokens),
+        ("tensors".into(), summary.tensors as u64),
+        ("tensors_unchanged".into(), summary.tensors_unchanged as u64),
+    ];
+    all.append(&mut counts);
     Ok(StageOutput {
         outputs,
-        counts: vec![
-            ("steps".into(), summary.steps),
-            ("rows".into(), summary.rows as u64),
-            ("tokens".into(), summary.tokens),
-            ("tensors".into(), summary.tensors as u64),
-            ("tensors_unchanged".into(), summary.tensors_unchanged as u64),
-        ],
+        counts: all,
         rows: summary.rows as u64,
     })
 }
