@@ -92,6 +92,7 @@ struct RawRun {
     gpu_hour_price: Option<GpuPrice>,
     #[serde(default)]
     train_from: TrainFrom,
+    resample_below: Option<f64>,
 }
 
 /// `run.gpu_hour_price`: one price for every GPU, or a price per GPU kind
@@ -159,6 +160,7 @@ struct RawFilter {
     decontaminate_ngram: Option<usize>,
     #[serde(default)]
     decontaminate_against: Vec<String>,
+    keep_pass_rate: Option<Vec<f64>>,
 }
 
 fn yes() -> bool {
@@ -248,6 +250,10 @@ pub struct FilterConfig {
     /// `decontaminate_against`, resolved (their content is a stage input, not their form).
     #[serde(skip)]
     pub against: Vec<crate::eval::against::Against>,
+    /// Keep only problems whose pass rate (correct samples over graded samples) lies in
+    /// `[min, max]`; left out of the key when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_pass_rate: Option<(f64, f64)>,
 }
 
 /// The model name that stands for the pretrain stage's model in `[sample]`, `[train]` and
@@ -278,6 +284,9 @@ pub struct Config {
     pub overrides: Vec<String>,
     /// Where each round's training starts (`run.train_from`).
     pub train_from: TrainFrom,
+    /// Rounds after the first sample only the problems the round before solved in less than
+    /// this share of their samples (`run.resample_below`).
+    pub resample_below: Option<f64>,
     pub mix: Option<MixConfig>,
 }
 
@@ -430,6 +439,23 @@ impl Config {
                     .into(),
             ));
         }
+        if let Some(r) = run.resample_below {
+            if !(r > 0.0 && r <= 1.0) {
+                return Err(err(
+                    "run.resample_below",
+                    format!(
+                        "must be in (0, 1]: a round samples the problems the round before \
+                         solved in less than this share of their samples; got {r}"
+                    ),
+                ));
+            }
+            if run.rounds < 2 || sample.is_none() {
+                return Err(err(
+                    "run.resample_below",
+                    "acts from round 2 on: set run.rounds = 2 or more, with [sample]".into(),
+                ));
+            }
+        }
         let mix = raw
             .mix
             .map(|m| validate_mix(m, base, origin, train.is_some(), run.rounds))
@@ -461,6 +487,7 @@ impl Config {
             eval,
             overrides: Vec::new(),
             train_from: run.train_from,
+            resample_below: run.resample_below,
             mix,
         })
     }
@@ -474,6 +501,7 @@ struct Run {
     rounds: u32,
     gpu_hour_price: Option<GpuPrice>,
     train_from: TrainFrom,
+    resample_below: Option<f64>,
 }
 
 /// `[run]`: the name (default `default_name`), the work dir (default `runs/<name>`), the disk
@@ -543,6 +571,7 @@ fn validate_run(
         rounds,
         gpu_hour_price: raw.gpu_hour_price,
         train_from: raw.train_from,
+        resample_below: raw.resample_below,
     })
 }
 
@@ -969,6 +998,24 @@ fn validate_filter(
     }
     let against = crate::eval::against::Against::resolve(&f.decontaminate_against, base)
         .map_err(|e| err("decontaminate_against", &format!("{e:#}")))?;
+    let keep_pass_rate = match f.keep_pass_rate.as_deref() {
+        None => None,
+        Some(&[lo, hi]) if (0.0..=1.0).contains(&lo) && (0.0..=1.0).contains(&hi) => {
+            if lo > hi {
+                return Err(err(
+                    "keep_pass_rate",
+                    &format!("[{lo}, {hi}] is an empty window: the minimum is above the maximum"),
+                ));
+            }
+            Some((lo, hi))
+        }
+        Some(v) => {
+            return Err(err(
+                "keep_pass_rate",
+                &format!("must be [min, max] with both in [0, 1], got {v:?}"),
+            ))
+        }
+    };
     Ok(FilterConfig {
         completions,
         max_per_problem: f.max_per_problem,
@@ -984,6 +1031,7 @@ fn validate_filter(
         decontaminate_ngram: ngram,
         decontaminate_against: f.decontaminate_against,
         against,
+        keep_pass_rate,
     })
 }
 

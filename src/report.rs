@@ -100,9 +100,10 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
         train_section(&mut md, "Pretraining", &s.name, &s.dir, &out)?;
     }
     // each round: its sampling, filter and training
+    let mut prev_rates = None;
     for s in list.iter().filter(|s| s.manifest.is_some()) {
         match s.kind {
-            Some(StageKind::Sample) => sample_section(&mut md, s, &out)?,
+            Some(StageKind::Sample) => sample_section(&mut md, s, &out, &mut prev_rates)?,
             Some(StageKind::Filter) => {
                 let m = s.manifest.as_ref().expect("done");
                 let _ = writeln!(
@@ -514,7 +515,13 @@ fn train_section(md: &mut String, title: &str, name: &str, dir: &Path, out: &Pat
     Ok(())
 }
 
-fn sample_section(md: &mut String, s: &Stage, out: &Path) -> Result<()> {
+/// `prev`: the round before's pass rates by problem (samples, correct), replaced by this round's.
+fn sample_section(
+    md: &mut String,
+    s: &Stage,
+    out: &Path,
+    prev: &mut Option<std::collections::HashMap<String, (u64, u64)>>,
+) -> Result<()> {
     let m = s.manifest.as_ref().expect("done");
     let count = |k: &str| m.counts.iter().find(|c| c.0 == k).map_or(0, |c| c.1);
     let _ = writeln!(md, "## Sampling ({})\n", s.name);
@@ -538,6 +545,62 @@ fn sample_section(md: &mut String, s: &Stage, out: &Path) -> Result<()> {
         count("samples_saved"),
     );
     let rows = crate::data::schema::read_completions(&s.dir.join(stages::COMPLETIONS))?;
+    let rates: std::collections::HashMap<String, (u64, u64)> =
+        crate::data::schema::pass_rates(&rows)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+    if !rates.is_empty() {
+        // the pass-rate histogram: never, sometimes (by quarter), always solved
+        let mut bins = [0u64; 6];
+        for (n, c) in rates.values() {
+            let r = *c as f64 / (*n).max(1) as f64;
+            let b = if *c == 0 {
+                0
+            } else if c == n {
+                5
+            } else {
+                ((r * 4.0).ceil() as usize).clamp(1, 4)
+            };
+            bins[b] += 1;
+        }
+        let _ = writeln!(
+            md,
+            "Problems by pass rate (correct samples of their samples):\n\n| | 0 | (0, 25%] | \
+             (25, 50%] | (50, 75%] | (75, 100%) | 100% |\n| --- | --- | --- | --- | --- | --- | \
+             --- |\n| problems | {} |\n",
+            bins.iter()
+                .map(|b| b.to_string())
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+        if let Some(p) = prev.as_ref() {
+            let moved = rates
+                .iter()
+                .filter(|(id, (_, c))| *c > 0 && p.get(*id).is_some_and(|(_, pc)| *pc == 0))
+                .count();
+            let _ = writeln!(
+                md,
+                "{moved} problems unsolved in the round before have a correct sample now.\n"
+            );
+        }
+        let skipped = count("problems_skipped");
+        if skipped > 0 {
+            let n = m.config.get("n").and_then(|v| v.as_u64()).unwrap_or(1);
+            let mean = count("generated_tokens") as f64 / count("samples").max(1) as f64;
+            let _ = writeln!(
+                md,
+                "Resampling (`run.resample_below`): {skipped} problems the round before solved \
+                 reliably were not sampled: {} samples, about {:.0} generated tokens saved.\n",
+                skipped * n,
+                (skipped * n) as f64 * mean
+            );
+        }
+        // a resampled round has no rates for the problems it left out: keep the older ones
+        let mut merged = prev.take().unwrap_or_default();
+        merged.extend(rates);
+        *prev = Some(merged);
+    }
     let mut lengths: Vec<u64> = rows
         .iter()
         .filter_map(|c| c.num_completion_tokens)

@@ -253,7 +253,7 @@ fn mix_accumulates_and_replays_and_rounds_can_start_from_the_base() {
         &[
             (
                 "name = \"tiny-arith-quick\"",
-                "name = \"mini\"\nrounds = 2\ntrain_from = \"base\"",
+                "name = \"mini\"\nrounds = 2\ntrain_from = \"base\"\nresample_below = 1.0",
             ),
             ("limit = 30", "limit = 10"),
         ],
@@ -328,7 +328,29 @@ fn mix_accumulates_and_replays_and_rounds_can_start_from_the_base() {
     };
     assert!(pretrain.ends_with(model_of(&t2)), "{}", model_of(&t2));
     assert_eq!(model_of(&t1), model_of(&t2));
+    // round 2 sampled only the problems round 1 did not solve in every sample
+    let s1 = manifest("sample-r1");
+    let s2 = manifest("sample-r2");
+    let r1 = selfdistill::data::schema::read_completions(
+        &dir_of("sample-r1").join("completions.parquet"),
+    )
+    .unwrap();
+    let always = selfdistill::data::schema::pass_rates(&r1)
+        .values()
+        .filter(|(n, c)| n == c)
+        .count() as u64;
+    assert_eq!(count(&s2, "problems_skipped"), always);
+    assert_eq!(count(&s2, "problems") + always, count(&s1, "problems"));
     let report = std::fs::read_to_string(work.join("report/report.md")).unwrap();
+    assert!(report.contains("Problems by pass rate"), "{report}");
+    if always > 0 {
+        assert!(
+            report.contains(&format!(
+                "Resampling (`run.resample_below`): {always} problems"
+            )),
+            "{report}"
+        );
+    }
     assert!(
         report.contains(&format!(
             "Training rows (`[mix]`): {} in all: {k2} kept this round, {k1} kept in earlier rounds, {replay} from replay.",

@@ -386,6 +386,22 @@ model = "m"
             two.replace("rounds = 2", "rounds = 2\ntrain_from = \"bsae\""),
             "did you mean `base`?",
         ),
+        (
+            two.replace("rounds = 2", "rounds = 2\nresample_below = 0.0"),
+            "`run.resample_below`: must be in (0, 1]",
+        ),
+        (
+            two.replace("rounds = 2", "rounds = 1\nresample_below = 0.5"),
+            "`run.resample_below`: acts from round 2 on",
+        ),
+        (
+            two.replace("[filter]", "[filter]\nkeep_pass_rate = [0.8, 0.2]"),
+            "`filter.keep_pass_rate`: [0.8, 0.2] is an empty window",
+        ),
+        (
+            two.replace("[filter]", "[filter]\nkeep_pass_rate = [0.5]"),
+            "`filter.keep_pass_rate`: must be [min, max] with both in [0, 1]",
+        ),
     ] {
         let e = parse(&text).unwrap_err().0;
         assert!(e.contains(want), "{want}: {e}");

@@ -491,6 +491,14 @@ pub fn apply_rules(
     .iter()
     .map(|r| (*r, 0))
     .collect();
+    // the difficulty window: a problem's pass rate over its graded samples
+    let rates: HashMap<String, (u64, u64)> = crate::data::schema::pass_rates(&graded)
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+    if cfg.keep_pass_rate.is_some() {
+        removed.insert(3, ("outside_pass_rate", 0));
+    }
     let mut reasons: Vec<(String, u64)> = Vec::new();
     let mut seen: HashSet<(String, String)> = HashSet::new();
     let mut per_problem: HashMap<String, usize> = HashMap::new();
@@ -508,9 +516,19 @@ pub fn apply_rules(
             Some((_, n)) => *n += 1,
             None => reasons.push((g.reason.clone(), 1)),
         }
+        let outside = cfg.keep_pass_rate.is_some_and(|(lo, hi)| {
+            let (n, c) = rates
+                .get(row.problem_id.as_str())
+                .copied()
+                .unwrap_or((0, 0));
+            let r = c as f64 / n.max(1) as f64;
+            r < lo || r > hi
+        });
         let rule = if contaminated.contains(row.problem_id.as_str()) && g.reason != UNKNOWN_PROBLEM
         {
             Some("contaminated")
+        } else if outside && g.reason != UNKNOWN_PROBLEM {
+            Some("outside_pass_rate")
         } else {
             drop_rule(cfg, &row, g, &mut seen, &mut per_problem)
         };
@@ -657,6 +675,7 @@ mod tests {
             decontaminate_ngram: 8,
             decontaminate_against: Vec::new(),
             against: Vec::new(),
+            keep_pass_rate: None,
         }
     }
 
@@ -682,6 +701,33 @@ mod tests {
             }),
             logprobs: None,
         }
+    }
+
+    #[test]
+    fn the_pass_rate_window_drops_whole_problems() {
+        let mut c = cfg();
+        c.keep_pass_rate = Some((0.1, 0.6));
+        c.max_per_problem = None;
+        c.min_completion_chars = None;
+        let rows = vec![
+            // a: 2 of 2 right (rate 1.0: too easy)
+            row("a", "so \\boxed{4}", "exact", true, "stop"),
+            row("a", "so \\boxed{4} again", "exact", true, "stop"),
+            // b: 1 of 2 (0.5: kept)
+            row("b", "\\boxed{4}", "exact", true, "stop"),
+            row("b", "\\boxed{5}", "mismatch", false, "stop"),
+            // d: 0 of 1 (below)
+            row("d", "\\boxed{5}", "mismatch", false, "stop"),
+        ];
+        let (kept, counts) = apply_rules(&c, rows, &HashSet::new());
+        let get = |k: &str| counts.iter().find(|(n, _)| n == k).unwrap().1;
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].problem_id, "b");
+        assert_eq!(get("removed.outside_pass_rate"), 3);
+        assert_eq!(get("removed.incorrect"), 1);
+        // unset, the count is not there at all
+        let (_, counts) = apply_rules(&cfg(), vec![], &HashSet::new());
+        assert!(counts.iter().all(|(n, _)| n != "removed.outside_pass_rate"));
     }
 
     #[test]

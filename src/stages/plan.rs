@@ -55,6 +55,7 @@ impl Plan {
         let mut prev: Option<(String, ModelFacts)> = None;
         // the filter stages of the rounds before, for `[mix] accumulate`
         let mut earlier: Vec<String> = Vec::new();
+        let mut prev_sample: Option<String> = None;
         for r in 1..=rounds {
             let start =
                 |configured: &str, stages: &[PlannedStage]| -> Result<(String, ModelFacts)> {
@@ -68,9 +69,20 @@ impl Plan {
                 let data =
                     find(&stages, StageKind::Data).context("the sample stage needs [data]")?;
                 let (model, mf) = start(&s.model, &stages)?;
-                let mut st = sample::plan(s, data, workdir, &mf)?;
+                // the round before's sample stage, when this round resamples
+                let previous = match (cfg.resample_below, &prev_sample) {
+                    (Some(below), Some(name)) => {
+                        stages.iter().find(|x| &x.name == name).map(|p| (p, below))
+                    }
+                    _ => None,
+                };
+                let mut st = sample::plan(s, data, workdir, &mf, previous)?;
                 st.name = named("sample", r);
                 st.deps.push(("data", data.name.clone()));
+                if let Some((p, _)) = previous {
+                    st.deps.push((sample::PREVIOUS, p.name.clone()));
+                }
+                prev_sample = Some(st.name.clone());
                 st.model = Some(model);
                 sampled = Some(stages.len());
                 stages.push(st);

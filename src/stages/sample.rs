@@ -19,7 +19,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::{output_file, Counts, Estimate, Plan, PlannedStage, StageOutput};
-use crate::data::schema::read_problems;
+use crate::data::schema::{read_problems, Problem};
 use crate::jobs::sample::run::{run_settings, JobSummary};
 use crate::jobs::sample::settings::SampleSettings;
 use crate::jobs::sample::shard::{in_shard, merge_ordered};
@@ -32,17 +32,51 @@ pub const SHARD_DONE: &str = "shard.json";
 
 /// Bump when the output for the same inputs changes.
 pub const CODE_VERSION: u32 = 1;
+/// The dependency role of the round before's sample stage (`run.resample_below`).
+pub const PREVIOUS: &str = "previous";
+/// The key of the threshold in the stage's config.
+const RESAMPLE_BELOW: &str = "resample_below";
 
+/// The stage's problems: the data stage's, less (with `run.resample_below`) those the round
+/// before solved in at least that share of their samples; and how many were left out.
+fn stage_problems(plan: &Plan, stage: &PlannedStage) -> Result<(Vec<Problem>, u64)> {
+    let data = plan.dep(stage, "data")?;
+    let mut problems = read_problems(&data.dir.join(super::PROBLEMS))?;
+    let Some(below) = stage.config.get(RESAMPLE_BELOW).and_then(|v| v.as_f64()) else {
+        return Ok((problems, 0));
+    };
+    let prev = plan.dep(stage, PREVIOUS)?;
+    let rows = crate::data::schema::read_completions(&prev.dir.join(super::COMPLETIONS))?;
+    let rates = crate::data::schema::pass_rates(&rows);
+    let before = problems.len();
+    problems.retain(|p| match rates.get(p.problem_id.as_str()) {
+        Some((n, c)) if *n > 0 => (*c as f64) / (*n as f64) < below,
+        _ => true,
+    });
+    let skipped = (before - problems.len()) as u64;
+    tracing::info!(
+        "    resample: {} of {before} problems ({skipped} solved in at least {:.0}% of their \
+         samples by {} are left out)",
+        problems.len(),
+        100.0 * below,
+        prev.name
+    );
+    Ok((problems, skipped))
+}
+
+/// `previous`: with `run.resample_below`, the round before's sample stage and the threshold:
+/// this stage samples only the problems that one solved in less than that share of samples.
 pub fn plan(
     s: &SampleSettings,
     data: &PlannedStage,
     workdir: &Path,
     facts: &super::ModelFacts,
+    previous: Option<(&PlannedStage, f64)>,
 ) -> Result<PlannedStage> {
     let model = facts.input.clone();
     let memory_bytes =
         crate::jobs::sample::memory::host_memory_estimate(s, &facts.config, facts.weight_bytes)?;
-    let inputs = vec![
+    let mut inputs = vec![
         InputRef {
             name: "problems".into(),
             location: data.dir.display().to_string(),
@@ -51,7 +85,16 @@ pub fn plan(
         model,
         super::verifier_input(),
     ];
-    let config = serde_json::to_value(s)?;
+    let mut config = serde_json::to_value(s)?;
+    // a stage that samples every problem keeps the key it always had
+    if let Some((p, below)) = previous {
+        inputs.push(InputRef {
+            name: PREVIOUS.into(),
+            location: p.dir.display().to_string(),
+            hash: p.key.clone(),
+        });
+        config[RESAMPLE_BELOW] = serde_json::json!(below);
+    }
     let mut st = PlannedStage::new(
         super::StageKind::Sample,
         workdir,
@@ -178,8 +221,7 @@ pub fn run_shard(
         );
         return Ok(());
     }
-    let data = plan.dep(stage, "data")?;
-    let mut problems = read_problems(&data.dir.join(super::PROBLEMS))?;
+    let (mut problems, _) = stage_problems(plan, stage)?;
     problems.retain(|p| in_shard(&p.problem_id, shard));
     tracing::info!(
         "==> {} shard {}/{}: {} problems -> {} (pid {} on {})",
@@ -267,19 +309,27 @@ pub fn shard_summary(stage_dir: &Path) -> Option<(Vec<PathBuf>, usize, usize)> {
 }
 
 pub fn run(s: &SampleSettings, plan: &Plan, stage: &PlannedStage) -> Result<StageOutput> {
-    let data = plan.dep(stage, "data")?;
-    let problems = read_problems(&data.dir.join(super::PROBLEMS))?;
+    let (problems, skipped) = stage_problems(plan, stage)?;
     let out = stage.dir.join(super::COMPLETIONS);
+    let resampled = stage.config.get(RESAMPLE_BELOW).is_some();
     if !shard_folders(&stage.dir)?.is_empty() {
-        return join(stage, &problems, &out);
+        let mut o = join(stage, &problems, &out)?;
+        if resampled {
+            o.counts.push(("problems_skipped".into(), skipped));
+        }
+        return Ok(o);
     }
     let target =
         crate::progress::Target::new(stage.name.clone(), Some(stage.dir.join(store::PROGRESS)));
     let summary = run_settings(&settings_for(s, stage), &problems, (0, 1), &out, &target)?;
     summary.print(&out);
+    let mut counts = counts(&summary);
+    if resampled {
+        counts.push(("problems_skipped".into(), skipped));
+    }
     Ok(StageOutput {
         outputs: vec![output_file(&stage.dir, &out, summary.output_rows)?],
-        counts: counts(&summary),
+        counts,
         rows: summary.output_rows,
     })
 }
