@@ -139,6 +139,34 @@ pub struct Completion {
     pub logprobs: Option<Logprobs>,
 }
 
+impl Completion {
+    /// A completion given as text (a worked solution, an imported row): no tokens, grade or
+    /// sampling record; `model` says where it came from.
+    pub fn text(
+        problem_id: String,
+        prompt: String,
+        completion: String,
+        model: Option<String>,
+    ) -> Completion {
+        Completion {
+            problem_id,
+            sample_index: 0,
+            prompt,
+            prompt_token_ids: None,
+            completion,
+            completion_token_ids: None,
+            finish_reason: None,
+            num_completion_tokens: None,
+            cumulative_logprob: None,
+            seed: None,
+            model,
+            sampling_hash: None,
+            grade: None,
+            logprobs: None,
+        }
+    }
+}
+
 /// Log-probabilities of a completion's tokens, one entry per `completion_token_ids` entry, as
 /// vLLM returns them: the raw model's (`log_softmax` of the logits before penalties,
 /// temperature and truncation). A token the sampler did not draw (the thinking budget's forced

@@ -381,21 +381,13 @@ fn load_completions(
     ];
     let rows = rows
         .into_iter()
-        .map(|(p, text)| Completion {
-            problem_id: p.problem_id,
-            sample_index: 0,
-            prompt: p.problem,
-            prompt_token_ids: None,
-            completion: text.unwrap_or_default(),
-            completion_token_ids: None,
-            finish_reason: None,
-            num_completion_tokens: None,
-            cumulative_logprob: None,
-            seed: None,
-            model: Some(format!("import:{}", path.display())),
-            sampling_hash: None,
-            grade: None,
-            logprobs: None,
+        .map(|(p, text)| {
+            Completion::text(
+                p.problem_id,
+                p.problem,
+                text.unwrap_or_default(),
+                Some(format!("import:{}", path.display())),
+            )
         })
         .collect();
     Ok((rows, counts))

@@ -122,21 +122,13 @@ pub fn build(
         }
         let chosen: Vec<_> = picked.iter().map(|&i| problems[i].clone()).collect();
         let prompts = render(&chosen, sample, model)?;
-        rows.extend(chosen.iter().zip(prompts).map(|(p, prompt)| Completion {
-            problem_id: p.problem_id.clone(),
-            sample_index: 0,
-            prompt,
-            prompt_token_ids: None,
-            completion: p.solution.clone().unwrap_or_default(),
-            completion_token_ids: None,
-            finish_reason: None,
-            num_completion_tokens: None,
-            cumulative_logprob: None,
-            seed: None,
-            model: Some(format!("mix:{}", m.source.name)),
-            sampling_hash: None,
-            grade: None,
-            logprobs: None,
+        rows.extend(chosen.iter().zip(prompts).map(|(p, prompt)| {
+            Completion::text(
+                p.problem_id.clone(),
+                prompt,
+                p.solution.clone().unwrap_or_default(),
+                Some(format!("mix:{}", m.source.name)),
+            )
         }));
         counts.push((format!("mix.source.{}", m.source.name), want as u64));
         if want > problems.len() {

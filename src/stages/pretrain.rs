@@ -166,21 +166,13 @@ pub fn run(p: &PretrainConfig, stage: &PlannedStage) -> Result<StageOutput> {
     let rows: Vec<Completion> = problems
         .iter()
         .zip(prompts)
-        .map(|(q, (prompt, _))| Completion {
-            problem_id: q.problem_id.clone(),
-            sample_index: 0,
-            prompt,
-            prompt_token_ids: None,
-            completion: q.solution.clone().unwrap_or_default(),
-            completion_token_ids: None,
-            finish_reason: None,
-            num_completion_tokens: None,
-            cumulative_logprob: None,
-            seed: None,
-            model: None,
-            sampling_hash: None,
-            grade: None,
-            logprobs: None,
+        .map(|(q, (prompt, _))| {
+            Completion::text(
+                q.problem_id.clone(),
+                prompt,
+                q.solution.clone().unwrap_or_default(),
+                None,
+            )
         })
         .collect();
     let batches = rows
