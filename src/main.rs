@@ -36,6 +36,9 @@ enum Command {
     Status(cmd::status::StatusArgs),
     /// Rebuild a work dir's report (report/report.md and its charts) from its stages.
     Report(cmd::report::ReportArgs),
+    /// Runs side by side: each eval set's pass@1 with intervals for every run, the config keys
+    /// in which they differ, and their cost (Markdown and a PNG chart).
+    Compare(cmd::compare::CompareArgs),
     /// Validate a config, resolve its inputs, and check disk and memory before a run.
     Preflight(cmd::preflight::PreflightArgs),
     /// Sample completions for the problems of a file and write the completions Parquet.
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
         Command::Run(a) => cmd::run::run(a),
         Command::Status(a) => cmd::status::run(a),
         Command::Report(a) => cmd::report::run(a),
+        Command::Compare(a) => cmd::compare::run(a),
         Command::Preflight(a) => cmd::preflight::run(a),
         Command::Sample(a) => cmd::sample::run(a),
         Command::Eval(a) => {

@@ -38,16 +38,39 @@ fn register_font() -> Result<()> {
 }
 
 /// One stage of the plan and its state.
-struct Stage {
-    name: String,
+pub struct Stage {
+    pub name: String,
     /// `None` for a stage this build does not know (a plan from another version).
-    kind: Option<StageKind>,
-    dir: PathBuf,
-    manifest: Option<store::Manifest>,
+    pub kind: Option<StageKind>,
+    pub dir: PathBuf,
+    pub manifest: Option<store::Manifest>,
 }
 
-/// Writes the report of `workdir`; returns the path of `report.md`.
-pub fn write(workdir: &Path) -> Result<PathBuf> {
+/// Where a done stage ran: its section's `device` (pretrain: under `train`).
+pub fn stage_device(m: &store::Manifest) -> String {
+    let c = &m.config;
+    c.get("device")
+        .and_then(|d| d.as_str())
+        .or_else(|| c.get("train")?.get("device")?.as_str())
+        .unwrap_or("cpu")
+        .to_string()
+}
+
+/// The GPU hours of a done stage (`None` on the CPU): its wall time, or its shards' added up.
+pub fn gpu_hours(m: &store::Manifest) -> Option<f64> {
+    if stage_device(m) == "cpu" {
+        return None;
+    }
+    let shard = m
+        .counts
+        .iter()
+        .find(|c| c.0 == "shard_seconds")
+        .map(|c| c.1);
+    Some(shard.map_or(m.wall_seconds, |x| x as f64) / 3600.0)
+}
+
+/// A work dir's plan and its stages with their manifests (done ones).
+pub fn stages_of(workdir: &Path) -> Result<(PlanRecord, Vec<Stage>)> {
     let plan_path = workdir.join(store::PLAN);
     let plan: PlanRecord =
         serde_json::from_slice(&std::fs::read(&plan_path).with_context(|| {
@@ -72,6 +95,12 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
             manifest,
         });
     }
+    Ok((plan, list))
+}
+
+/// Writes the report of `workdir`; returns the path of `report.md`.
+pub fn write(workdir: &Path) -> Result<PathBuf> {
+    let (plan, list) = stages_of(workdir)?;
     let out = workdir.join(DIR);
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut md = format!("# Report: {}\n\n", plan.config);
@@ -196,27 +225,8 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
             ),
             None => ("not done", "-".into(), "-".into()),
         };
-        // where the stage ran: its section's `device` (pretrain: under `train`)
-        let device = s
-            .manifest
-            .as_ref()
-            .and_then(|m| {
-                let c = &m.config;
-                c.get("device")
-                    .and_then(|d| d.as_str())
-                    .or_else(|| c.get("train")?.get("device")?.as_str())
-            })
-            .unwrap_or("cpu")
-            .to_string();
-        // GPU time: the stage's wall time, or its shards' added up
-        let hours = s.manifest.as_ref().filter(|_| device != "cpu").map(|m| {
-            let shard = m
-                .counts
-                .iter()
-                .find(|c| c.0 == "shard_seconds")
-                .map(|c| c.1);
-            shard.map_or(m.wall_seconds, |x| x as f64) / 3600.0
-        });
+        let device = s.manifest.as_ref().map_or("cpu".to_string(), stage_device);
+        let hours = s.manifest.as_ref().and_then(gpu_hours);
         total_hours += hours.unwrap_or(0.0);
         let cost = hours.zip(price).map(|(h, p)| h * p);
         total_cost += cost.unwrap_or(0.0);
@@ -631,7 +641,7 @@ fn sample_section(
 
 /// `base (path)` -> (`base`, path); `trained (path)` -> `round 1`; `trained-r2 (path)` ->
 /// `round 2`; anything else stays as it is.
-fn short_model_name(model: &str) -> (String, String) {
+pub fn short_model_name(model: &str) -> (String, String) {
     let Some((label, rest)) = model.split_once(" (") else {
         return (model.to_string(), model.to_string());
     };
@@ -669,7 +679,7 @@ fn commit_png(path: &Path, draw: impl FnOnce(&Path) -> Result<()>) -> Result<()>
 }
 
 /// [`draw_line_chart`] committed whole.
-fn line_chart(
+pub fn line_chart(
     path: &Path,
     title: &str,
     axes: (&str, &str),

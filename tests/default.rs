@@ -359,3 +359,58 @@ fn mix_accumulates_and_replays_and_rounds_can_start_from_the_base() {
         "{report}"
     );
 }
+
+/// `pipeline compare` of two quick runs that differ in one key (given with `--set`): each set's
+/// pass@1 for both, the one key that differs (in every stage whose section holds it), the cost
+/// rows, and the chart.
+#[test]
+fn compare_shows_two_runs_and_the_keys_they_differ_in() {
+    let dir = tempfile::tempdir().unwrap();
+    quick_config(dir.path(), &[("limit = 30", "limit = 10")]);
+    for extra in [&[][..], &["--set", "eval.temperature=1.0"][..]] {
+        let mut args = vec!["run", "all", "--config", "mini.toml"];
+        args.extend_from_slice(extra);
+        let o = run(&args, dir.path());
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let runs: Vec<String> = std::fs::read_dir(dir.path().join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("tiny-arith-quick"))
+        .collect();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    let a = format!("runs/{}", "tiny-arith-quick");
+    let b = format!("runs/{}", "tiny-arith-quick+eval.temperature=1.0");
+    let o = run(&["compare", &a, &b, "--output", "cmp"], dir.path());
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    for want in [
+        "## arith_hard: pass@1[avg-of-n] (95% CI)",
+        "| model | tiny-arith-quick | tiny-arith-quick+eval.temperature=1.0 |",
+        "| base | ",
+        "| round 1 | ",
+        "## Config keys that differ",
+        "| eval.temperature | null | 1.0 |",
+        "| GPU hours | 0.000 | 0.000 |",
+    ] {
+        assert!(out.contains(want), "{want}: {out}");
+    }
+    // only the eval key differs
+    let differ = out
+        .split("## Config keys that differ")
+        .nth(1)
+        .unwrap()
+        .split("## Cost")
+        .next()
+        .unwrap();
+    // the header, its rule and one row
+    assert_eq!(differ.matches("\n| ").count(), 3, "{differ}");
+    let png = std::fs::read(dir.path().join("cmp/compare.png")).unwrap();
+    assert_eq!(&png[..4], b"\x89PNG");
+    let o = run(&["compare", &a, "nowhere", "--output", "cmp"], dir.path());
+    assert!(
+        !o.status.success() && text(&o).contains("no plan"),
+        "{}",
+        text(&o)
+    );
+}

@@ -1,5 +1,5 @@
 //! The commands of the `pipeline` binary, one file each: `run`, `status`, `report`,
-//! `preflight`, `sample`, `eval`, `train`, `merge`, `grade`, `data`, `bench`. Each takes its
+//! `preflight`, `sample`, `eval`, `train`, `merge`, `grade`, `data`, `bench`, `compare`. Each takes its
 //! parsed arguments (an `*Args` struct that `main.rs` flattens into its subcommands), does its
 //! work through the library, and prints.
 //!
@@ -11,6 +11,7 @@ pub mod bench_attention;
 pub mod bench_checkpoint;
 pub mod bench_sample;
 pub mod bench_train;
+pub mod compare;
 pub mod data;
 pub mod decontaminate;
 pub mod eval;
