@@ -45,5 +45,6 @@ pub mod sampler;
 pub mod simd;
 pub mod stages;
 pub mod store;
+pub mod tensorboard;
 pub mod train;
 pub mod verify;

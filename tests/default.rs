@@ -413,4 +413,83 @@ fn compare_shows_two_runs_and_the_keys_they_differ_in() {
         "{}",
         text(&o)
     );
+    tensorboard_reads_the_runs_events(&dir.path().join(&a));
+}
+
+/// TensorBoard's own loader (which checks every record's CRC) reads the run's event files:
+/// every trainer step's loss, the sample stage's pass rate, each eval set's pass@1 per model.
+/// Skips without the `tensorboard` package unless SELFDISTILL_REQUIRE_TENSORBOARD=1 (CI).
+fn tensorboard_reads_the_runs_events(work: &Path) {
+    let ok = std::process::Command::new("python3")
+        .args(["-c", "import tensorboard"])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        assert!(
+            !std::env::var("SELFDISTILL_REQUIRE_TENSORBOARD").is_ok_and(|v| v == "1"),
+            "tensorboard is required (SELFDISTILL_REQUIRE_TENSORBOARD=1) but does not import"
+        );
+        eprintln!("skipped: the tensorboard package is not installed");
+        return;
+    }
+    let board = work.join("tensorboard");
+    let dirs: Vec<String> = ["pretrain", "sample", "train", "eval"]
+        .iter()
+        .map(|s| board.join(s).display().to_string())
+        .collect();
+    let o = std::process::Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tensorboard_read.py"))
+        .args(&dirs)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let got: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let plan: Value =
+        serde_json::from_slice(&std::fs::read(work.join("plan.json")).unwrap()).unwrap();
+    let manifest = |name: &str| -> Value {
+        let s = plan["stages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap();
+        let dir = work.join("stages").join(s["dir"].as_str().unwrap());
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap()
+    };
+    let count = |m: &Value, k: &str| {
+        m["counts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c[0] == k)
+            .unwrap()[1]
+            .as_u64()
+            .unwrap()
+    };
+    for (stage, dir) in [("pretrain", &dirs[0]), ("train", &dirs[2])] {
+        let steps = count(&manifest(stage), "steps") as usize;
+        for tag in [
+            "train/loss",
+            "train/lr",
+            "train/grad_norm",
+            "train/tokens_per_second",
+        ] {
+            let pts = got[dir][tag]
+                .as_array()
+                .unwrap_or_else(|| panic!("{dir} {tag}: {got}"));
+            assert_eq!(pts.len(), steps, "{stage} {tag}");
+            assert_eq!(pts[0][0], 1);
+        }
+    }
+    let s = manifest("sample");
+    let rate = got[&dirs[1]]["sample/pass_rate"][0][1].as_f64().unwrap();
+    let want = count(&s, "correct") as f64 / count(&s, "samples") as f64;
+    assert!((rate - want).abs() < 1e-6, "{rate} vs {want}");
+    for set in ["arith_hard", "arith_easy"] {
+        let pts = got[&dirs[3]][format!("eval/{set}/pass@1")]
+            .as_array()
+            .unwrap();
+        let steps: Vec<i64> = pts.iter().map(|p| p[0].as_i64().unwrap()).collect();
+        assert_eq!(steps, [0, 1], "{set}");
+    }
 }

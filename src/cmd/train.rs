@@ -107,6 +107,7 @@ pub fn run(a: &TrainArgs) -> Result<()> {
             .unwrap_or_else(|| a.output.join("train_state")),
         stop_after: a.stop_after,
         progress_file: None,
+        tensorboard: None,
     };
     let summary = trainer::run(&job)?;
     summary.print(&job.output);

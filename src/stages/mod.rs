@@ -11,6 +11,7 @@
 //! model the round before trained, as stages named `sample-r1`, `filter-r1`, `train-r1`, ...;
 //! with one round they are plain `sample`, `filter`, `train`.
 
+pub mod board;
 pub mod cost;
 pub mod data;
 pub mod eval;

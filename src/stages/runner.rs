@@ -357,6 +357,7 @@ fn run_logged(cfg: &Config, plan: &Plan, stage: &PlannedStage) -> Result<()> {
         wall_seconds,
         finished_unix: store::now_unix(),
     };
+    super::board::write(stage, &manifest)?;
     crate::fault::point(&format!("{}.before_manifest", stage.name));
     store::write_json_atomic(&stage.dir.join(store::MANIFEST), &manifest)?;
     tracing::info!(

@@ -160,6 +160,7 @@ pub(crate) fn train_into(
         state_dir: stage.dir.join(TRAIN_STATE_DIR),
         stop_after: None,
         progress_file: Some(stage.dir.join(store::PROGRESS)),
+        tensorboard: Some(super::board::dir(stage)),
     };
     let summary = crate::train::trainer::run(&job)?;
     summary.print(&job.output);

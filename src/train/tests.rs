@@ -487,6 +487,7 @@ fn trainer_matches_pytorch(dir: &std::path::Path) -> (tempfile::TempDir, TrainJo
         state_dir: tmp.join("state"),
         stop_after: None,
         progress_file: None,
+        tensorboard: None,
     };
     let summary = run(&job).unwrap();
     assert_eq!(summary.steps, 8);
@@ -562,6 +563,7 @@ fn a_stopped_and_resumed_run_is_bit_identical() {
         state_dir: tmp.path().join(name).join("state"),
         stop_after,
         progress_file: None,
+        tensorboard: None,
     };
     let straight = job("a", None);
     run(&straight).unwrap();
@@ -614,6 +616,7 @@ fn run_on_fixture(dir: &std::path::Path, settings: TrainSettings, ok: bool) -> V
         state_dir: tmp.path().join("state"),
         stop_after: None,
         progress_file: None,
+        tensorboard: None,
     };
     match run(&job) {
         Ok(_) => assert!(ok, "the run should have failed"),

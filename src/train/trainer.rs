@@ -42,6 +42,54 @@ pub struct TrainJob {
     pub stop_after: Option<u64>,
     /// Where to record the checkpointed step for `pipeline status` (a stage's progress file).
     pub progress_file: Option<PathBuf>,
+    /// A folder for TensorBoard events of every logged step (rewritten at each checkpoint and at
+    /// the end); `None`: `<state_dir>/tensorboard`.
+    pub tensorboard: Option<PathBuf>,
+}
+
+/// The scalars of `metrics.jsonl` for TensorBoard (`train/loss`, `train/grad_norm`, `train/lr`,
+/// `train/update_ratio`, `train/changed_share`, `train/tokens_per_second`), wall times counted
+/// back from now by each step's elapsed seconds.
+fn write_board(job: &TrainJob) -> Result<()> {
+    let text = match std::fs::read_to_string(job.state_dir.join(METRICS)) {
+        Ok(t) => t,
+        Err(_) => return Ok(()),
+    };
+    let steps: Vec<Metrics> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let Some(last) = steps.last() else {
+        return Ok(());
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    let mut scalars = Vec::with_capacity(steps.len() * 6);
+    for m in &steps {
+        let wall_time = now - (last.elapsed_seconds - m.elapsed_seconds).max(0.0);
+        for (tag, value) in [
+            ("train/loss", m.loss),
+            ("train/grad_norm", m.grad_norm),
+            ("train/lr", m.lr),
+            ("train/update_ratio", m.update_ratio),
+            ("train/changed_share", m.changed_share),
+            ("train/tokens_per_second", m.tokens_per_second),
+        ] {
+            scalars.push(crate::tensorboard::Scalar {
+                tag: tag.into(),
+                step: m.step as i64,
+                value,
+                wall_time,
+            });
+        }
+    }
+    let dir = job
+        .tensorboard
+        .clone()
+        .unwrap_or_else(|| job.state_dir.join("tensorboard"));
+    crate::tensorboard::write(&dir, &scalars)?;
+    Ok(())
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -235,6 +283,7 @@ pub fn run(job: &TrainJob) -> Result<TrainSummary> {
         let every = p.s.checkpoint_every;
         if stop || done == p.total || (every > 0 && done % every == 0) {
             p.checkpoint(&mut r, done, m.loss)?;
+            write_board(job)?;
             checkpointed = Some(done);
             tracker.detail(detail(checkpointed));
             tracker.flush();
