@@ -701,3 +701,76 @@ sets = ["toy.toml"]
     let config = std::fs::read_to_string(trained.join("config.json")).unwrap();
     assert!(config.contains("Qwen3_5ForConditionalGeneration") && config.contains("vision_config"));
 }
+
+/// A teacher whose tokenizer is not the student's: the run is refused before any stage runs,
+/// naming both models (the sampled token ids would train the student on the wrong tokens). The
+/// student is the tiny fixture with two vocabulary entries swapped; the same tokenizer written
+/// out another way (pretty-printed) is the same tokenizer.
+#[test]
+fn a_teacher_with_another_tokenizer_is_refused_before_sampling() {
+    let (Some(teacher), Some(data)) = (
+        shared("fixtures/tiny-qwen3"),
+        shared("data/gsm8k_train.jsonl"),
+    ) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // a copy of the teacher whose tokenizer.json can be rewritten
+    let copy = |name: &str| {
+        let to = dir.path().join(name);
+        copy_checkpoint(&teacher, &to);
+        let p = to.join("tokenizer.json");
+        let mut perm = std::fs::metadata(&p).unwrap().permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        perm.set_readonly(false);
+        std::fs::set_permissions(&p, perm).unwrap();
+        p
+    };
+    let tok_path = copy("student");
+    let mut tok: Value = serde_json::from_slice(&std::fs::read(&tok_path).unwrap()).unwrap();
+    let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
+    let keys: Vec<String> = vocab.keys().take(2).cloned().collect();
+    let (a, b) = (vocab[&keys[0]].clone(), vocab[&keys[1]].clone());
+    vocab.insert(keys[0].clone(), b);
+    vocab.insert(keys[1].clone(), a);
+    std::fs::write(&tok_path, serde_json::to_vec(&tok).unwrap()).unwrap();
+    std::fs::write(
+        dir.path().join("t.toml"),
+        format!(
+            "[run]\nworkdir = \"work\"\n[[data.sources]]\nname = \"gsm8k\"\nformat = \"gsm8k\"\n\
+             path = \"{}\"\nlimit = 4\n[sample]\nmodel = \"{}\"\nprompt_template = \"raw\"\n\
+             n = 1\nmax_new_tokens = 4\n[filter]\n[train]\nmodel = \"{}\"\n",
+            data.display(),
+            teacher.display(),
+            dir.path().join("student").display()
+        ),
+    )
+    .unwrap();
+    let o = run(&["run", "all", "--config", "t.toml"], dir.path());
+    let out = text(&o);
+    assert!(!o.status.success(), "{out}");
+    assert!(
+        out.contains("whose tokenizer differs from that of the trained model")
+            && out.contains("student"),
+        "{out}"
+    );
+    // no stage ran
+    let ran = std::fs::read_dir(dir.path().join("work/stages"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(ran, 0, "{out}");
+    // the teacher's own tokenizer, pretty-printed: planned (preflight passes the check)
+    let tok_path = copy("same");
+    let tok: Value = serde_json::from_slice(&std::fs::read(&tok_path).unwrap()).unwrap();
+    std::fs::write(&tok_path, serde_json::to_vec_pretty(&tok).unwrap()).unwrap();
+    let cfg = std::fs::read_to_string(dir.path().join("t.toml"))
+        .unwrap()
+        .replace("student", "same");
+    std::fs::write(dir.path().join("t.toml"), cfg).unwrap();
+    let o = run(&["preflight", "--config", "t.toml"], dir.path());
+    assert!(
+        !text(&o).contains("whose tokenizer differs"),
+        "{}",
+        text(&o)
+    );
+}

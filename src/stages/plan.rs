@@ -120,6 +120,15 @@ impl Plan {
                     .mix
                     .as_ref()
                     .map(|m| (m, accumulated.as_slice(), &resolve));
+                // refused before anything runs when both models are here to compare
+                let teacher = stages
+                    .iter()
+                    .rev()
+                    .find(|x| x.kind == StageKind::Sample)
+                    .and_then(|x| x.model.clone());
+                if let Some(teacher) = teacher {
+                    train::check_tokenizers(&teacher, &model)?;
+                }
                 let mut st = train::plan(t, filter, workdir, &mf, mix)?;
                 st.name = named("train", r);
                 st.deps.push(("sft", filter.name.clone()));
