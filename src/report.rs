@@ -555,11 +555,7 @@ fn sample_section(
         count("samples_saved"),
     );
     let rows = crate::data::schema::read_completions(&s.dir.join(stages::COMPLETIONS))?;
-    let rates: std::collections::HashMap<String, (u64, u64)> =
-        crate::data::schema::pass_rates(&rows)
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect();
+    let rates = crate::data::schema::pass_rates(&rows);
     if !rates.is_empty() {
         // the pass-rate histogram: never, sometimes (by quarter), always solved
         let mut bins = [0u64; 6];

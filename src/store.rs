@@ -361,6 +361,13 @@ pub fn hash_json(v: &serde_json::Value) -> String {
     hex::encode(Sha256::digest(v.to_string().as_bytes()))
 }
 
+/// A seed derived from `v` (the first 8 bytes of its hash): seeded choices that differ by name
+/// (a round, a source, a set) but not between runs.
+pub fn hash_seed(v: &serde_json::Value) -> u64 {
+    let d = Sha256::digest(v.to_string().as_bytes());
+    u64::from_be_bytes(d[..8].try_into().expect("8 bytes"))
+}
+
 /// Total size of the files under `dir`.
 pub fn dir_bytes(dir: &Path) -> u64 {
     let Ok(entries) = fs::read_dir(dir) else {

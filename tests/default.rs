@@ -27,15 +27,7 @@ fn pass1(metrics: &Value, set: &str, model: &str) -> f64 {
 
 /// The metrics of the eval stage of the work dir's current plan.
 fn eval_metrics(work: &Path) -> Value {
-    let plan: Value =
-        serde_json::from_slice(&std::fs::read(work.join("plan.json")).unwrap()).unwrap();
-    let eval = plan["stages"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|s| s["name"] == "eval")
-        .unwrap();
-    let dir = work.join("stages").join(eval["dir"].as_str().unwrap());
+    let dir = planned_stage_dir(work, "eval");
     serde_json::from_slice(&std::fs::read(dir.join("metrics.json")).unwrap()).unwrap()
 }
 
@@ -269,31 +261,9 @@ fn mix_accumulates_and_replays_and_rounds_can_start_from_the_base() {
     let out = text(&o);
     assert!(o.status.success(), "{out}");
     let work = dir.path().join("runs/mini");
-    // stage folders are named by kind and key: find a round's in the plan
-    let plan: Value =
-        serde_json::from_slice(&std::fs::read(work.join("plan.json")).unwrap()).unwrap();
-    let dir_of = |name: &str| -> std::path::PathBuf {
-        let s = plan["stages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["name"] == name)
-            .unwrap_or_else(|| panic!("no {name} in {plan}"));
-        work.join("stages").join(s["dir"].as_str().unwrap())
-    };
-    let manifest = |name: &str| -> Value {
-        serde_json::from_slice(&std::fs::read(dir_of(name).join("manifest.json")).unwrap()).unwrap()
-    };
-    let count = |m: &Value, k: &str| {
-        m["counts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c[0] == k)
-            .unwrap_or_else(|| panic!("no {k}: {m}"))[1]
-            .as_u64()
-            .unwrap()
-    };
+    let dir_of = |name: &str| planned_stage_dir(&work, name);
+    let manifest = |name: &str| manifest_of(&work, name);
+    let count = manifest_count;
     let kept = |name: &str| count(&manifest(name), "kept");
     let (k1, k2) = (kept("filter-r1"), kept("filter-r2"));
     let t2 = manifest("train-r2");
@@ -444,28 +414,8 @@ fn tensorboard_reads_the_runs_events(work: &Path) {
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let got: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let plan: Value =
-        serde_json::from_slice(&std::fs::read(work.join("plan.json")).unwrap()).unwrap();
-    let manifest = |name: &str| -> Value {
-        let s = plan["stages"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["name"] == name)
-            .unwrap();
-        let dir = work.join("stages").join(s["dir"].as_str().unwrap());
-        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap()
-    };
-    let count = |m: &Value, k: &str| {
-        m["counts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c[0] == k)
-            .unwrap()[1]
-            .as_u64()
-            .unwrap()
-    };
+    let manifest = |name: &str| manifest_of(work, name);
+    let count = manifest_count;
     for (stage, dir) in [("pretrain", &dirs[0]), ("train", &dirs[2])] {
         let steps = count(&manifest(stage), "steps") as usize;
         for tag in [

@@ -462,18 +462,8 @@ fn run_all_drops_training_problems_that_are_eval_problems_and_says_so() {
     assert!(o.status.success(), "{}", text(&o));
     let work = dir.path().join("work");
     let filter = stage_dir(&work, "filter");
-    let manifest: Value =
-        serde_json::from_slice(&std::fs::read(filter.join("manifest.json")).unwrap()).unwrap();
-    let count = |k: &str| {
-        manifest["counts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c[0] == k)
-            .unwrap_or_else(|| panic!("no {k}: {manifest}"))[1]
-            .as_u64()
-            .unwrap()
-    };
+    let manifest = manifest_of(&work, "filter");
+    let count = |k: &str| manifest_count(&manifest, k);
     assert_eq!(count("contaminated.leak"), 3);
     assert_eq!(count("contaminated.math500"), 0);
     assert_eq!(count("removed.contaminated"), 3);

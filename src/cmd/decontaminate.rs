@@ -107,22 +107,14 @@ fn check(index: &Index, rows: &[TextRow]) -> (RowMatches, Vec<(u64, u64)>) {
     let mut per_set = vec![(0u64, 0u64); index.names().len()];
     let mut out = Vec::new();
     for r in rows {
-        for m in index.check(&r.text) {
-            let c = &mut per_set[m.set];
-            match m.kind {
-                MatchKind::Exact => c.0 += 1,
-                MatchKind::Ngram => c.1 += 1,
+        for (set, c) in index.contamination(&r.id, &r.text) {
+            let n = &mut per_set[set];
+            if c.kind == MatchKind::Exact.as_str() {
+                n.0 += 1;
+            } else {
+                n.1 += 1;
             }
-            out.push((
-                r.row,
-                Contamination {
-                    problem_id: r.id.clone(),
-                    eval_set: index.names()[m.set].clone(),
-                    eval_problem_id: m.eval_id,
-                    kind: m.kind.as_str().to_string(),
-                    text: m.text,
-                },
-            ));
+            out.push((r.row, c));
         }
     }
     (out, per_set)

@@ -17,6 +17,8 @@ use std::path::Path;
 
 use anyhow::{bail, Result};
 
+use super::schema::Contamination;
+
 /// Words per n-gram unless configured (open-r1's choice).
 pub const DEFAULT_NGRAM: usize = 8;
 
@@ -163,18 +165,39 @@ impl Index {
         (self.problems.len(), self.grams.len())
     }
 
+    /// The matches of training problem `problem_id` as the rows `contamination.parquet` holds,
+    /// each with its set's index.
+    pub fn contamination(&self, problem_id: &str, text: &str) -> Vec<(usize, Contamination)> {
+        self.check(text)
+            .into_iter()
+            .map(|m| {
+                (
+                    m.set,
+                    Contamination {
+                        problem_id: problem_id.to_string(),
+                        eval_set: self.names[m.set].clone(),
+                        eval_problem_id: m.eval_id,
+                        kind: m.kind.as_str().to_string(),
+                        text: m.text,
+                    },
+                )
+            })
+            .collect()
+    }
+
     /// The first match of `text` in each set it matches (exact matches first), in set order.
     pub fn check(&self, text: &str) -> Vec<Match> {
         let words = words(text);
+        let joined = words.join(" ");
         let mut found: Vec<Option<Match>> = vec![None; self.names.len()];
-        if let Some(ps) = self.exact.get(&words.join(" ")) {
+        if let Some(ps) = self.exact.get(&joined) {
             for &p in ps {
                 let prob = &self.problems[p as usize];
                 found[prob.set].get_or_insert_with(|| Match {
                     set: prob.set,
                     eval_id: prob.id.clone(),
                     kind: MatchKind::Exact,
-                    text: words.join(" "),
+                    text: joined.clone(),
                 });
             }
         }

@@ -295,11 +295,11 @@ pub fn completions_batch(rows: &[Completion], graded: bool, logprobs: bool) -> R
 /// Reads a completions Parquet (ours, or any file with at least `problem_id` and `completion`;
 /// the other columns are optional). The grade columns are read when all four are present.
 /// Per problem of graded `rows`: (graded samples, correct samples).
-pub fn pass_rates(rows: &[Completion]) -> std::collections::HashMap<&str, (u64, u64)> {
-    let mut out: std::collections::HashMap<&str, (u64, u64)> = std::collections::HashMap::new();
+pub fn pass_rates(rows: &[Completion]) -> std::collections::HashMap<String, (u64, u64)> {
+    let mut out: std::collections::HashMap<String, (u64, u64)> = std::collections::HashMap::new();
     for r in rows {
         if let Some(g) = &r.grade {
-            let e = out.entry(r.problem_id.as_str()).or_default();
+            let e = out.entry(r.problem_id.clone()).or_default();
             e.0 += 1;
             e.1 += g.correct as u64;
         }

@@ -120,8 +120,7 @@ fn seed_of(seed: u64, parts: &[&str]) -> u64 {
         .iter()
         .map(|p| p.split_once(" (").map_or(*p, |(label, _)| label))
         .collect();
-    let h = crate::store::hash_json(&serde_json::json!(parts));
-    seed ^ u64::from_str_radix(&h[..16], 16).unwrap_or(0)
+    seed ^ crate::store::hash_seed(&serde_json::json!(parts))
 }
 
 /// The examples and lengths of `samples`: (set, model, graded samples file) in model order per
@@ -228,10 +227,14 @@ pub fn excerpt(text: &str) -> String {
         v.extend(lines[lines.len() - TAIL_LINES..].iter().map(cut));
         v
     };
-    // a fence longer than any run of backticks in the text
+    fenced(text, &shown.join("\n"))
+}
+
+/// `shown` in a fence longer than any run of backticks in `text` (which `shown` is cut from).
+fn fenced(text: &str, shown: &str) -> String {
     let longest = text.split(|c| c != '`').map(str::len).max().unwrap_or(0);
     let fence = "`".repeat(longest.max(2) + 1);
-    format!("{fence}text\n{}\n{fence}", shown.join("\n"))
+    format!("{fence}text\n{shown}\n{fence}")
 }
 
 fn verdict(e: &Example) -> String {
@@ -280,14 +283,12 @@ fn full_text(e: &Example, name: &dyn Fn(&str) -> String) -> String {
 
 /// The whole text in a fence.
 fn excerpt_all(text: &str) -> String {
-    let longest = text.split(|c| c != '`').map(str::len).max().unwrap_or(0);
-    let fence = "`".repeat(longest.max(2) + 1);
-    format!("{fence}text\n{text}\n{fence}")
+    fenced(text, text)
 }
 
 /// The markdown of `ex`, a part per set as (set, heading and length table, examples), writing
-/// each example's whole text
-/// to `out/<dir>/<set>/<n>-<model>-<kind>.md` and linking it; `name` shortens model names.
+/// each example's whole text to `out/<dir>/<set>/<n>-<model>-<kind>.md` and linking it; `name`
+/// shortens model names.
 pub fn render(
     ex: &Examples,
     out: &Path,

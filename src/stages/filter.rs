@@ -297,15 +297,9 @@ fn decontaminate(
     let mut rows = Vec::new();
     let mut per_ref = vec![0u64; refs.len()];
     for p in problems {
-        for m in index.check(&p.problem) {
-            per_ref[m.set] += 1;
-            rows.push(Contamination {
-                problem_id: p.problem_id.clone(),
-                eval_set: index.names()[m.set].clone(),
-                eval_problem_id: m.eval_id,
-                kind: m.kind.as_str().to_string(),
-                text: m.text,
-            });
+        for (set, c) in index.contamination(&p.problem_id, &p.problem) {
+            per_ref[set] += 1;
+            rows.push(c);
         }
     }
     let (eval_problems, grams) = index.size();
@@ -483,14 +477,14 @@ pub fn apply_rules(
     .iter()
     .map(|r| (*r, 0))
     .collect();
-    // the difficulty window: a problem's pass rate over its graded samples
-    let rates: HashMap<String, (u64, u64)> = crate::data::schema::pass_rates(&graded)
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect();
-    if cfg.keep_pass_rate.is_some() {
-        removed.insert(3, ("outside_pass_rate", 0));
-    }
+    // the difficulty window: a problem's pass rate over its graded samples (only with one)
+    let rates = match cfg.keep_pass_rate {
+        Some(_) => {
+            removed.insert(3, ("outside_pass_rate", 0));
+            crate::data::schema::pass_rates(&graded)
+        }
+        None => HashMap::new(),
+    };
     let mut reasons: Vec<(String, u64)> = Vec::new();
     let mut seen: HashSet<(String, String)> = HashSet::new();
     let mut per_problem: HashMap<String, usize> = HashMap::new();

@@ -105,12 +105,8 @@ pub fn build(
                 m.source.name
             );
         }
-        let seed = mix.seed
-            ^ u64::from_str_radix(
-                &crate::store::hash_json(&serde_json::json!([stage.name, m.source.name]))[..16],
-                16,
-            )
-            .unwrap_or(0);
+        let seed =
+            mix.seed ^ crate::store::hash_seed(&serde_json::json!([stage.name, m.source.name]));
         let mut rng = crate::rng::SplitMix(seed);
         let mut picked = Vec::with_capacity(want);
         while picked.len() < want {

@@ -115,6 +115,38 @@ completion_field = "{completion_field}"
     p
 }
 
+/// The folder of the stage the work dir's plan names `name` (a round's too: `filter-r2`; stage
+/// folders are named by kind and key).
+pub fn planned_stage_dir(work: &Path, name: &str) -> PathBuf {
+    let plan: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(work.join("plan.json")).unwrap()).unwrap();
+    let s = plan["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {plan}"));
+    work.join("stages").join(s["dir"].as_str().unwrap())
+}
+
+/// The manifest of the stage the work dir's plan names `name`.
+pub fn manifest_of(work: &Path, name: &str) -> serde_json::Value {
+    let p = planned_stage_dir(work, name).join("manifest.json");
+    serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap()
+}
+
+/// A count of a manifest.
+pub fn manifest_count(m: &serde_json::Value, key: &str) -> u64 {
+    m["counts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c[0] == key)
+        .unwrap_or_else(|| panic!("no count {key}: {m}"))[1]
+        .as_u64()
+        .unwrap()
+}
+
 /// The folder of stage `name` in a work dir (the first `stages/<name>-*`).
 pub fn stage_dir(work: &Path, name: &str) -> PathBuf {
     std::fs::read_dir(work.join("stages"))
