@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::bytes::parse_bytes;
 use crate::data::source::{resolve, source_from_toml, Location, RawSource, SourceSpec};
 use crate::eval::EvalConfig;
+use crate::jobs::sample::rationalize::Rationalize;
 use crate::jobs::sample::settings::KeyError;
 use crate::jobs::sample::settings::SampleSettings;
 use crate::names::closest;
@@ -40,6 +41,7 @@ struct RawConfig {
     train: Option<TrainSettings>,
     eval: Option<toml::Table>,
     mix: Option<RawMix>,
+    rationalize: Option<Rationalize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -288,6 +290,9 @@ pub struct Config {
     /// this share of their samples (`run.resample_below`).
     pub resample_below: Option<f64>,
     pub mix: Option<MixConfig>,
+    /// STaR's rationalization: the problems no sample solved are sampled again with the answer
+    /// as a hint (`[rationalize]`).
+    pub rationalize: Option<Rationalize>,
 }
 
 /// The `[eval]` section with its base model and sets resolved.
@@ -460,6 +465,16 @@ impl Config {
             .mix
             .map(|m| validate_mix(m, base, origin, train.is_some(), run.rounds))
             .transpose()?;
+        if let Some(r) = &raw.rationalize {
+            if sample.is_none() {
+                return Err(ConfigError(format!(
+                    "{origin}: `rationalize`: samples the problems the sample stage left \
+                     unsolved again, with a hint: add a [sample] section"
+                )));
+            }
+            r.validate()
+                .map_err(|e| ConfigError(format!("{origin}: `rationalize.{e}")))?;
+        }
         let pretrain = match raw.pretrain {
             Some(p) => Some(validate_pretrain(
                 p,
@@ -489,6 +504,7 @@ impl Config {
             train_from: run.train_from,
             resample_below: run.resample_below,
             mix,
+            rationalize: raw.rationalize,
         })
     }
 }

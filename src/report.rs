@@ -143,7 +143,19 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
                 for (k, v) in &m.counts {
                     let _ = writeln!(md, "| {k} | {v} |");
                 }
-                let _ = writeln!(md, "\nKept: {} SFT rows.\n", m.rows);
+                match m.counts.iter().find(|(k, _)| k == "kept_rationalized") {
+                    Some((_, r)) => {
+                        let _ = writeln!(
+                            md,
+                            "\nKept: {} SFT rows, {r} of them rationalized (sampled with the \
+                             answer as a hint, trained under the prompt without it).\n",
+                            m.rows
+                        );
+                    }
+                    None => {
+                        let _ = writeln!(md, "\nKept: {} SFT rows.\n", m.rows);
+                    }
+                }
                 let checked: Vec<&(String, u64)> = m
                     .counts
                     .iter()
@@ -600,6 +612,22 @@ fn sample_section(
                  reliably were not sampled: {} samples, about {:.0} generated tokens saved.\n",
                 skipped * n,
                 (skipped * n) as f64 * mean
+            );
+        }
+        if m.counts.iter().any(|(k, _)| k == "rationalize.problems") {
+            let _ = writeln!(
+                md,
+                "Rationalization (`[rationalize]`): the {} problems without a correct sample \
+                 were sampled again with the answer as a hint: {} samples, {} correct, {} \
+                 generated tokens (`{}`; the hinted prompts are in `{}`).\n",
+                count("rationalize.problems"),
+                count("rationalize.samples"),
+                count("rationalize.correct"),
+                count("rationalize.generated_tokens"),
+                s.dir
+                    .join(crate::jobs::sample::rationalize::RATIONALIZED)
+                    .display(),
+                crate::jobs::sample::rationalize::HINTED,
             );
         }
         // a resampled round has no rates for the problems it left out: keep the older ones

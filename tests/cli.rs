@@ -576,6 +576,7 @@ fn filter_applies_every_rule_to_a_completions_parquet() {
         sampling_hash: Some("h".into()),
         grade: None,
         logprobs: None,
+        rationalized: false,
     };
     let rows = vec![
         row(id(0), 0, "2+2 = 4, so \\boxed{4}", "stop", 8),

@@ -443,3 +443,306 @@ fn tensorboard_reads_the_runs_events(work: &Path) {
         assert_eq!(steps, [0, 1], "{set}");
     }
 }
+
+/// STaR's rationalization on the quick default: the problems no sample solved are sampled again
+/// with the answer in the prompt (`hinted.parquet`); the same rows, under the prompt without the
+/// hint, are `rationalized.parquet`, and the correct ones reach `sft.parquet` marked
+/// `rationalized`, counted in the manifests and the report. A run killed inside the hinted pass
+/// resumes to the same SFT file.
+#[test]
+fn star_rationalizes_the_unsolved_problems_under_their_original_prompts() {
+    use selfdistill::data::schema::{pass_rates, read_completions};
+    let edits = [
+        ("name = \"tiny-arith-quick\"", "name = \"mini\""),
+        ("limit = 30", "limit = 10"),
+        (
+            "[train]",
+            "[rationalize]\nhint = \"{problem} (answer: {answer})\"\nn = 8\n\n[train]",
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    quick_config(dir.path(), &edits);
+    let o = run(&["run", "all", "--config", "mini.toml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let work = dir.path().join("runs/mini");
+    let sample = planned_stage_dir(&work, "sample");
+    let first = read_completions(&sample.join("completions.parquet")).unwrap();
+    assert!(first.iter().all(|r| !r.rationalized));
+    let rates = pass_rates(&first);
+    let mut unsolved: Vec<&String> = rates
+        .iter()
+        .filter(|(_, (n, c))| *n > 0 && *c == 0)
+        .map(|(id, _)| id)
+        .collect();
+    unsolved.sort();
+    assert!(!unsolved.is_empty(), "every problem was solved: {rates:?}");
+    let hinted = read_completions(&sample.join("hinted.parquet")).unwrap();
+    let rationalized = read_completions(&sample.join("rationalized.parquet")).unwrap();
+    let mut ids: Vec<&String> = hinted.iter().map(|r| &r.problem_id).collect();
+    ids.dedup();
+    ids.sort();
+    assert_eq!(ids, unsolved);
+    assert_eq!(hinted.len(), 8 * unsolved.len());
+    assert_eq!(rationalized.len(), hinted.len());
+    for (h, r) in hinted.iter().zip(&rationalized) {
+        let g = h.grade.as_ref().unwrap();
+        assert!(
+            h.prompt.contains(&format!("(answer: {})", g.gold_answer)),
+            "{}",
+            h.prompt
+        );
+        // the same sample, under the prompt the first pass gave the problem
+        let orig = first.iter().find(|f| f.problem_id == r.problem_id).unwrap();
+        assert!(r.rationalized && !h.rationalized);
+        assert_eq!(r.prompt, orig.prompt);
+        assert_eq!(r.prompt_token_ids, orig.prompt_token_ids);
+        assert!(!r.prompt.contains("(answer:"));
+        assert_eq!(
+            (&r.completion, &r.completion_token_ids, r.sample_index),
+            (&h.completion, &h.completion_token_ids, h.sample_index)
+        );
+        assert_eq!(r.grade, h.grade);
+    }
+    let correct = rationalized
+        .iter()
+        .filter(|r| r.grade.as_ref().unwrap().correct)
+        .count() as u64;
+    let m = manifest_of(&work, "sample");
+    assert_eq!(
+        manifest_count(&m, "rationalize.problems"),
+        unsolved.len() as u64
+    );
+    assert_eq!(
+        manifest_count(&m, "rationalize.samples"),
+        hinted.len() as u64
+    );
+    assert_eq!(manifest_count(&m, "rationalize.correct"), correct);
+    // the seeded run has correct rationales (2 of 104 when written): the rest needs some
+    assert!(correct > 0, "no hinted sample was correct");
+    let sft = read_completions(&planned_stage_dir(&work, "filter").join("sft.parquet")).unwrap();
+    let marked: Vec<_> = sft.iter().filter(|r| r.rationalized).collect();
+    let kept = manifest_count(&manifest_of(&work, "filter"), "kept_rationalized");
+    assert_eq!(marked.len() as u64, kept);
+    assert!(kept > 0 && kept <= correct, "{kept} of {correct}");
+    for r in &marked {
+        assert!(unsolved.contains(&&r.problem_id) && !r.prompt.contains("(answer:"));
+    }
+    let report = std::fs::read_to_string(work.join("report/report.md")).unwrap();
+    assert!(
+        report.contains(&format!(
+            "Rationalization (`[rationalize]`): the {} problems without a correct sample",
+            unsolved.len()
+        )),
+        "{report}"
+    );
+    assert!(
+        report.contains(&format!("{kept} of them rationalized")),
+        "{report}"
+    );
+
+    // killed in the hinted pass (the first pass commits 8 parts of 8 problems): the same rows
+    let again = tempfile::tempdir().unwrap();
+    quick_config(again.path(), &edits);
+    run_killed_at(again.path(), "mini.toml", &["sample.part:9"]);
+    let o = run(&["run", "all", "--config", "mini.toml"], again.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let sft2 = read_completions(
+        &planned_stage_dir(&again.path().join("runs/mini"), "filter").join("sft.parquet"),
+    )
+    .unwrap();
+    assert_eq!(sft2, sft);
+}
+
+/// The losses of a training run's `metrics.jsonl`, step by step.
+fn losses(metrics: &Path) -> Vec<f64> {
+    std::fs::read_to_string(metrics)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).unwrap()["loss"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect()
+}
+
+/// A teacher that is not the student, with its own vocabulary and chat template: the teacher
+/// (the quick default's pretrained model, its chat template giving the raw problem it learned
+/// from) samples, and the student (another tiny checkpoint whose tokenizer gives every piece
+/// another id, with a `Question: ... Answer:` template) trains on the kept rows re-rendered from
+/// their text: its prompts in its own template, no token id of the teacher's, the teacher's
+/// end-of-text dropped. Its losses equal a direct `pipeline train` on that text built here, and
+/// the eval scores the teacher, the base student and the trained student.
+#[test]
+fn a_teacher_with_another_tokenizer_trains_the_student_on_re_rendered_text() {
+    use selfdistill::data::schema::{
+        completions_batch, completions_schema, read_completions, read_problems,
+        write_parquet_atomic, Completion,
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    quick_config(dir.path(), &[]);
+    let o = run(&["run", "pretrain", "--config", "mini.toml"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let teacher = dir.path().join("teacher");
+    copy_checkpoint(
+        &planned_stage_dir(&dir.path().join("runs/tiny-arith-quick"), "pretrain").join("model"),
+        &teacher,
+    );
+    std::fs::write(
+        teacher.join("chat_template.jinja"),
+        "{{ messages[-1]['content'] }}",
+    )
+    .unwrap();
+    // the student: new pieces, most frequent, take the first ids, so every arithmetic piece has
+    // another id than the teacher's
+    let student = dir.path().join("student");
+    let mut texts = vec![
+        "zebra yak quail ".repeat(500),
+        "Question: Answer:".to_string(),
+    ];
+    for f in ["pretrain.jsonl", "eval_easy.jsonl"] {
+        let body = std::fs::read_to_string(root.join("data/arith").join(f)).unwrap();
+        for line in body.lines() {
+            let v: Value = serde_json::from_str(line).unwrap();
+            for k in ["problem", "solution"] {
+                texts.push(v[k].as_str().unwrap().to_string());
+            }
+        }
+    }
+    let shape = selfdistill::pretrain::ModelShape {
+        hidden_size: 32,
+        intermediate_size: 64,
+        num_layers: 1,
+        num_heads: 2,
+        num_kv_heads: 1,
+        head_dim: 16,
+        max_position_embeddings: 512,
+        rope_theta: 10_000.0,
+        init_std: 0.02,
+    };
+    selfdistill::pretrain::write_initial_checkpoint(
+        &student,
+        &shape,
+        texts.iter().map(|t| t.as_str()),
+        1,
+    )
+    .unwrap();
+    std::fs::write(
+        student.join("chat_template.jinja"),
+        "Question: {{ messages[-1]['content'] }}\nAnswer:",
+    )
+    .unwrap();
+    let train = "lr = 1e-3\nbetas = [0.9, 0.95]\nweight_decay = 0.0\nwarmup_steps = 0\n\
+                 epochs = 1\nrows_per_step = 8\nmax_seq_len = 512\nseed = 0\n";
+    std::fs::write(
+        dir.path().join("ts.toml"),
+        format!(
+            "[run]\nname = \"ts\"\n[[data.sources]]\nname = \"arith\"\nformat = \"arith\"\n\
+             path = \"{root}/data/arith/pretrain.jsonl\"\nlimit = 16\n[sample]\n\
+             model = \"{teacher}\"\nprompt_template = \"chat\"\nn = 4\ntemperature = 1.0\n\
+             top_p = 1.0\ntop_k = 0\nmax_new_tokens = 160\nseed = 0\n[filter]\ndedup = \"none\"\n\
+             decontaminate_ngram = 16\n[train]\nmodel = \"{student}\"\n{train}[eval]\n\
+             sets = [\"{root}/evals/arith_easy.toml\"]\nlimit = 4\n",
+            root = root.display(),
+            teacher = teacher.display(),
+            student = student.display(),
+        ),
+    )
+    .unwrap();
+    let o = run(&["run", "all", "--config", "ts.toml"], dir.path());
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    let work = dir.path().join("runs/ts");
+    let sft = read_completions(&planned_stage_dir(&work, "filter").join("sft.parquet")).unwrap();
+    assert!(sft.len() > 8, "{} rows kept", sft.len());
+    let train_dir = planned_stage_dir(&work, "train");
+    let rows = read_completions(&train_dir.join("student.parquet")).unwrap();
+    assert_eq!(rows.len(), sft.len());
+    assert_eq!(
+        manifest_count(&manifest_of(&work, "train"), "rerendered_rows"),
+        sft.len() as u64
+    );
+    let problems =
+        read_problems(&planned_stage_dir(&work, "data").join("problems.parquet")).unwrap();
+    let stok =
+        selfdistill::model::TextTokenizer::from_file(&student.join("tokenizer.json")).unwrap();
+    let mut direct = Vec::new();
+    for (s, r) in sft.iter().zip(&rows) {
+        let p = problems
+            .iter()
+            .find(|p| p.problem_id == r.problem_id)
+            .unwrap();
+        // the teacher saw the raw problem; the student's rows are in its own template
+        assert_eq!(s.prompt, p.problem);
+        assert_eq!(r.prompt, format!("Question: {}\nAnswer:", p.problem));
+        assert_eq!(
+            (&r.prompt_token_ids, &r.completion_token_ids),
+            (&None, &None)
+        );
+        assert_eq!(format!("{}<|endoftext|>", r.completion), s.completion);
+        // the teacher's ids are not the student's for the same text
+        let ids: Vec<i32> = stok
+            .encode(&r.completion)
+            .unwrap()
+            .iter()
+            .map(|&t| t as i32)
+            .collect();
+        assert!(
+            !ids.contains(&1),
+            "unknown pieces for the student: {}",
+            r.completion
+        );
+        assert_ne!(
+            Some(&ids[..]),
+            s.completion_token_ids.as_deref().map(|t| &t[..t.len() - 1])
+        );
+        direct.push(Completion::text(
+            p.problem_id.clone(),
+            format!("Question: {}\nAnswer:", p.problem),
+            s.completion.trim_end_matches("<|endoftext|>").to_string(),
+            None,
+        ));
+    }
+    // a direct `pipeline train` on the re-rendered text, made here: the same losses
+    let file = dir.path().join("direct.parquet");
+    write_parquet_atomic(
+        &file,
+        completions_schema(false, false),
+        &[completions_batch(&direct, false, false).unwrap()],
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("train.toml"), format!("[train]\n{train}")).unwrap();
+    let o = run(
+        &[
+            "train",
+            "--model",
+            student.to_str().unwrap(),
+            "--data",
+            "direct.parquet",
+            "--config",
+            "train.toml",
+            "--output",
+            "direct",
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let stage_losses = losses(&train_dir.join("train_state/metrics.jsonl"));
+    assert!(!stage_losses.is_empty());
+    assert_eq!(
+        losses(&dir.path().join("direct/train_state/metrics.jsonl")),
+        stage_losses
+    );
+    // the teacher, the base student and the trained student are scored
+    let metrics = eval_metrics(&work);
+    let models: Vec<&str> = metrics
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["model"].as_str().unwrap())
+        .collect();
+    for label in ["base (", "teacher (", "trained ("] {
+        assert!(models.iter().any(|m| m.starts_with(label)), "{models:?}");
+    }
+}

@@ -692,12 +692,13 @@ sets = ["toy.toml"]
     assert!(config.contains("Qwen3_5ForConditionalGeneration") && config.contains("vision_config"));
 }
 
-/// A teacher whose tokenizer is not the student's: the run is refused before any stage runs,
-/// naming both models (the sampled token ids would train the student on the wrong tokens). The
-/// student is the tiny fixture with two vocabulary entries swapped; the same tokenizer written
-/// out another way (pretty-printed) is the same tokenizer.
+/// A teacher whose rows cannot be made the student's is refused before any stage runs, naming
+/// both models and what is missing: the student (the tiny fixture with two vocabulary entries
+/// swapped, so its rows are re-rendered from text) has no chat template for chat prompts. With
+/// a raw prompt the same pair plans; the teacher's own tokenizer written out another way
+/// (pretty-printed) is the same tokenizer, and nothing needs re-rendering.
 #[test]
-fn a_teacher_with_another_tokenizer_is_refused_before_sampling() {
+fn a_teacher_whose_rows_cannot_be_re_rendered_is_refused_before_sampling() {
     let (Some(teacher), Some(data)) = (
         shared("fixtures/tiny-qwen3"),
         shared("data/gsm8k_train.jsonl"),
@@ -705,18 +706,21 @@ fn a_teacher_with_another_tokenizer_is_refused_before_sampling() {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
-    // a copy of the teacher whose tokenizer.json can be rewritten
+    // a copy of the teacher whose tokenizer files can be rewritten
     let copy = |name: &str| {
         let to = dir.path().join(name);
         copy_checkpoint(&teacher, &to);
-        let p = to.join("tokenizer.json");
-        let mut perm = std::fs::metadata(&p).unwrap().permissions();
-        #[allow(clippy::permissions_set_readonly_false)]
-        perm.set_readonly(false);
-        std::fs::set_permissions(&p, perm).unwrap();
-        p
+        for f in ["tokenizer.json", "tokenizer_config.json"] {
+            let p = to.join(f);
+            let mut perm = std::fs::metadata(&p).unwrap().permissions();
+            #[allow(clippy::permissions_set_readonly_false)]
+            perm.set_readonly(false);
+            std::fs::set_permissions(&p, perm).unwrap();
+        }
+        to
     };
-    let tok_path = copy("student");
+    let student = copy("student");
+    let tok_path = student.join("tokenizer.json");
     let mut tok: Value = serde_json::from_slice(&std::fs::read(&tok_path).unwrap()).unwrap();
     let vocab = tok["model"]["vocab"].as_object_mut().unwrap();
     let keys: Vec<String> = vocab.keys().take(2).cloned().collect();
@@ -724,24 +728,32 @@ fn a_teacher_with_another_tokenizer_is_refused_before_sampling() {
     vocab.insert(keys[0].clone(), b);
     vocab.insert(keys[1].clone(), a);
     std::fs::write(&tok_path, serde_json::to_vec(&tok).unwrap()).unwrap();
-    std::fs::write(
-        dir.path().join("t.toml"),
-        format!(
-            "[run]\nworkdir = \"work\"\n[[data.sources]]\nname = \"gsm8k\"\nformat = \"gsm8k\"\n\
-             path = \"{}\"\nlimit = 4\n[sample]\nmodel = \"{}\"\nprompt_template = \"raw\"\n\
-             n = 1\nmax_new_tokens = 4\n[filter]\n[train]\nmodel = \"{}\"\n",
-            data.display(),
-            teacher.display(),
-            dir.path().join("student").display()
-        ),
-    )
-    .unwrap();
+    let cfg_path = student.join("tokenizer_config.json");
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(&cfg_path).unwrap()).unwrap();
+    cfg.as_object_mut().unwrap().remove("chat_template");
+    std::fs::write(&cfg_path, serde_json::to_vec(&cfg).unwrap()).unwrap();
+    let config = |template: &str| {
+        std::fs::write(
+            dir.path().join("t.toml"),
+            format!(
+                "[run]\nworkdir = \"work\"\n[[data.sources]]\nname = \"gsm8k\"\nformat = \"gsm8k\"\n\
+                 path = \"{}\"\nlimit = 4\n[sample]\nmodel = \"{}\"\nprompt_template = \"{template}\"\n\
+                 n = 1\nmax_new_tokens = 4\n[filter]\n[train]\nmodel = \"{}\"\n",
+                data.display(),
+                teacher.display(),
+                student.display()
+            ),
+        )
+        .unwrap();
+    };
+    config("chat");
     let o = run(&["run", "all", "--config", "t.toml"], dir.path());
     let out = text(&o);
     assert!(!o.status.success(), "{out}");
     assert!(
-        out.contains("whose tokenizer differs from that of the trained model")
-            && out.contains("student"),
+        out.contains("whose tokenizer or chat template differs from that of the trained model")
+            && out.contains("student")
+            && out.contains("sample.prompt_template = \"chat\" the prompts need its chat template"),
         "{out}"
     );
     // no stage ran
@@ -749,18 +761,22 @@ fn a_teacher_with_another_tokenizer_is_refused_before_sampling() {
         .map(|d| d.count())
         .unwrap_or(0);
     assert_eq!(ran, 0, "{out}");
-    // the teacher's own tokenizer, pretty-printed: planned (preflight passes the check)
-    let tok_path = copy("same");
+    // raw prompts need no chat template: planned
+    config("raw");
+    let o = run(&["preflight", "--config", "t.toml"], dir.path());
+    assert!(!text(&o).contains("differs from that"), "{}", text(&o));
+    // the teacher's own tokenizer, pretty-printed: the same, nothing to re-render
+    let same = copy("same");
+    let tok_path = same.join("tokenizer.json");
     let tok: Value = serde_json::from_slice(&std::fs::read(&tok_path).unwrap()).unwrap();
     std::fs::write(&tok_path, serde_json::to_vec_pretty(&tok).unwrap()).unwrap();
-    let cfg = std::fs::read_to_string(dir.path().join("t.toml"))
-        .unwrap()
-        .replace("student", "same");
-    std::fs::write(dir.path().join("t.toml"), cfg).unwrap();
-    let o = run(&["preflight", "--config", "t.toml"], dir.path());
-    assert!(
-        !text(&o).contains("whose tokenizer differs"),
-        "{}",
-        text(&o)
-    );
+    let rerender = |m: &std::path::Path| {
+        selfdistill::stages::student::needs_rerender(
+            teacher.to_str().unwrap(),
+            m.to_str().unwrap(),
+            None,
+        )
+    };
+    assert_eq!(rerender(&same), Some(false));
+    assert_eq!(rerender(&student), Some(true));
 }

@@ -402,8 +402,39 @@ model = "m"
             two.replace("[filter]", "[filter]\nkeep_pass_rate = [0.5]"),
             "`filter.keep_pass_rate`: must be [min, max] with both in [0, 1]",
         ),
+        (
+            format!("{two}[rationalize]\nhint = \"{{problem}} Show why.\"\n"),
+            "`rationalize.hint: has no {answer} placeholder",
+        ),
+        (
+            format!("{two}[rationalize]\nhint = \"The answer is {{answer}}.\"\n"),
+            "`rationalize.hint: has no {problem} placeholder",
+        ),
+        (
+            format!("{two}[rationalize]\nhint = \"{{problem}} {{answer}}\"\nn = 0\n"),
+            "`rationalize.n: must be at least 1",
+        ),
+        (
+            format!("{two}[rationalize]\nhnt = \"{{problem}} {{answer}}\"\n"),
+            "unknown key `hnt` in [rationalize]; did you mean `hint`?",
+        ),
+        (
+            format!(
+                "{}[rationalize]\nhint = \"{{problem}} {{answer}}\"\n",
+                two.replace("[sample]\nmodel = \"m\"\n", "")
+                    .replace("rounds = 2", "rounds = 1")
+                    .replace("[train]\n", "")
+                    .replace("[filter]\n", "[filter]\n[filter.completions]\npath = \"c.parquet\"\n")
+            ),
+            "`rationalize`: samples the problems the sample stage left unsolved again",
+        ),
     ] {
         let e = parse(&text).unwrap_err().0;
         assert!(e.contains(want), "{want}: {e}");
     }
+    let c = parse(&format!(
+        "{two}[rationalize]\nhint = \"{{problem}} (answer: {{answer}})\"\nn = 2\n"
+    ))
+    .unwrap();
+    assert_eq!(c.rationalize.unwrap().n, Some(2));
 }

@@ -137,6 +137,9 @@ pub struct Completion {
     pub grade: Option<Grade>,
     /// Per generated token, when the sampler was asked for logprobs.
     pub logprobs: Option<Logprobs>,
+    /// Sampled with the gold answer as a hint (STaR's rationalization), stored under the
+    /// original prompt: the hint is not in `prompt` or `prompt_token_ids`.
+    pub rationalized: bool,
 }
 
 impl Completion {
@@ -163,6 +166,7 @@ impl Completion {
             sampling_hash: None,
             grade: None,
             logprobs: None,
+            rationalized: false,
         }
     }
 }
@@ -195,6 +199,7 @@ fn completion_fields() -> Vec<Field> {
         Field::new("seed", DataType::Int64, true),
         Field::new("model", DataType::Utf8, true),
         Field::new("sampling_hash", DataType::Utf8, true),
+        Field::new("rationalized", DataType::Boolean, false),
     ]
 }
 
@@ -266,6 +271,7 @@ pub fn completions_batch(rows: &[Completion], graded: bool, logprobs: bool) -> R
         Arc::new(Int64Array::from_iter(rows.iter().map(|r| r.seed))),
         strs(rows.iter().map(|r| r.model.as_deref())),
         strs(rows.iter().map(|r| r.sampling_hash.as_deref())),
+        rationalized_column(rows),
     ];
     if graded {
         let g: Vec<&Grade> = rows
@@ -292,12 +298,11 @@ pub fn completions_batch(rows: &[Completion], graded: bool, logprobs: bool) -> R
     )?)
 }
 
-/// Reads a completions Parquet (ours, or any file with at least `problem_id` and `completion`;
-/// the other columns are optional). The grade columns are read when all four are present.
-/// Per problem of graded `rows`: (graded samples, correct samples).
+/// Per problem of graded `rows`: (graded samples, correct samples). Rationalized rows (sampled
+/// with the answer as a hint) say nothing of how well the model solves a problem: not counted.
 pub fn pass_rates(rows: &[Completion]) -> std::collections::HashMap<String, (u64, u64)> {
     let mut out: std::collections::HashMap<String, (u64, u64)> = std::collections::HashMap::new();
-    for r in rows {
+    for r in rows.iter().filter(|r| !r.rationalized) {
         if let Some(g) = &r.grade {
             let e = out.entry(r.problem_id.clone()).or_default();
             e.0 += 1;
@@ -307,6 +312,8 @@ pub fn pass_rates(rows: &[Completion]) -> std::collections::HashMap<String, (u64
     out
 }
 
+/// Reads a completions Parquet (ours, or any file with at least `problem_id` and `completion`;
+/// the other columns are optional). The grade columns are read when all four are present.
 pub fn read_completions(path: &Path) -> Result<Vec<Completion>> {
     let mut out = Vec::new();
     for batch in crate::data::records::open_parquet(path, 8192)? {
@@ -324,6 +331,7 @@ pub fn read_completions(path: &Path) -> Result<Vec<Completion>> {
         let seed = c.opt_i64("seed")?;
         let model = c.opt_str("model")?;
         let shash = c.opt_str("sampling_hash")?;
+        let rationalized = c.opt_bool("rationalized")?;
         let gold = c.opt_str("gold_answer")?;
         let ext = c.opt_str("extracted_answer")?;
         let correct = c.opt_bool("correct")?;
@@ -376,6 +384,9 @@ pub fn read_completions(path: &Path) -> Result<Vec<Completion>> {
                 grade,
                 logprobs: get_logprobs(token_lp.as_ref(), top_ids.as_ref(), top_lp.as_ref(), i)
                     .with_context(|| format!("{}: row {}", path.display(), out.len() + 1))?,
+                rationalized: rationalized
+                    .as_ref()
+                    .is_some_and(|a| !a.is_null(i) && a.value(i)),
             });
         }
     }
@@ -399,7 +410,14 @@ pub fn sft_schema() -> SchemaRef {
         Field::new("extracted_answer", DataType::Utf8, true),
         Field::new("reason", DataType::Utf8, false),
         Field::new("model", DataType::Utf8, true),
+        Field::new("rationalized", DataType::Boolean, false),
     ]))
+}
+
+fn rationalized_column(rows: &[Completion]) -> ArrayRef {
+    Arc::new(BooleanArray::from(
+        rows.iter().map(|r| r.rationalized).collect::<Vec<_>>(),
+    ))
 }
 
 /// SFT rows are graded completions; every row must carry its grade.
@@ -428,6 +446,7 @@ pub fn sft_batch(rows: &[Completion]) -> Result<RecordBatch> {
         strs(g.iter().map(|g| g.extracted_answer.as_deref())),
         strs(g.iter().map(|g| Some(g.reason.as_str()))),
         strs(rows.iter().map(|r| r.model.as_deref())),
+        rationalized_column(rows),
     ];
     Ok(RecordBatch::try_new(sft_schema(), cols)?)
 }
@@ -785,6 +804,7 @@ mod tests {
                 reason: "no_answer".into(),
             }),
             logprobs: None,
+            rationalized: i == 3,
         }
     }
 

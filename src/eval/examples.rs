@@ -429,6 +429,7 @@ mod tests {
                 reason: "x".into(),
             }),
             logprobs: None,
+            rationalized: false,
         }
     }
 

@@ -23,16 +23,27 @@ pub const CODE_VERSION: u32 = 1;
 pub const TABLE: &str = "eval.md";
 /// The examples and lengths of [`crate::eval::examples`], which the report shows.
 pub const EXAMPLES: &str = "examples.json";
+/// The label and input name of the teacher (`[sample] model`) when it is not the base model.
+pub const TEACHER: &str = "teacher";
 
+/// `teacher`: the model that sampled round 1's rows when it is not the base (the student), scored
+/// beside it.
 pub fn plan(
     e: &EvalConfig,
     base: &super::ModelFacts,
+    teacher: Option<&super::ModelFacts>,
     sets: &[EvalSet],
     trained: &[&PlannedStage],
     workdir: &Path,
     resolve: &super::Resolve,
 ) -> Result<PlannedStage> {
     let mut inputs = vec![base.input.clone(), super::verifier_input()];
+    if let Some(t) = teacher {
+        inputs.push(InputRef {
+            name: TEACHER.into(),
+            ..t.input.clone()
+        });
+    }
     for t in trained {
         inputs.push(InputRef {
             name: format!("trained:{}", t.name),
@@ -46,7 +57,7 @@ pub fn plan(
     // set's problems x n x the expected length, for every model
     let mut memory_bytes = 0;
     let mut gpu_bytes = 0;
-    let models = 1 + trained.len() as u64;
+    let models = 1 + teacher.is_some() as u64 + trained.len() as u64;
     let mut tokens = Some(0u64);
     let mut device = String::from("cpu");
     let mut batch = 0;
@@ -156,6 +167,9 @@ pub fn run(
         base_model.to_string(),
         fingerprint("model")?,
     )];
+    if let Some(t) = stage.inputs.iter().find(|i| i.name == TEACHER) {
+        models.push((TEACHER.to_string(), t.location.clone(), t.hash.clone()));
+    }
     for (_, name) in stage.deps.iter().filter(|(role, _)| *role == "trained") {
         let t = plan
             .get(name)

@@ -44,6 +44,8 @@ pub const UNKNOWN_PROBLEM: &str = "unknown_problem";
 pub const CONTAMINATION: &str = "contamination.parquet";
 /// Count prefixes of the manifest: training problems that matched each reference.
 pub const CONTAMINATED: &str = "contaminated.";
+/// The role of the sample stage's rationalized rows among the stage's files (STaR).
+pub const RATIONALIZED: &str = "rationalized";
 
 /// What the filter decontaminates against: the config's eval sets, then
 /// `decontaminate_against`, each once; nothing when decontamination is off.
@@ -164,7 +166,11 @@ pub fn run(
         .first()
         .context("the filter has no completions file")?
         .1;
-    let (rows, load_counts) = load_completions(cfg, config, path)?;
+    let (mut rows, load_counts) = load_completions(cfg, config, path)?;
+    // STaR: the rows sampled with the answer as a hint, under their original prompts
+    for (_, f) in stage.files.iter().filter(|(role, _)| role == RATIONALIZED) {
+        rows.extend(read_completions(f)?);
+    }
     check_token_bounds(cfg, &rows, path)?;
     let opts = GradeOptions {
         last_number_fallback: cfg.last_number_fallback,
@@ -247,6 +253,11 @@ pub fn run(
     }
     counts.extend(load_counts);
     counts.extend(contamination_counts);
+    if stage.files.iter().any(|(role, _)| role == RATIONALIZED) {
+        let n = kept.iter().filter(|r| r.rationalized).count();
+        tracing::info!("    of the kept rows, {n} are rationalized (sampled with a hint)");
+        counts.push(("kept_rationalized".into(), n as u64));
+    }
 
     // 4) commit the SFT file (and what matched an eval set)
     let mut outputs = Vec::new();
@@ -686,6 +697,7 @@ mod tests {
                 reason: reason.into(),
             }),
             logprobs: None,
+            rationalized: false,
         }
     }
 

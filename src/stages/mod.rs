@@ -23,6 +23,7 @@ pub mod resolve;
 pub mod runner;
 pub mod sample;
 pub mod stage;
+pub mod student;
 pub mod train;
 
 pub use crate::config::PRETRAINED;

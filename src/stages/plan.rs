@@ -76,7 +76,8 @@ impl Plan {
                     }
                     _ => None,
                 };
-                let mut st = sample::plan(s, data, workdir, &mf, previous)?;
+                let mut st =
+                    sample::plan(s, data, workdir, &mf, previous, cfg.rationalize.as_ref())?;
                 st.name = named("sample", r);
                 st.deps.push(("data", data.name.clone()));
                 if let Some((p, _)) = previous {
@@ -97,6 +98,10 @@ impl Plan {
                 st.deps.push(("data", data.name.clone()));
                 if let Some(i) = sampled {
                     st.deps.push(("completions", stages[i].name.clone()));
+                    // STaR: the rows sampled with a hint join the completions
+                    if let Some(f) = sample::rationalized_file(&stages[i]) {
+                        st.files.push((filter::RATIONALIZED.into(), f));
+                    }
                 }
                 stages.push(st);
             }
@@ -127,7 +132,7 @@ impl Plan {
                     .find(|x| x.kind == StageKind::Sample)
                     .and_then(|x| x.model.clone());
                 if let Some(teacher) = teacher {
-                    train::check_tokenizers(&teacher, &model)?;
+                    super::student::check(&teacher, &model, cfg.sample.as_ref())?;
                 }
                 let mut st = train::plan(t, filter, workdir, &mf, mix)?;
                 st.name = named("train", r);
@@ -153,7 +158,20 @@ impl Plan {
                 .iter()
                 .filter(|s| s.kind == StageKind::Train)
                 .collect();
-            let mut st = eval::plan(&e.settings, &base, &e.sets, &trained, workdir, &resolve)?;
+            // a teacher that is not the student: scored beside the base and trained students
+            let teacher = match &cfg.sample {
+                Some(s) if s.model != e.base_model && !trained.is_empty() => Some(facts(&s.model)?),
+                _ => None,
+            };
+            let mut st = eval::plan(
+                &e.settings,
+                &base,
+                teacher.as_ref(),
+                &e.sets,
+                &trained,
+                workdir,
+                &resolve,
+            )?;
             st.model = Some(model_path(&stages, &e.base_model));
             stages.push(st);
         }

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{output_file, Counts, Estimate, Plan, PlannedStage, StageOutput};
 use crate::data::schema::{read_problems, Problem};
+use crate::jobs::sample::rationalize::{self, Rationalize, HINTED, RATIONALIZED};
 use crate::jobs::sample::run::{run_settings, JobSummary};
 use crate::jobs::sample::settings::SampleSettings;
 use crate::jobs::sample::shard::{in_shard, merge_ordered};
@@ -36,6 +37,26 @@ pub const CODE_VERSION: u32 = 1;
 pub const PREVIOUS: &str = "previous";
 /// The key of the threshold in the stage's config.
 const RESAMPLE_BELOW: &str = "resample_below";
+/// The key of `[rationalize]` in the stage's config.
+const RATIONALIZE: &str = "rationalize";
+
+/// The stage's `[rationalize]`, when it rationalizes.
+fn rationalize_of(stage: &PlannedStage) -> Result<Option<Rationalize>> {
+    stage
+        .config
+        .get(RATIONALIZE)
+        .map(|v| serde_json::from_value(v.clone()).context("the stage's [rationalize]"))
+        .transpose()
+}
+
+/// The file of the stage's rationalized rows (STaR), when it rationalizes: the filter reads it
+/// beside the completions.
+pub fn rationalized_file(stage: &PlannedStage) -> Option<PathBuf> {
+    stage
+        .config
+        .get(RATIONALIZE)
+        .map(|_| stage.dir.join(RATIONALIZED))
+}
 
 /// The stage's problems: the data stage's, less (with `run.resample_below`) those the round
 /// before solved in at least that share of their samples; and how many were left out.
@@ -66,12 +87,14 @@ fn stage_problems(plan: &Plan, stage: &PlannedStage) -> Result<(Vec<Problem>, u6
 
 /// `previous`: with `run.resample_below`, the round before's sample stage and the threshold:
 /// this stage samples only the problems that one solved in less than that share of samples.
+/// `rationalize`: `[rationalize]`, a second pass over the problems left unsolved.
 pub fn plan(
     s: &SampleSettings,
     data: &PlannedStage,
     workdir: &Path,
     facts: &super::ModelFacts,
     previous: Option<(&PlannedStage, f64)>,
+    rationalize: Option<&Rationalize>,
 ) -> Result<PlannedStage> {
     let model = facts.input.clone();
     let memory_bytes =
@@ -95,6 +118,14 @@ pub fn plan(
         });
         config[RESAMPLE_BELOW] = serde_json::json!(below);
     }
+    if let Some(r) = rationalize {
+        config[RATIONALIZE] = serde_json::to_value(r)?;
+    }
+    // at most every problem is sampled again with the hint: its rows, as drawn and re-prompted
+    let disk_share = 1.0
+        + rationalize.map_or(0.0, |r| {
+            2.0 * r.n.unwrap_or(s.params.n) as f64 / s.params.n.max(1) as f64
+        });
     let mut st = PlannedStage::new(
         super::StageKind::Sample,
         workdir,
@@ -106,9 +137,14 @@ pub fn plan(
     let rows = data.estimate.rows.map(|p| p * s.params.n as u64);
     st.estimate = Estimate {
         // the committed parts and, at the join, the output beside them
-        disk_bytes: 2 * rows.map_or(64 << 20, |r| {
-            r * super::completion_row_bytes(expected, facts.config.vocab_size, s.params.logprobs)
-        }),
+        disk_bytes: (disk_share
+            * (2 * rows.map_or(64 << 20, |r| {
+                r * super::completion_row_bytes(
+                    expected,
+                    facts.config.vocab_size,
+                    s.params.logprobs,
+                )
+            })) as f64) as u64,
         memory_bytes,
         gpu_bytes: crate::jobs::sample::memory::gpu_memory_estimate(s, &facts.config)?,
         rows,
@@ -128,9 +164,14 @@ pub fn plan(
             device: s.device.clone(),
             batch: s.max_num_seqs,
             basis: format!(
-                "{} problems x n {} x {expected} tokens (half of max_new_tokens, assumed)",
+                "{} problems x n {} x {expected} tokens (half of max_new_tokens, assumed){}",
                 r / s.params.n.max(1) as u64,
-                s.params.n
+                s.params.n,
+                if rationalize.is_some() {
+                    ", and the hinted pass over the problems left unsolved (not estimated)"
+                } else {
+                    ""
+                }
             ),
         }),
     };
@@ -239,15 +280,21 @@ pub fn run_shard(
         Some(dir.join(store::PROGRESS)),
     );
     let t0 = std::time::Instant::now();
-    let summary = run_settings(&settings_for(s, stage), &problems, shard, &out, &target)?;
+    let settings = settings_for(s, stage);
+    let summary = run_settings(&settings, &problems, shard, &out, &target)?;
     summary.print(&out);
+    let mut counts = counts(&summary);
+    if let Some(r) = rationalize_of(stage)? {
+        let rs = rationalize::run(&settings, &r, &problems, &out, &dir, shard, &target)?;
+        counts.extend(rs.counts());
+    }
     crate::fault::point("sample.before_shard_commit");
     store::write_json_atomic(
         &dir.join(SHARD_DONE),
         &ShardRecord {
             shard,
             key: stage.key.clone(),
-            counts: counts(&summary),
+            counts,
             rows: summary.output_rows,
             wall_seconds: t0.elapsed().as_secs_f64(),
             host: crate::machine::hostname(),
@@ -321,14 +368,30 @@ pub fn run(s: &SampleSettings, plan: &Plan, stage: &PlannedStage) -> Result<Stag
     }
     let target =
         crate::progress::Target::new(stage.name.clone(), Some(stage.dir.join(store::PROGRESS)));
-    let summary = run_settings(&settings_for(s, stage), &problems, (0, 1), &out, &target)?;
+    let settings = settings_for(s, stage);
+    let summary = run_settings(&settings, &problems, (0, 1), &out, &target)?;
     summary.print(&out);
     let mut counts = counts(&summary);
     if resampled {
         counts.push(("problems_skipped".into(), skipped));
     }
+    let mut outputs = vec![output_file(&stage.dir, &out, summary.output_rows)?];
+    if let Some(r) = rationalize_of(stage)? {
+        let rs = rationalize::run(&settings, &r, &problems, &out, &stage.dir, (0, 1), &target)?;
+        counts.extend(rs.counts());
+        outputs.push(output_file(
+            &stage.dir,
+            &stage.dir.join(HINTED),
+            rs.samples,
+        )?);
+        outputs.push(output_file(
+            &stage.dir,
+            &stage.dir.join(RATIONALIZED),
+            rs.samples,
+        )?);
+    }
     Ok(StageOutput {
-        outputs: vec![output_file(&stage.dir, &out, summary.output_rows)?],
+        outputs,
         counts,
         rows: summary.output_rows,
     })
@@ -391,6 +454,16 @@ fn join(
     }
     let order: Vec<String> = problems.iter().map(|p| p.problem_id.clone()).collect();
     let rows = merge_ordered(&inputs, out, Some(&order))?;
+    let mut outputs = vec![output_file(&stage.dir, out, rows as u64)?];
+    if rationalize_of(stage)?.is_some() {
+        // each shard rationalized its own problems
+        for name in [HINTED, RATIONALIZED] {
+            let files: Vec<PathBuf> = inputs.iter().map(|f| f.with_file_name(name)).collect();
+            let path = stage.dir.join(name);
+            let n = concat_ordered(&files, &path, &order)?;
+            outputs.push(output_file(&stage.dir, &path, n)?);
+        }
+    }
     let mut counts: Counts = Vec::new();
     for r in &records {
         for (name, v) in &r.counts {
@@ -407,8 +480,38 @@ fn join(
     ));
     tracing::info!("joined {n} shards: {rows} rows -> {}", out.display());
     Ok(StageOutput {
-        outputs: vec![output_file(&stage.dir, out, rows as u64)?],
+        outputs,
         counts,
         rows: rows as u64,
     })
+}
+
+/// The graded rows of `files` in one file, in the order of `problem_ids` (then sample index).
+fn concat_ordered(files: &[PathBuf], out: &Path, problem_ids: &[String]) -> Result<u64> {
+    use crate::data::schema::{
+        completions_batch, completions_schema, has_logprobs, read_completions,
+        write_parquet_atomic, ROW_GROUP_ROWS,
+    };
+    let at: std::collections::HashMap<&str, usize> = problem_ids
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.as_str(), i))
+        .collect();
+    let mut rows = Vec::new();
+    for f in files {
+        rows.extend(read_completions(f)?);
+    }
+    rows.sort_by_key(|r| {
+        (
+            at.get(r.problem_id.as_str()).copied().unwrap_or(usize::MAX),
+            r.sample_index,
+        )
+    });
+    let logprobs = has_logprobs(&rows);
+    let batches = rows
+        .chunks(ROW_GROUP_ROWS)
+        .map(|c| completions_batch(c, true, logprobs))
+        .collect::<Result<Vec<_>>>()?;
+    write_parquet_atomic(out, completions_schema(true, logprobs), &batches)?;
+    Ok(rows.len() as u64)
 }

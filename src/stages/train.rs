@@ -22,39 +22,6 @@ fn model_name(s: &TrainSettings) -> Result<&str> {
         .context("train.model is resolved when the config is read")
 }
 
-/// A teacher (the model that sampled the rows) with another tokenizer than the student (the
-/// model trained on them) would train the student on the teacher's token ids: refused, naming
-/// both. Tokenizers are compared by what maps text to ids (`tokenizer.json`'s `model`,
-/// `added_tokens`, `normalizer`, `pre_tokenizer`), not by their file's bytes. Models that
-/// cannot be opened here (not downloaded yet) are not compared.
-pub fn check_tokenizers(teacher: &str, student: &str) -> Result<()> {
-    if teacher == student {
-        return Ok(());
-    }
-    let hash = |m: &str| -> Option<serde_json::Value> {
-        let ck = crate::model::Checkpoint::open(m).ok()?;
-        let text = std::fs::read(ck.dir.join("tokenizer.json")).ok()?;
-        let v: serde_json::Value = serde_json::from_slice(&text).ok()?;
-        Some(serde_json::json!([
-            v.get("model"),
-            v.get("added_tokens"),
-            v.get("normalizer"),
-            v.get("pre_tokenizer")
-        ]))
-    };
-    if let (Some(t), Some(s)) = (hash(teacher), hash(student)) {
-        if t != s {
-            anyhow::bail!(
-                "the rows are sampled by {teacher}, whose tokenizer differs from that of the \
-                 trained model {student}: the sampled token ids would train it on the wrong \
-                 tokens. Sample with a model of the same tokenizer (re-rendering a teacher's \
-                 rows for another tokenizer is not built yet)"
-            );
-        }
-    }
-    Ok(())
-}
-
 /// `mix`: with `[mix]`, the earlier rounds' filter stages it accumulates (empty without
 /// `accumulate`) and the resolver for its sources.
 pub fn plan(
@@ -148,23 +115,30 @@ pub fn run(
         Some(m) => m.clone(),
         None => model_name(s)?.to_string(),
     };
-    // the teacher: the model of the sample stage whose rows the filter kept
-    if let Ok(sampled) = plan.dep(filter, "completions") {
-        if let Some(teacher) = &sampled.model {
-            check_tokenizers(teacher, &model)?;
-        }
-    }
-    let (data, mut counts) = match &cfg.mix {
+    let (mut data, mut counts) = match &cfg.mix {
         Some(m) => {
             let (path, counts) = super::mix::build(m, cfg.sample.as_ref(), &model, plan, stage)?;
             (path, counts)
         }
         None => (filter.dir.join(super::SFT), Vec::new()),
     };
-    let (summary, mut outputs) = train_into(stage, s.clone(), model, data.clone())?;
+    let mut written = Vec::new();
     if cfg.mix.is_some() {
         let rows = counts.iter().find(|c| c.0 == "mix.rows").map_or(0, |c| c.1);
-        outputs.push(output_file(&stage.dir, &data, rows)?);
+        written.push((data.clone(), rows));
+    }
+    // a teacher's rows that the student's tokenizer or template would read wrongly: as text
+    let problems = plan.dep(filter, "data")?.dir.join(super::PROBLEMS);
+    if let Some((path, n)) =
+        super::student::prepare(&data, &problems, cfg.sample.as_ref(), &model, &stage.dir)?
+    {
+        counts.push(("rerendered_rows".into(), n));
+        written.push((path.clone(), n));
+        data = path;
+    }
+    let (summary, mut outputs) = train_into(stage, s.clone(), model, data)?;
+    for (path, rows) in written {
+        outputs.push(output_file(&stage.dir, &path, rows)?);
     }
     let mut all = vec![
         ("steps".into(), summary.steps),

@@ -442,6 +442,7 @@ fn write_sft(rows: &[(Vec<u32>, Vec<u32>)], path: &std::path::Path) {
                 reason: "equal".into(),
             }),
             logprobs: None,
+            rationalized: false,
         })
         .collect();
     write_parquet_atomic(path, sft_schema(), &[sft_batch(&rows).unwrap()]).unwrap();

@@ -12,7 +12,7 @@
 //! Knows nothing of stages or configs: the `pipeline sample` command and the sample stage call it.
 //!
 //! The pieces, each in its file: [`settings`] (the `[sample]` section and flags), [`prompt`]
-//! (problems to prompts), [`engine`] (what the loop needs of an engine), [`memory`] (the KV
+//! (problems to prompts), [`rationalize`] (STaR's hinted second pass), [`engine`] (what the loop needs of an engine), [`memory`] (the KV
 //! cache and memory estimates), [`run`] (the job and its loop), [`parts`] (committed parts and
 //! the join), [`shard`] (sharding and merging shards).
 
@@ -20,6 +20,7 @@ pub mod engine;
 pub mod memory;
 pub mod parts;
 pub mod prompt;
+pub mod rationalize;
 pub mod run;
 pub mod settings;
 pub mod shard;

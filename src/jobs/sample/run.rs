@@ -56,6 +56,33 @@ pub struct JobConfig {
     pub progress: crate::progress::Target,
 }
 
+/// A rendered prompt: its text and token ids.
+pub type Prompt = (String, Vec<u32>);
+
+/// The prompts `s` gives `problems` with the checkpoint's tokenizer and chat template, as the
+/// model sees them (left-truncated to `truncate_prompt_tokens`), and the template.
+pub fn prompts_of(
+    s: &SampleSettings,
+    ck: &crate::model::Checkpoint,
+    tok: &TextTokenizer,
+    problems: &[Problem],
+) -> Result<(PromptTemplate, Vec<Prompt>)> {
+    let template = PromptTemplate::from_settings(s)?;
+    let chat = match &template {
+        PromptTemplate::Chat { .. } => Some(ck.chat_template()?),
+        _ => None,
+    };
+    let mut prompts = build_prompts(problems, &template, chat.as_ref(), tok)?;
+    if let Some(k) = s.params.truncate_prompt_tokens {
+        // vLLM's left truncation; the prompt column holds what the model saw
+        for (text, ids) in prompts.iter_mut().filter(|(_, ids)| ids.len() > k) {
+            ids.drain(..ids.len() - k);
+            *text = tok.decode(ids)?;
+        }
+    }
+    Ok((template, prompts))
+}
+
 /// Loads the model and runs the job described by `s` over `problems` (gold answers, where not
 /// empty, are graded).
 pub fn run_settings(
@@ -69,19 +96,7 @@ pub fn run_settings(
         .map_err(|e| anyhow::anyhow!("sample settings: {e}"))?;
     let ck = crate::model::Checkpoint::open(&s.model)?;
     let tok = ck.tokenizer()?;
-    let template = PromptTemplate::from_settings(s)?;
-    let chat = match &template {
-        PromptTemplate::Chat { .. } => Some(ck.chat_template()?),
-        _ => None,
-    };
-    let mut prompts = build_prompts(problems, &template, chat.as_ref(), &tok)?;
-    if let Some(k) = s.params.truncate_prompt_tokens {
-        // vLLM's left truncation; the prompt column holds what the model saw
-        for (text, ids) in prompts.iter_mut().filter(|(_, ids)| ids.len() > k) {
-            ids.drain(..ids.len() - k);
-            *text = tok.decode(ids)?;
-        }
-    }
+    let (template, prompts) = prompts_of(s, &ck, &tok, problems)?;
     let device = crate::model::parse_device(&s.device)?;
     let dtype = crate::model::parse_dtype(&s.dtype, &device)?;
     let kv_fp8 = s.kv_cache_dtype == "fp8";
@@ -489,6 +504,7 @@ fn to_row(
                 .map(|t| t.top.iter().map(|&(_, p)| p).collect())
                 .collect(),
         }),
+        rationalized: false,
     })
 }
 
