@@ -21,7 +21,7 @@ use selfdistill::model::Checkpoint;
 use selfdistill::sampler::engine::Request;
 use selfdistill::sampler::params::SamplingParams;
 
-/// `pipeline sample` on `rows` toy problems with the fixture and raw prompts.
+/// `pipeline sample` on `rows` toy problems with the tiny-qwen3 fixture and raw prompts.
 fn sample(
     dir: &Path,
     rows: usize,
@@ -29,7 +29,25 @@ fn sample(
     extra: &[&str],
     out: &str,
 ) -> std::process::Output {
-    let model = shared("fixtures/tiny-qwen3").unwrap();
+    sample_with(
+        &shared("fixtures/tiny-qwen3").unwrap(),
+        dir,
+        rows,
+        engine,
+        extra,
+        out,
+    )
+}
+
+/// [`sample`] with `model`.
+fn sample_with(
+    model: &Path,
+    dir: &Path,
+    rows: usize,
+    engine: &str,
+    extra: &[&str],
+    out: &str,
+) -> std::process::Output {
     let input = toy_problems(dir, rows);
     bin()
         .args(["sample", "--model", model.to_str().unwrap()])
@@ -75,9 +93,28 @@ const TIE: f32 = 1e-3;
 
 #[test]
 fn greedy_tokens_agree_with_ours_where_the_top2_gap_allows_and_the_parquet_is_the_same() {
-    if shared("fixtures/tiny-qwen3").is_none() {
+    let Some(model) = shared("fixtures/tiny-qwen3") else {
         return;
+    };
+    greedy_tokens_agree(&model);
+}
+
+/// The Qwen2 fixtures (q/k/v biases; tied fp32, and untied bf16 shards with one KV head) through
+/// mistral.rs's Qwen2 model: the same greedy tokens and log-probabilities as ours.
+#[test]
+fn qwen2_greedy_tokens_agree_with_ours() {
+    for name in ["qwen2-a", "qwen2-b"] {
+        greedy_tokens_agree(
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures")
+                .join(name),
+        );
     }
+}
+
+/// Greedy samples of `model` by both engines: the same tokens and raw log-probabilities until a
+/// near-tie of our top two, and the same Parquet schema.
+fn greedy_tokens_agree(model: &Path) {
     let dir = tempfile::tempdir().unwrap();
     let greedy = [
         "--temperature",
@@ -87,9 +124,23 @@ fn greedy_tokens_agree_with_ours_where_the_top2_gap_allows_and_the_parquet_is_th
         "--logprobs",
         "2",
     ];
-    let o = sample(dir.path(), 20, "selfdistill", &greedy, "ours.parquet");
+    let o = sample_with(
+        model,
+        dir.path(),
+        20,
+        "selfdistill",
+        &greedy,
+        "ours.parquet",
+    );
     assert!(o.status.success(), "{}", text(&o));
-    let o = sample(dir.path(), 20, "mistralrs", &greedy, "theirs.parquet");
+    let o = sample_with(
+        model,
+        dir.path(),
+        20,
+        "mistralrs",
+        &greedy,
+        "theirs.parquet",
+    );
     assert!(o.status.success(), "{}", text(&o));
     assert!(
         text(&o).contains("preemptions not reported by the engine"),

@@ -28,7 +28,8 @@ use crate::train::Trainable;
 #[derive(Debug, clap::Args)]
 pub struct TrainBenchArgs {
     /// `tiny` (the fixture's shapes), `20m`, `50m` (a ~48M-parameter Qwen3), `qwen3-0.6b`,
-    /// `qwen3-4b`, `hybrid-20m` or `qwen3.5-0.8b`.
+    /// `qwen3-4b`, `qwen2.5-1.5b` (Qwen2: q/k/v biases), `hybrid-20m` or `qwen3.5-0.8b`;
+    /// `qwen2:NAME` is a Qwen3 shape as Qwen2.
     #[arg(long, default_value = "50m")]
     pub shape: String,
     /// Rows per step.

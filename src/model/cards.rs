@@ -20,6 +20,100 @@ const QWEN3: &[(&str, usize, usize, usize, usize, usize, bool)] = &[
     ("Qwen/Qwen3-8B", 4096, 12288, 36, 32, 8, false),
 ];
 
+/// A Qwen2-family card: (hub id, hidden, intermediate, layers, query heads, KV heads, vocab,
+/// tied embeddings, RoPE theta, context).
+type Qwen2Card = (
+    &'static str,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    usize,
+    bool,
+    u64,
+    usize,
+);
+
+/// The Qwen2 cards (q/k/v biases, head_dim 128, bf16 weights), as their hub config.json files
+/// give them: the math models self-distillation and RL papers start from. Qwen2.5-Math-7B's is
+/// inferred from DeepSeek-R1-Distill-Qwen-7B (built on it) and the published 4,096-token
+/// context and theta 1e4; the others are quoted copies of the files.
+const QWEN2: &[Qwen2Card] = &[
+    (
+        "Qwen/Qwen2.5-Math-1.5B",
+        1536,
+        8960,
+        28,
+        12,
+        2,
+        151936,
+        true,
+        10_000,
+        4096,
+    ),
+    (
+        "Qwen/Qwen2.5-Math-7B",
+        3584,
+        18944,
+        28,
+        28,
+        4,
+        152064,
+        false,
+        10_000,
+        4096,
+    ),
+    (
+        "Qwen/Qwen2.5-1.5B-Instruct",
+        1536,
+        8960,
+        28,
+        12,
+        2,
+        151936,
+        true,
+        1_000_000,
+        32768,
+    ),
+    (
+        "Qwen/Qwen2.5-7B-Instruct",
+        3584,
+        18944,
+        28,
+        28,
+        4,
+        152064,
+        false,
+        1_000_000,
+        32768,
+    ),
+    (
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
+        1536,
+        8960,
+        28,
+        12,
+        2,
+        151936,
+        false,
+        10_000,
+        131072,
+    ),
+    (
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+        3584,
+        18944,
+        28,
+        28,
+        4,
+        152064,
+        false,
+        10_000,
+        131072,
+    ),
+];
+
 /// (hub id, hidden, intermediate, layers, query heads, KV heads, linear-attention value heads,
 /// tied embeddings).
 type Qwen35Card = (&'static str, usize, usize, usize, usize, usize, usize, bool);
@@ -55,6 +149,18 @@ pub fn card(id: &str) -> Option<Result<ModelConfig>> {
         );
         return Some(ModelConfig::parse(&json));
     }
+    if let Some(&(_, h, i, l, q, kv, vocab, tied, theta, ctx)) = QWEN2.iter().find(|c| c.0 == id) {
+        let json = format!(
+            r#"{{"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": {h},
+            "intermediate_size": {i}, "num_hidden_layers": {l}, "num_attention_heads": {q},
+            "num_key_value_heads": {kv}, "vocab_size": {vocab}, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": {ctx}, "tie_word_embeddings": {tied},
+            "rope_theta": {theta}, "torch_dtype": "bfloat16", "hidden_act": "silu",
+            "use_sliding_window": false, "sliding_window": 4096, "max_window_layers": 21,
+            "bos_token_id": 151643, "eos_token_id": 151643}}"#
+        );
+        return Some(ModelConfig::parse(&json));
+    }
     let &(_, h, i, l, q, kv, tied) = QWEN3.iter().find(|c| c.0 == id)?;
     let json = format!(
         r#"{{"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": {h},
@@ -73,6 +179,7 @@ pub fn known() -> Vec<&'static str> {
         .iter()
         .map(|c| c.0)
         .chain(QWEN3_5.iter().map(|c| c.0))
+        .chain(QWEN2.iter().map(|c| c.0))
         .collect()
 }
 
@@ -95,6 +202,29 @@ mod tests {
             assert_eq!(cfg.dtype, "bfloat16");
         }
         assert!(card("Qwen/Qwen3-5B").is_none());
+    }
+
+    /// The Qwen2 cards: q/k/v biases, no q/k norms, and the parameter counts the hub's
+    /// safetensors metadata gives (Qwen2.5-1.5B-Instruct 1,543,714,304; the 7B models
+    /// 7,615,616,512; R1-Distill-Qwen-1.5B, untied, 1,777,088,000).
+    #[test]
+    fn qwen2_cards_have_biases_and_the_published_sizes() {
+        for (id, params) in [
+            ("Qwen/Qwen2.5-1.5B-Instruct", 1_543_714_304),
+            ("Qwen/Qwen2.5-Math-1.5B", 1_543_714_304),
+            ("Qwen/Qwen2.5-7B-Instruct", 7_615_616_512),
+            ("Qwen/Qwen2.5-Math-7B", 7_615_616_512),
+            ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 1_777_088_000),
+            (
+                "hf://deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+                7_615_616_512,
+            ),
+        ] {
+            let cfg = card(id).unwrap().unwrap();
+            assert_eq!(cfg.family, super::super::Family::Qwen2, "{id}");
+            assert!(cfg.attention_bias && !cfg.qk_norm, "{id}");
+            assert_eq!(cfg.num_params(), params, "{id}");
+        }
     }
 
     #[test]

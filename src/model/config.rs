@@ -2,7 +2,7 @@
 //!
 //! Both layouts are read: `rope_theta`/`rope_scaling` at the top level (classic) and
 //! `rope_parameters` (transformers 5), `torch_dtype` or `dtype`. Families: Qwen3 (q/k RMS norms),
-//! Llama (3.x, with `llama3` rope scaling) and Qwen3.5 (Gated DeltaNet layers beside gated
+//! Qwen2 (q/k/v biases), Llama (3.x, with `llama3` rope scaling) and Qwen3.5 (Gated DeltaNet layers beside gated
 //! attention, zero-centred norms, partial RoPE; the multimodal layout's `text_config`, text only). Anything we do not implement (sliding windows,
 //! other rope scalings, other activations, unknown `model_type`) is rejected here, once, with the
 //! reason. Knows nothing of weights or devices.
@@ -25,6 +25,9 @@ use serde_json::Value;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     Qwen3,
+    /// Qwen2 and Qwen2.5 (Qwen2.5-Math, DeepSeek-R1-Distill-Qwen): Llama's layers with biases on
+    /// the q/k/v projections.
+    Qwen2,
     Llama,
     Qwen3_5,
 }
@@ -89,6 +92,7 @@ type Reader = fn(&Value) -> Result<ModelConfig>;
 /// The families we read, by `model_type`. A new family is a line here.
 const FAMILIES: &[(&str, Reader)] = &[
     ("qwen3", read_qwen3),
+    ("qwen2", read_qwen2),
     ("llama", read_llama),
     ("qwen3_5", read_qwen3_5),
     ("qwen3_5_text", read_qwen3_5),
@@ -196,7 +200,7 @@ impl ModelConfig {
     pub fn carried_prefixes(&self) -> &'static [&'static str] {
         match self.family {
             Family::Qwen3_5 => &["model.visual.", "mtp."],
-            Family::Qwen3 | Family::Llama => &[],
+            Family::Qwen3 | Family::Qwen2 | Family::Llama => &[],
         }
     }
 
@@ -303,6 +307,14 @@ fn read_qwen3(v: &Value) -> Result<ModelConfig> {
     read_decoder(serde_json::from_value(v.clone())?, Family::Qwen3)
 }
 
+/// Qwen2's q/k/v projections always carry biases (its config has no `attention_bias` key); its
+/// `sliding_window` applies only with `use_sliding_window = true`, which is refused.
+fn read_qwen2(v: &Value) -> Result<ModelConfig> {
+    let mut raw: RawHfConfig = serde_json::from_value(v.clone())?;
+    raw.attention_bias = Some(true);
+    read_decoder(raw, Family::Qwen2)
+}
+
 fn read_llama(v: &Value) -> Result<ModelConfig> {
     read_decoder(serde_json::from_value(v.clone())?, Family::Llama)
 }
@@ -322,7 +334,7 @@ fn attention_heads(
     Ok((kv, head_dim.unwrap_or(hidden / heads.max(1))))
 }
 
-/// Qwen3 and Llama: every layer attention, Qwen3's with q/k norms.
+/// Qwen3, Qwen2 and Llama: every layer attention, Qwen3's with q/k norms.
 fn read_decoder(raw: RawHfConfig, family: Family) -> Result<ModelConfig> {
     if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "silu") {
         bail!("hidden_act `{act}` is not supported (only silu)");

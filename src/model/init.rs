@@ -51,7 +51,7 @@ pub fn init_weights(cfg: &ModelConfig, init_std: f64, seed: u64) -> Result<Vec<(
     let dev = Device::Cpu;
     let mut out = Vec::new();
     for (name, shape, init) in weight_shapes(cfg) {
-        let t = if let Init::Const(c) = init {
+        let t = if let Some(c) = init.value() {
             Tensor::full(c, shape.as_slice(), &dev)?
         } else {
             let n: usize = shape.iter().product();
@@ -72,8 +72,9 @@ pub fn init_weights(cfg: &ModelConfig, init_std: f64, seed: u64) -> Result<Vec<(
     Ok(out)
 }
 
-/// The benchmark shapes: Qwen3 (tied embeddings) and hybrid Qwen3.5 (`hybrid-20m`, and the
-/// text model of `qwen3.5-0.8b`).
+/// The benchmark shapes: Qwen3 (tied embeddings), Qwen2 (`qwen2.5-1.5b`, or any Qwen3 shape's
+/// dims as Qwen2: `qwen2:20m`) and hybrid Qwen3.5 (`hybrid-20m`, and the text model of
+/// `qwen3.5-0.8b`).
 pub fn shape(name: &str) -> Result<ModelConfig> {
     ModelConfig::parse(&shape_json(name)?)
 }
@@ -83,6 +84,12 @@ pub fn shape_json(name: &str) -> Result<String> {
     if let Some(json) = hybrid_shape(name) {
         return Ok(json);
     }
+    // Qwen2 shapes: q/k/v biases, no q/k norms (Qwen2.5-1.5B's dims, and a small one)
+    let (family, name) = match name.strip_prefix("qwen2:") {
+        Some(rest) => ("qwen2", rest),
+        None if name == "qwen2.5-1.5b" => ("qwen2", "qwen2.5-1.5b"),
+        None => ("qwen3", name),
+    };
     let (h, i, l, q, kv, d, v) = match name {
         "tiny" => (64, 176, 2, 4, 2, 16, 485),
         "arith" => (128, 384, 4, 4, 4, 32, 72),
@@ -90,13 +97,14 @@ pub fn shape_json(name: &str) -> Result<String> {
         "50m" => (512, 1536, 10, 8, 4, 64, 32000),
         "qwen3-0.6b" => (1024, 3072, 28, 16, 8, 128, 151936),
         "qwen3-4b" => (2560, 9728, 36, 32, 8, 128, 151936),
+        "qwen2.5-1.5b" => (1536, 8960, 28, 12, 2, 128, 151936),
         other => bail!(
-            "--shape {other}: use tiny, arith, 20m, 50m, qwen3-0.6b, qwen3-4b, hybrid-20m or \
-             qwen3.5-0.8b"
+            "--shape {other}: use tiny, arith, 20m, 50m, qwen3-0.6b, qwen3-4b, qwen2.5-1.5b, \
+             hybrid-20m or qwen3.5-0.8b (`qwen2:20m`: a shape as Qwen2, with q/k/v biases)"
         ),
     };
     let json = format!(
-        r#"{{"model_type": "qwen3", "hidden_size": {h}, "intermediate_size": {i},
+        r#"{{"model_type": "{family}", "hidden_size": {h}, "intermediate_size": {i},
         "num_hidden_layers": {l}, "num_attention_heads": {q}, "num_key_value_heads": {kv},
         "head_dim": {d}, "vocab_size": {v}, "rms_norm_eps": 1e-6,
         "max_position_embeddings": 40960, "tie_word_embeddings": true, "rope_theta": 1000000.0}}"#
@@ -186,7 +194,7 @@ pub fn random_model_on(cfg: &ModelConfig, dev: &Device, dtype: DType) -> Result<
     }
     let mut w = HashMap::new();
     for (name, shape, init) in weight_shapes(cfg) {
-        let t = if let Init::Const(c) = init {
+        let t = if let Some(c) = init.value() {
             Tensor::full(c, shape.as_slice(), dev)?.to_dtype(dtype)?
         } else {
             Tensor::randn(0f32, 0.02, shape.as_slice(), dev)?.to_dtype(dtype)?

@@ -82,9 +82,18 @@ fn tokenization_matches_transformers() {
 #[test]
 fn chat_renderings_are_byte_identical() {
     let Some(dir) = fixture() else { return };
+    let tmpl = assert_chat_renderings_match(&dir);
+    // The template shipped as chat_template.jinja (the newer layout) renders the same.
+    let jinja = std::fs::read_to_string(dir.join("../qwen3_chat_template.jinja")).unwrap();
+    assert_eq!(jinja, tmpl.source);
+}
+
+/// A fixture's chat renderings (and their tokens) byte-identical to transformers'; returns its
+/// template.
+fn assert_chat_renderings_match(dir: &Path) -> crate::model::ChatTemplate {
     let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
     let (tmpl, tok) = (ck.chat_template().unwrap(), ck.tokenizer().unwrap());
-    let cases = expected(&dir, "chat_template.json");
+    let cases = expected(dir, "chat_template.json");
     for case in cases.as_array().unwrap() {
         let msgs: Vec<Message> = case["messages"]
             .as_array()
@@ -102,9 +111,7 @@ fn chat_renderings_are_byte_identical() {
         assert_eq!(text, case["text"].as_str().unwrap());
         assert_eq!(tok.encode(&text).unwrap(), ids(&case["input_ids"]));
     }
-    // The template shipped as chat_template.jinja (the newer layout) renders the same.
-    let jinja = std::fs::read_to_string(dir.join("../qwen3_chat_template.jinja")).unwrap();
-    assert_eq!(jinja, tmpl.source);
+    tmpl
 }
 
 #[test]
@@ -274,7 +281,7 @@ fn qwen3_5_logits_and_greedy_tokens_match_transformers() {
         .map(|(_, s, _)| s.iter().product::<usize>())
         .sum();
     assert_eq!(c.num_params(), text);
-    qwen3_5_matches_transformers(&dir);
+    matches_transformers_on_both_paths(&dir);
 }
 
 /// The held-out Qwen3.5 variant (`tests/fixtures/qwen3_5-q35b`, in the repository): untied, bf16
@@ -297,17 +304,45 @@ fn qwen3_5_held_out_variant_matches_transformers() {
         ),
         (1, 3, 8, 12)
     );
-    qwen3_5_matches_transformers(&dir);
+    matches_transformers_on_both_paths(&dir);
+}
+
+/// The Qwen2 fixtures (`tests/fixtures/qwen2-a`: Qwen2.5-1.5B's layout in small, tied, fp32;
+/// `qwen2-b`: DeepSeek-R1-Distill-Qwen's, untied, one KV head for four query heads, bf16 shards;
+/// both made with `scripts/fixtures/make_fixtures.py`): q/k/v biases and no q/k norms, logits
+/// and greedy tokens as transformers' on the candle and host paths, and Qwen2.5's chat template.
+#[test]
+fn qwen2_variants_match_transformers() {
+    for (name, tied, kv) in [("qwen2-a", true, 2), ("qwen2-b", false, 1)] {
+        let dir = repo_fixture(name);
+        let c = Checkpoint::open(dir.to_str().unwrap()).unwrap().config;
+        assert_eq!(c.family, crate::model::Family::Qwen2);
+        assert!(c.attention_bias && !c.qk_norm, "{name}");
+        assert_eq!(
+            (c.tie_word_embeddings, c.num_kv_heads),
+            (tied, kv),
+            "{name}"
+        );
+        matches_transformers_on_both_paths(&dir);
+        assert_chat_renderings_match(&dir);
+    }
+}
+
+/// A fixture made for this repository (`tests/fixtures/NAME`).
+pub(crate) fn repo_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 /// The held-out Qwen3.5 fixture's folder (in the repository).
 pub(crate) fn q35b() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen3_5-q35b")
+    repo_fixture("qwen3_5-q35b")
 }
 
-/// A Qwen3.5 fixture's logits and greedy tokens against transformers', on the candle path and
-/// the host path (which is also batch-invariant).
-fn qwen3_5_matches_transformers(dir: &Path) {
+/// A fixture's logits and greedy tokens against transformers', on the candle path and the host
+/// path (which is also batch-invariant).
+fn matches_transformers_on_both_paths(dir: &Path) {
     let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
     let mut model = ck.load_transformer(&Device::Cpu, DType::F32).unwrap();
     let dir = &dir.to_path_buf();

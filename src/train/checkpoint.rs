@@ -463,7 +463,8 @@ fn verify_export(t: &Trainable, out: &Path, dtype: DType) -> Result<()> {
 #[derive(Debug, Clone, Serialize)]
 pub struct TensorChange {
     pub name: String,
-    /// `|trained - base| / |base|` (L2).
+    /// `|trained - base| / |base|` (L2); for a zero-centred norm weight (stored near 0, used as
+    /// `1 + w`) against the scale it gives, `|trained - base| / |1 + base|`.
     pub relative_change: f64,
     /// Share of elements whose value in the stored dtype differs from the base.
     pub changed_share: f64,
@@ -475,6 +476,12 @@ pub fn change_report(base: &Checkpoint, t: &Trainable, dtype: DType) -> Result<V
     // SAFETY: read-only maps of the base checkpoint (see Checkpoint::load_transformer).
     let st = unsafe { candle_core::safetensors::MmapedSafetensors::multi(&base.weights) }
         .with_context(|| format!("cannot map the weights of {}", base.dir.display()))?;
+    // what each weight is used as: itself, or 1 + itself (zero-centred norms)
+    let offsets: std::collections::HashMap<String, f32> =
+        crate::model::init::weight_shapes(&base.config)
+            .into_iter()
+            .map(|(name, _, init)| (name, init.scale_offset()))
+            .collect();
     let mut out = Vec::new();
     for (name, var) in t.masters() {
         let now = var.as_tensor();
@@ -483,7 +490,8 @@ pub fn change_report(base: &Checkpoint, t: &Trainable, dtype: DType) -> Result<V
             .with_context(|| format!("no base tensor {name}"))?
             .to_dtype(DType::F32)?;
         let d = sum_all_wide(&(now - &b)?.sqr()?)?.to_scalar::<f32>()? as f64;
-        let n = sum_all_wide(&b.sqr()?)?.to_scalar::<f32>()? as f64;
+        let used = (&b + offsets.get(name).copied().unwrap_or(0.0) as f64)?;
+        let n = sum_all_wide(&used.sqr()?)?.to_scalar::<f32>()? as f64;
         let ne = sum_all_wide(
             &now.to_dtype(dtype)?
                 .ne(&b.to_dtype(dtype)?)?

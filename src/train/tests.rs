@@ -97,12 +97,47 @@ fn qwen3_5_held_out_variant_trains_like_pytorch() {
     trainer_gradients_match_pytorch(&dir);
 }
 
+/// Qwen2 (q/k/v biases, no q/k norms), tied fp32 and untied bf16 shards: every gradient (the
+/// biases' too), 8 AdamW steps and the trainer's own steps against PyTorch, and the export is a
+/// Qwen2 checkpoint with the base's config that loads back.
+#[test]
+fn qwen2_variants_train_like_pytorch() {
+    for name in ["qwen2-a", "qwen2-b"] {
+        let dir = crate::model::tests::repo_fixture(name);
+        gradients_match_pytorch(&dir);
+        adamw_steps_match_pytorch(&dir);
+        trainer_gradients_match_pytorch(&dir);
+        let (_tmp, job) = trainer_matches_pytorch(&dir);
+        let base = Checkpoint::open(dir.to_str().unwrap()).unwrap();
+        let back = Checkpoint::open(job.output.to_str().unwrap()).unwrap();
+        assert_eq!(back.config, base.config, "{name}");
+        let config = std::fs::read_to_string(job.output.join("config.json")).unwrap();
+        assert!(config.contains("Qwen2ForCausalLM"), "{config}");
+        back.load_transformer(&Device::Cpu, candle_core::DType::F32)
+            .unwrap();
+    }
+}
+
 #[test]
 fn qwen3_5_trainer_exports_the_multimodal_layout() {
     let Some(dir) = fixture_named("tiny-qwen3_5") else {
         return;
     };
     let (_tmp, job) = trainer_matches_pytorch(&dir);
+    // the change report measures a zero-centred norm weight (stored near 0, used as 1 + w)
+    // against the scale it gives: the 8 steps of lr 1e-3 move it by about 1%, not by 1e13
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(job.state_dir.join(CHANGE_REPORT)).unwrap()).unwrap();
+    let entries = report.as_array().unwrap();
+    let norms: Vec<&Value> = entries
+        .iter()
+        .filter(|c| c["name"].as_str().unwrap().ends_with("layernorm.weight"))
+        .collect();
+    assert!(!norms.is_empty(), "{report}");
+    for c in norms {
+        let r = c["relative_change"].as_f64().unwrap();
+        assert!(r > 1e-4 && r < 0.1, "{c}");
+    }
     let base = Checkpoint::open(dir.to_str().unwrap()).unwrap();
     let back = Checkpoint::open(job.output.to_str().unwrap()).unwrap();
     assert_eq!(
@@ -220,6 +255,24 @@ fn tolerance(dir: &std::path::Path) -> (f64, f64, f64) {
     }
 }
 
+/// A parameter's tolerance after the 8 AdamW steps: `tol`, except where the reference itself
+/// cannot pin it down. The key projections' bias acts on keys only through RoPE's rotation, which
+/// at `rope_theta` 1e6 barely turns a short sequence's low-frequency pairs: there it is almost a
+/// shift of every key alike, which softmax ignores, its gradient is mostly rounding and Adam's
+/// normalised step turns that into updates of the learning rate's size. On `qwen2-b` PyTorch's
+/// own f32 run ends 4.5e-3 (layer 0), 6.9e-4 and 1.0e-3 from its f64 run, and a 1e-6 relative
+/// perturbation of the f32 gradients (our gradients differ from PyTorch's by 0.5-2e-6) moves it
+/// by 3.8e-3, 1.3e-3 and 2.0e-3; ours end 6.5e-3, 1.0e-3 and 5.8e-4 from it (1e-2 allows our
+/// gradients' twice larger rounding). Every other tensor of the fixture holds 1e-4 (3.5e-6 at
+/// worst for the other biases).
+fn param_tolerance(dir: &std::path::Path, name: &str, tol: f64) -> f64 {
+    if dir.ends_with("qwen2-b") && name.ends_with("k_proj.bias") {
+        1e-2
+    } else {
+        tol
+    }
+}
+
 fn adamw_steps_match_pytorch(dir: &std::path::Path) {
     adamw_steps_match_pytorch_on(dir, false)
 }
@@ -279,7 +332,7 @@ fn adamw_steps_match_pytorch_on(dir: &std::path::Path, generic: bool) {
         let err = rel_err(g, &want[name]);
         worst_param = worst_param.max(err);
         assert!(
-            err <= param_tol,
+            err <= param_tolerance(dir, name, param_tol),
             "{name}: relative error after 8 steps {err}"
         );
     }
@@ -495,6 +548,11 @@ fn trainer_matches_pytorch(dir: &std::path::Path) -> (tempfile::TempDir, TrainJo
     let m = metrics(&job.state_dir);
     let traj = r.json["trajectory"].as_array().unwrap();
     assert_eq!(m.len(), traj.len());
+    let bf16 = Checkpoint::open(dir.to_str().unwrap())
+        .unwrap()
+        .config
+        .dtype
+        == "bfloat16";
     for (got, want) in m.iter().zip(traj) {
         let (l, g) = (
             want["loss"].as_f64().unwrap(),
@@ -511,9 +569,15 @@ fn trainer_matches_pytorch(dir: &std::path::Path) -> (tempfile::TempDir, TrainJo
             "step {}",
             got.step
         );
+        // f32 AdamW moves (nearly) every weight; stored in bf16, an update of the learning
+        // rate's size (1e-3) is below half a bf16 step for the larger weights (qwen2-b: 79 to
+        // 86% of them change at each step)
+        let least = if bf16 { 0.5 } else { 0.99 };
         assert!(
-            got.changed_share > 0.99,
-            "f32 AdamW moves (nearly) every weight"
+            got.changed_share > least,
+            "step {}: {} of the weights changed",
+            got.step,
+            got.changed_share
         );
     }
     let want: HashMap<String, Tensor> = candle_core::safetensors::load(
@@ -525,7 +589,12 @@ fn trainer_matches_pytorch(dir: &std::path::Path) -> (tempfile::TempDir, TrainJo
     let got = Trainable::load(&back, &Device::Cpu).unwrap().tensors();
     for (name, g) in &got {
         let err = rel_err(g, &want[name]);
-        assert!(err <= param_tol, "{name}: exported parameter error {err}");
+        // a bf16 export is the f32 master rounded: at most half a bf16 step, 2^-8 relative
+        let rounding = if bf16 { 2f64.powi(-8) } else { 0.0 };
+        assert!(
+            err <= param_tolerance(dir, name, param_tol) + rounding,
+            "{name}: exported parameter error {err}"
+        );
     }
     for f in ["config.json", "tokenizer.json", "generation_config.json"] {
         assert!(job.output.join(f).exists(), "export lacks {f}");

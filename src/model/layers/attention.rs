@@ -16,16 +16,12 @@ use super::super::attention::AttentionBackend;
 use super::super::config::ModelConfig;
 use super::super::ops::{linear, project, stack_linears, Exec, RmsNorm, RopeRows};
 use super::super::packed::{dropped, inv_rms, min_rows, sized, Buffers, PackedLinear};
-use super::weight_init::Init;
+use super::weight_init::{norm_init, Init};
 
-/// Every weight of the layer's attention under `prefix` (`model.layers.N`): (name, shape, is a
-/// norm weight).
+/// Every weight of the layer's attention under `prefix` (`model.layers.N`): (name, shape, its
+/// initial value); biases (Qwen2) start at zero.
 pub fn weight_shapes(cfg: &ModelConfig, prefix: &str) -> Vec<(String, Vec<usize>, Init)> {
-    let norm = if cfg.norm_offset {
-        Init::Const(0.0)
-    } else {
-        Init::Const(1.0)
-    };
+    let norm = norm_init(cfg);
     let (h, d) = (cfg.hidden_size, cfg.head_dim);
     let (q, kv) = (cfg.num_heads * d, cfg.num_kv_heads * d);
     let q_rows = if cfg.attention_gate { 2 * q } else { q };
@@ -49,6 +45,15 @@ pub fn weight_shapes(cfg: &ModelConfig, prefix: &str) -> Vec<(String, Vec<usize>
         vec![kv, h],
         Init::Normal,
     ));
+    if cfg.attention_bias {
+        for (name, rows) in [("q_proj", q_rows), ("k_proj", kv), ("v_proj", kv)] {
+            out.push((
+                format!("{prefix}.self_attn.{name}.bias"),
+                vec![rows],
+                Init::Const(0.0),
+            ));
+        }
+    }
     out.push((
         format!("{prefix}.self_attn.o_proj.weight"),
         vec![h, q],
