@@ -21,6 +21,8 @@ pub mod tokenizer;
 pub mod transformer;
 
 #[cfg(test)]
+mod candle_tests;
+#[cfg(test)]
 pub(crate) mod tests;
 
 use std::path::{Path, PathBuf};

@@ -121,7 +121,7 @@ fn eos_ids_come_from_generation_config() {
     assert_eq!(ck.eos_token_ids().unwrap(), vec![482, 480]);
 }
 
-fn full_logits(model: &Transformer, prompt: &[u32]) -> Tensor {
+pub(crate) fn full_logits(model: &Transformer, prompt: &[u32]) -> Tensor {
     let dev = Device::Cpu;
     let tokens = Tensor::new(prompt, &dev).unwrap();
     let pos: Vec<u32> = (0..prompt.len() as u32).collect();
@@ -326,6 +326,20 @@ fn qwen2_variants_match_transformers() {
         matches_transformers_on_both_paths(&dir);
         assert_chat_renderings_match(&dir);
     }
+}
+
+/// The Llama fixture (`tests/fixtures/llama`, the shared generator's `llama` variant: untied,
+/// RoPE theta 5e5, the newer layout with `rope_parameters` and `chat_template.jinja`): logits and
+/// greedy tokens as transformers' on both paths, and its chat renderings.
+#[test]
+fn llama_matches_transformers() {
+    let dir = repo_fixture("llama");
+    let c = Checkpoint::open(dir.to_str().unwrap()).unwrap().config;
+    assert_eq!(c.family, crate::model::Family::Llama);
+    assert!(!c.qk_norm && !c.attention_bias && !c.tie_word_embeddings);
+    assert_eq!(c.rope_theta, 500_000.0);
+    matches_transformers_on_both_paths(&dir);
+    assert_chat_renderings_match(&dir);
 }
 
 /// A fixture made for this repository (`tests/fixtures/NAME`).

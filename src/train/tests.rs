@@ -118,6 +118,15 @@ fn qwen2_variants_train_like_pytorch() {
     }
 }
 
+/// Llama: every gradient, 8 AdamW steps and the trainer's steps against PyTorch.
+#[test]
+fn llama_trains_like_pytorch() {
+    let dir = crate::model::tests::repo_fixture("llama");
+    gradients_match_pytorch(&dir);
+    adamw_steps_match_pytorch(&dir);
+    trainer_gradients_match_pytorch(&dir);
+}
+
 #[test]
 fn qwen3_5_trainer_exports_the_multimodal_layout() {
     let Some(dir) = fixture_named("tiny-qwen3_5") else {
