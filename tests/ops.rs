@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bin, run, shared, stage_dir, text, toy_problems};
+use common::{bin, manifest_count, manifest_of, run, shared, stage_dir, text, toy_problems};
 use selfdistill::data::schema::{read_completions, Completion};
 
 /// A data -> sample -> filter config over `rows` problems, `n` samples of `new` tokens each.
@@ -406,4 +406,76 @@ fn a_sample_stage_sharded_over_three_processes_equals_one_process() {
         text(&o)
     );
     assert!(sample.join("manifest.json").exists());
+}
+
+/// With `[rationalize]`, each shard rationalizes its own unsolved problems and the join merges
+/// the hinted and rationalized rows in the problems' order: the same files and counts as one
+/// process (the random fixture solves almost nothing, so nearly every problem is rationalized).
+#[test]
+fn a_sharded_sample_stage_rationalizes_as_one_process_does() {
+    let Some(model) = shared("fixtures/tiny-qwen3") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    config(d, &model, 12, 2, 8, 8, 3);
+    let mut cfg = std::fs::read_to_string(d.join("p.toml")).unwrap();
+    cfg.push_str("[rationalize]\nhint = \"{problem} The answer is {answer}.\"\nn = 3\n");
+    std::fs::write(d.join("p.toml"), cfg).unwrap();
+    let one = run(
+        &["run", "sample", "--config", "p.toml", "--workdir", "one"],
+        d,
+    );
+    assert!(one.status.success(), "{}", text(&one));
+    for i in 0..2 {
+        let o = run(
+            &[
+                "run",
+                "sample",
+                "--config",
+                "p.toml",
+                "--workdir",
+                "two",
+                "--shard",
+                &format!("{i}/2"),
+            ],
+            d,
+        );
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let o = run(
+        &["run", "sample", "--config", "p.toml", "--workdir", "two"],
+        d,
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("joined 2 shards"), "{}", text(&o));
+    let (a, b) = (
+        stage_dir(&d.join("one"), "sample"),
+        stage_dir(&d.join("two"), "sample"),
+    );
+    for f in [
+        "completions.parquet",
+        "hinted.parquet",
+        "rationalized.parquet",
+    ] {
+        let (x, y) = (
+            read_completions(&a.join(f)).unwrap(),
+            read_completions(&b.join(f)).unwrap(),
+        );
+        assert!(!x.is_empty(), "{f}");
+        assert_eq!(x, y, "{f}");
+    }
+    let m = |w: &str| manifest_of(&d.join(w), "sample");
+    for key in [
+        "rationalize.problems",
+        "rationalize.samples",
+        "rationalize.correct",
+    ] {
+        assert_eq!(
+            manifest_count(&m("one"), key),
+            manifest_count(&m("two"), key),
+            "{key}"
+        );
+    }
+    assert!(manifest_count(&m("one"), "rationalize.problems") >= 10);
 }
