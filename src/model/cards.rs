@@ -22,96 +22,21 @@ const QWEN3: &[(&str, usize, usize, usize, usize, usize, bool)] = &[
 
 /// A Qwen2-family card: (hub id, hidden, intermediate, layers, query heads, KV heads, vocab,
 /// tied embeddings, RoPE theta, context).
-type Qwen2Card = (
-    &'static str,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    usize,
-    bool,
-    u64,
-    usize,
-);
+#[rustfmt::skip]
+type Qwen2Card = (&'static str, usize, usize, usize, usize, usize, usize, bool, u64, usize);
 
 /// The Qwen2 cards (q/k/v biases, head_dim 128, bf16 weights), as their hub config.json files
 /// give them: the math models self-distillation and RL papers start from. Qwen2.5-Math-7B's is
 /// inferred from DeepSeek-R1-Distill-Qwen-7B (built on it) and the published 4,096-token
 /// context and theta 1e4; the others are quoted copies of the files.
+#[rustfmt::skip]
 const QWEN2: &[Qwen2Card] = &[
-    (
-        "Qwen/Qwen2.5-Math-1.5B",
-        1536,
-        8960,
-        28,
-        12,
-        2,
-        151936,
-        true,
-        10_000,
-        4096,
-    ),
-    (
-        "Qwen/Qwen2.5-Math-7B",
-        3584,
-        18944,
-        28,
-        28,
-        4,
-        152064,
-        false,
-        10_000,
-        4096,
-    ),
-    (
-        "Qwen/Qwen2.5-1.5B-Instruct",
-        1536,
-        8960,
-        28,
-        12,
-        2,
-        151936,
-        true,
-        1_000_000,
-        32768,
-    ),
-    (
-        "Qwen/Qwen2.5-7B-Instruct",
-        3584,
-        18944,
-        28,
-        28,
-        4,
-        152064,
-        false,
-        1_000_000,
-        32768,
-    ),
-    (
-        "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B",
-        1536,
-        8960,
-        28,
-        12,
-        2,
-        151936,
-        false,
-        10_000,
-        131072,
-    ),
-    (
-        "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
-        3584,
-        18944,
-        28,
-        28,
-        4,
-        152064,
-        false,
-        10_000,
-        131072,
-    ),
+    ("Qwen/Qwen2.5-Math-1.5B", 1536, 8960, 28, 12, 2, 151936, true, 10_000, 4096),
+    ("Qwen/Qwen2.5-Math-7B", 3584, 18944, 28, 28, 4, 152064, false, 10_000, 4096),
+    ("Qwen/Qwen2.5-1.5B-Instruct", 1536, 8960, 28, 12, 2, 151936, true, 1_000_000, 32768),
+    ("Qwen/Qwen2.5-7B-Instruct", 3584, 18944, 28, 28, 4, 152064, false, 1_000_000, 32768),
+    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", 1536, 8960, 28, 12, 2, 151936, false, 10_000, 131072),
+    ("deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 3584, 18944, 28, 28, 4, 152064, false, 10_000, 131072),
 ];
 
 /// (hub id, hidden, intermediate, layers, query heads, KV heads, linear-attention value heads,
