@@ -120,7 +120,7 @@ fn compare(hq: usize, hkv: usize, d: usize, dtype: DType, fp8: bool, lens: &[usi
         let gstep = GpuStep::new(&gcache, &steps, hq).unwrap();
         for layer in 0..2 {
             let want = PagedAttention::new(&mut cpu, steps.clone())
-                .attend(layer, &qf, &kf, &vf)
+                .attend(layer, &qf, &kf, &vf, None)
                 .unwrap();
             let mut g = GpuPagedAttention {
                 seq_lens: Vec::new(),
@@ -137,6 +137,7 @@ fn compare(hq: usize, hkv: usize, d: usize, dtype: DType, fp8: bool, lens: &[usi
                     &q.to_device(&dev).unwrap(),
                     &k.to_device(&dev).unwrap(),
                     &v.to_device(&dev).unwrap(),
+                    None,
                 )
                 .unwrap();
             assert_eq!(got.dtype(), dtype);
@@ -215,7 +216,7 @@ fn block_copies_move_every_layer() {
             variant: None,
             seconds: 0.0,
         };
-        outs.push(a.attend(layer, &q, &k, &v).unwrap());
+        outs.push(a.attend(layer, &q, &k, &v, None).unwrap());
     }
     // Move the block and attend with the last token only: same output as before.
     let src = table.blocks[0];
@@ -243,7 +244,9 @@ fn block_copies_move_every_layer() {
             seconds: 0.0,
         };
         let last = |t: &Tensor| t.narrow(0, bs - 1, 1).unwrap();
-        let got = a.attend(layer, &last(&q), &last(&k), &last(&v)).unwrap();
+        let got = a
+            .attend(layer, &last(&q), &last(&k), &last(&v), None)
+            .unwrap();
         let e = rel_err(&got, &last(out));
         assert!(e < 1e-6, "layer {layer}: {e}");
     }

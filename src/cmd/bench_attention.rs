@@ -144,7 +144,7 @@ fn run_cpu(a: &AttentionBenchArgs) -> Result<()> {
         for it in 0..a.iters.max(1) + 1 {
             let t = Instant::now();
             for layer in 0..layers {
-                attn.attend_host(layer, &q, &k, &v, (b, hq, hkv, d), &mut out)?;
+                attn.attend_host(layer, &q, &k, &v, (b, hq, hkv, d), None, &mut out)?;
             }
             let s = t.elapsed().as_secs_f64() / layers as f64;
             if it > 0 {
@@ -253,12 +253,12 @@ fn run_gpu(a: &AttentionBenchArgs) -> Result<()> {
             seconds: 0.0,
         };
         for _ in 0..3 {
-            att.attend(0, &q, &k, &v)?;
+            att.attend(0, &q, &k, &v, None)?;
         }
         dev.synchronize()?;
         let t0 = Instant::now();
         for _ in 0..a.iters.max(1) {
-            att.attend(0, &q, &k, &v)?;
+            att.attend(0, &q, &k, &v, None)?;
         }
         dev.synchronize()?;
         let s = t0.elapsed().as_secs_f64() / a.iters.max(1) as f64;

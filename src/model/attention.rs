@@ -18,9 +18,18 @@ use candle_core::{DType, Device, Result, Tensor, D};
 /// ```text
 /// q: (T, Hq, D)   k, v: (T, Hkv, D)   ->   (T, Hq, D)
 /// ```
-/// `T` is all tokens of the step, sequences laid end to end.
+/// `T` is all tokens of the step, sequences laid end to end. `window`: a sliding-window layer's
+/// window (a query sees the `window` keys ending at its own); `None` for full attention. A
+/// backend without sliding windows refuses one, never ignores it.
 pub trait AttentionBackend {
-    fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor>;
+    fn attend(
+        &mut self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+    ) -> Result<Tensor>;
 
     /// The step's sequences as recurrent layer `layer` sees them: each one's token count and the
     /// state it starts from (`values` f32 values per sequence, laid out by the layer).
@@ -54,6 +63,7 @@ pub trait AttentionBackend {
     /// [`Self::attend`] on host values (f32, row-major), for the CPU's packed layers: `q`
     /// (T x Hq x D), `k` and `v` (T x Hkv x D) into `out` (T x Hq x D). A backend whose cache is
     /// on the host overrides it to skip the tensors; this default builds them.
+    #[allow(clippy::too_many_arguments)]
     fn attend_host(
         &mut self,
         layer: usize,
@@ -61,6 +71,7 @@ pub trait AttentionBackend {
         k: &[f32],
         v: &[f32],
         (t, hq, hkv, d): AttnShape,
+        window: Option<usize>,
         out: &mut [f32],
     ) -> Result<()> {
         let dev = Device::Cpu;
@@ -68,7 +79,7 @@ pub trait AttentionBackend {
         let k = Tensor::from_slice(k, (t, hkv, d), &dev)?;
         let v = Tensor::from_slice(v, (t, hkv, d), &dev)?;
         let a = self
-            .attend(layer, &q, &k, &v)?
+            .attend(layer, &q, &k, &v, window)?
             .to_dtype(DType::F32)?
             .flatten_all()?
             .to_vec1::<f32>()?;
@@ -122,8 +133,17 @@ impl CausalAttention {
 }
 
 impl AttentionBackend for CausalAttention {
-    fn attend(&mut self, _layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
-        if !self.composed && super::diff_ops::supported(q) {
+    /// The fused CPU kernel for full attention; the block attention (every device) otherwise,
+    /// and for sliding windows, which the fused kernel does not have.
+    fn attend(
+        &mut self,
+        _layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        if !self.composed && window.is_none() && super::diff_ops::supported(q) {
             return super::fused_attention::fused_causal(q, k, v, &self.seq_lens);
         }
         let mut outs = Vec::with_capacity(self.seq_lens.len());
@@ -133,7 +153,7 @@ impl AttentionBackend for CausalAttention {
             let k = k.narrow(0, start, len)?;
             let v = v.narrow(0, start, len)?;
             let block = super::block_attention::BLOCK;
-            outs.push(super::block_attention::causal(&q, &k, &v, block)?);
+            outs.push(super::block_attention::causal(&q, &k, &v, block, window)?);
             start += len;
         }
         Tensor::cat(&outs, 0)

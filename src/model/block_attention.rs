@@ -23,8 +23,15 @@ use super::ops::matmul;
 pub const BLOCK: usize = 256;
 
 /// Causal attention of `q` (L, Hq, D) over `k`, `v` (L, Hkv, D) of one sequence, in query
-/// blocks of `block` rows; differentiable in `q`, `k` and `v`. Returns (L, Hq, D).
-pub fn causal(q: &Tensor, k: &Tensor, v: &Tensor, block: usize) -> Result<Tensor> {
+/// blocks of `block` rows; differentiable in `q`, `k` and `v`. Returns (L, Hq, D). With
+/// `window` (a sliding-window layer), query i sees only the `window` keys ending at i.
+pub fn causal(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    block: usize,
+    window: Option<usize>,
+) -> Result<Tensor> {
     let (l, hq, d) = q.dims3()?;
     let hkv = k.dim(1)?;
     if hq % hkv != 0 {
@@ -39,7 +46,7 @@ pub fn causal(q: &Tensor, k: &Tensor, v: &Tensor, block: usize) -> Result<Tensor
     while s < l {
         let e = (s + block).min(l);
         let qb = qh.narrow(1, s, e - s)?;
-        let scores = block_scores(&qb, &kh, s, e, scale)?; // (H, B, e) f32
+        let scores = block_scores(&qb, &kh, s, e, scale, window)?; // (H, B, e) f32
         let max = scores.max_keepdim(D::Minus1)?;
         let p = scores.broadcast_sub(&max)?.exp()?;
         let sum = p.sum_keepdim(D::Minus1)?;
@@ -54,6 +61,7 @@ pub fn causal(q: &Tensor, k: &Tensor, v: &Tensor, block: usize) -> Result<Tensor
         lse: Tensor::cat(&lses, 1)?,
         block,
         scale,
+        window,
         shape: (l, hq, hkv, d),
     };
     q.apply_op3_arc(k, v, std::sync::Arc::new(Box::new(op)))
@@ -71,14 +79,22 @@ fn heads_first(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor, Te
     ))
 }
 
-/// The f32 scores (H, e - s, e) of queries `s..e` over keys `0..e`, scaled and causally masked.
-fn block_scores(qb: &Tensor, kh: &Tensor, s: usize, e: usize, scale: f64) -> Result<Tensor> {
+/// The f32 scores (H, e - s, e) of queries `s..e` over keys `0..e`, scaled and causally masked
+/// (and to the `window` keys ending at each query).
+fn block_scores(
+    qb: &Tensor,
+    kh: &Tensor,
+    s: usize,
+    e: usize,
+    scale: f64,
+    window: Option<usize>,
+) -> Result<Tensor> {
     let kb = kh.narrow(1, 0, e)?;
     let scores = (matmul(qb, &kb.t()?)?.to_dtype(DType::F32)? * scale)?;
-    if e - s == 1 {
+    if e - s == 1 && window.is_none_or(|w| w >= e) {
         return Ok(scores); // one query row, the last key: it sees every key
     }
-    let mask = causal_mask(e - s, e, s, qb.device())?;
+    let mask = causal_mask(e - s, e, s, window, qb.device())?;
     scores.broadcast_add(&mask)
 }
 
@@ -91,6 +107,7 @@ struct Attach {
     lse: Tensor,
     block: usize,
     scale: f64,
+    window: Option<usize>,
     /// (L, Hq, Hkv, D)
     shape: (usize, usize, usize, usize),
 }
@@ -165,7 +182,7 @@ impl CustomOp3 for Attach {
             let b = e - s;
             let qb = qh.narrow(1, s, b)?;
             let gb = go.narrow(1, s, b)?;
-            let scores = block_scores(&qb, &kh, s, e, self.scale)?;
+            let scores = block_scores(&qb, &kh, s, e, self.scale, self.window)?;
             let p = scores.broadcast_sub(&self.lse.narrow(1, s, b)?)?.exp()?; // (H, b, e) f32
             let kb = kh.narrow(1, 0, e)?;
             let vb = vh.narrow(1, 0, e)?;
@@ -206,14 +223,26 @@ pub fn repeat_kv(x: &Tensor, n_rep: usize) -> Result<Tensor> {
         .reshape((hkv * n_rep, l, d))
 }
 
-/// Additive mask (Lq, Lk): query i (at absolute position `offset + i`) sees keys `0..=offset+i`.
-/// Built on `device` from two position ranges (no host buffer: on a GPU, a host-built mask was
-/// an upload of Lq x Lk floats per block, per layer, forward and backward, which took longer than
-/// the attention itself).
-pub fn causal_mask(lq: usize, lk: usize, offset: usize, device: &Device) -> Result<Tensor> {
+/// Additive mask (Lq, Lk): query i (at absolute position `p = offset + i`) sees keys `0..=p`,
+/// or with `window` the last `window` of them, `p + 1 - window..=p` (transformers' sliding
+/// window: the query's own key counts). Built on `device` from two position ranges (no host
+/// buffer: on a GPU, a host-built mask was an upload of Lq x Lk floats per block, per layer,
+/// forward and backward, which took longer than the attention itself).
+pub fn causal_mask(
+    lq: usize,
+    lk: usize,
+    offset: usize,
+    window: Option<usize>,
+    device: &Device,
+) -> Result<Tensor> {
     let rows = Tensor::arange(offset as u32, (offset + lq) as u32, device)?.reshape((lq, 1))?;
     let cols = Tensor::arange(0u32, lk as u32, device)?.reshape((1, lk))?;
-    let seen = cols.broadcast_le(&rows)?; // (Lq, Lk) u8: key j <= query position
+    let mut seen = cols.broadcast_le(&rows)?; // (Lq, Lk) u8: key j <= query position
+    if let Some(w) = window {
+        // and j + w > position
+        let reach = Tensor::arange(w as u32, (lk + w) as u32, device)?.reshape((1, lk))?;
+        seen = (seen * reach.broadcast_gt(&rows)?)?;
+    }
     let zero = Tensor::zeros((lq, lk), DType::F32, device)?;
     let masked = Tensor::full(f32::NEG_INFINITY, (lq, lk), device)?;
     seen.where_cond(&zero, &masked)
@@ -230,13 +259,62 @@ mod tests {
     /// Query i at position offset + i sees keys 0..=offset + i: 0 there, -inf after.
     #[test]
     fn the_causal_mask_hides_only_later_keys() {
-        let m: Vec<Vec<f32>> = causal_mask(3, 6, 2, &Device::Cpu)
+        let m: Vec<Vec<f32>> = causal_mask(3, 6, 2, None, &Device::Cpu)
             .unwrap()
             .to_vec2()
             .unwrap();
         for (i, row) in m.iter().enumerate() {
             for (j, &x) in row.iter().enumerate() {
                 let want = if j <= 2 + i { 0.0 } else { f32::NEG_INFINITY };
+                assert_eq!(x, want, "({i}, {j})");
+            }
+        }
+    }
+
+    /// `CausalAttention` with a window (the trainer's and the logits' backend; the fused CPU
+    /// kernel has no window, so both execution paths take the block attention) attends within
+    /// each packed sequence over its window.
+    #[test]
+    fn causal_attention_keeps_windows_inside_each_sequence() {
+        use crate::model::attention::{AttentionBackend, CausalAttention};
+        let dev = Device::Cpu;
+        let (lens, hq, hkv, d) = ([5usize, 12], 4, 2, 8);
+        let t: usize = lens.iter().sum();
+        let r =
+            |h: usize, s: f64| (Tensor::randn(0f32, 1.0, (t, h, d), &dev).unwrap() * s).unwrap();
+        let (q, k, v) = (r(hq, 1.0), r(hkv, 1.1), r(hkv, 1.2));
+        for composed in [false, true] {
+            let mut att = CausalAttention::with_composed(lens.to_vec(), composed);
+            let got = att.attend(0, &q, &k, &v, Some(3)).unwrap();
+            let mut start = 0;
+            for &len in &lens {
+                let part = |x: &Tensor| x.narrow(0, start, len).unwrap();
+                let mask = causal_mask(len, len, 0, Some(3), &dev).unwrap();
+                let want = attend_one(&part(&q), &part(&k), &part(&v), Some(&mask)).unwrap();
+                assert!(
+                    max_abs_diff(&part(&got), &want) < 1e-5,
+                    "composed {composed}"
+                );
+                start += len;
+            }
+        }
+    }
+
+    /// With a window of 3, query i at position 2 + i sees keys 2 + i - 2 ..= 2 + i.
+    #[test]
+    fn a_window_hides_the_keys_before_it() {
+        let m: Vec<Vec<f32>> = causal_mask(3, 6, 2, Some(3), &Device::Cpu)
+            .unwrap()
+            .to_vec2()
+            .unwrap();
+        for (i, row) in m.iter().enumerate() {
+            for (j, &x) in row.iter().enumerate() {
+                let p = 2 + i;
+                let want = if j <= p && j + 3 > p {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                };
                 assert_eq!(x, want, "({i}, {j})");
             }
         }
@@ -258,20 +336,34 @@ mod tests {
             let g = (out * &up).unwrap().sum_all().unwrap().backward().unwrap();
             [&q, &k, &v].map(|x| g.get(x.as_tensor()).unwrap().clone())
         };
-        let mask = causal_mask(l, l, 0, &dev).unwrap();
-        let want = attend_one(q.as_tensor(), k.as_tensor(), v.as_tensor(), Some(&mask)).unwrap();
-        let want_g = grads(&want);
-        for block in [1, 8, 16, 37, 64] {
-            let got = super::causal(q.as_tensor(), k.as_tensor(), v.as_tensor(), block).unwrap();
-            assert!(max_abs_diff(&got, &want) < 1e-5, "block {block}: output");
-            for (name, (g, w)) in ["q", "k", "v"].iter().zip(grads(&got).iter().zip(&want_g)) {
-                let diff = max_abs_diff(g, w);
-                assert!(diff < 1e-4, "block {block}: d{name} differs by {diff}");
+        // and with sliding windows (a window of 1 sees only the query's own key)
+        for window in [None, Some(1), Some(5), Some(16)] {
+            let mask = causal_mask(l, l, 0, window, &dev).unwrap();
+            let want =
+                attend_one(q.as_tensor(), k.as_tensor(), v.as_tensor(), Some(&mask)).unwrap();
+            let want_g = grads(&want);
+            for block in [1, 8, 16, 37, 64] {
+                let got = super::causal(q.as_tensor(), k.as_tensor(), v.as_tensor(), block, window)
+                    .unwrap();
+                let diff = max_abs_diff(&got, &want);
+                assert!(
+                    diff < 1e-5,
+                    "block {block}, window {window:?}: output by {diff}"
+                );
+                for (name, (g, w)) in ["q", "k", "v"].iter().zip(grads(&got).iter().zip(&want_g)) {
+                    let diff = max_abs_diff(g, w);
+                    assert!(
+                        diff < 1e-4,
+                        "block {block}, window {window:?}: d{name} differs by {diff}"
+                    );
+                }
             }
         }
+        let mask = causal_mask(l, l, 0, None, &dev).unwrap();
+        let want = attend_one(q.as_tensor(), k.as_tensor(), v.as_tensor(), Some(&mask)).unwrap();
         // bf16 inputs: the same within bf16's resolution
         let bf = |x: &Var| x.as_tensor().to_dtype(DType::BF16).unwrap();
-        let got = super::causal(&bf(&q), &bf(&k), &bf(&v), 8).unwrap();
+        let got = super::causal(&bf(&q), &bf(&k), &bf(&v), 8, None).unwrap();
         let diff = max_abs_diff(&got.to_dtype(DType::F32).unwrap(), &want);
         assert!(diff < 5e-2, "bf16 output differs by {diff}");
     }

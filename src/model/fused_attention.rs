@@ -485,7 +485,7 @@ mod tests {
         let mut outs = Vec::new();
         let mut start = 0;
         for &len in seq_lens {
-            let mask = causal_mask(len, len, 0, q.device()).unwrap();
+            let mask = causal_mask(len, len, 0, None, q.device()).unwrap();
             outs.push(
                 attend_one(
                     &q.narrow(0, start, len).unwrap(),

@@ -198,12 +198,19 @@ impl AttentionBackend for PagedAttention<'_> {
         f(&self.seq_lens, &mut parts)
     }
 
-    fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    fn attend(
+        &mut self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+    ) -> Result<Tensor> {
         let (t, hq, d) = q.dims3()?;
         let hkv = k.dim(1)?;
         let (q, k, v) = (to_vec(q)?, to_vec(k)?, to_vec(v)?);
         let mut out = vec![0f32; t * hq * d];
-        self.attend_host(layer, &q, &k, &v, (t, hq, hkv, d), &mut out)?;
+        self.attend_host(layer, &q, &k, &v, (t, hq, hkv, d), window, &mut out)?;
         Tensor::from_vec(out, (t, hq, d), &candle_core::Device::Cpu)
     }
 
@@ -214,10 +221,11 @@ impl AttentionBackend for PagedAttention<'_> {
         k: &[f32],
         v: &[f32],
         shape: AttnShape,
+        window: Option<usize>,
         out: &mut [f32],
     ) -> Result<()> {
         let t0 = std::time::Instant::now();
-        let r = self.attend_inner(layer, q, k, v, shape, out);
+        let r = self.attend_inner(layer, q, k, v, shape, window, out);
         self.seconds += t0.elapsed().as_secs_f64();
         r
     }
@@ -266,6 +274,7 @@ impl<'a> PagedAttention<'a> {
         self
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn attend_inner(
         &mut self,
         layer: usize,
@@ -273,6 +282,7 @@ impl<'a> PagedAttention<'a> {
         k: &[f32],
         v: &[f32],
         (t, hq, hkv_in, d_in): AttnShape,
+        window: Option<usize>,
         out: &mut [f32],
     ) -> Result<()> {
         let bs = self.cache.block_size;
@@ -327,7 +337,7 @@ impl<'a> PagedAttention<'a> {
             d,
             bs,
         };
-        attend_tokens(&self.tokens, &view, q, out);
+        attend_tokens(&self.tokens, &view, q, window, out);
         Ok(())
     }
 }
@@ -404,6 +414,7 @@ fn attend_tokens(
     jobs: &[(&BlockTable, usize, Option<usize>)],
     view: &LayerView,
     q: &[f32],
+    window: Option<usize>,
     out: &mut [f32],
 ) {
     let (hq, hkv, d, bs) = (view.hq, view.hkv, view.d, view.bs);
@@ -427,7 +438,7 @@ fn attend_tokens(
             }
         }
         let qg = &q[(ti * hq + kvh * group) * d..][..group * d];
-        attend_group(view, qg, kvh, table, pos, scratch, o);
+        attend_group(view, qg, kvh, table, pos, window, scratch, o);
     };
     let flops: usize = jobs.iter().map(|(_, p, _)| (p + 1) * hq * d).sum();
     if flops < PARALLEL_MIN {
@@ -483,15 +494,18 @@ struct AttnScratch {
 }
 
 crate::simd::avx2_fma_dispatch! {
-    /// One token's attention over positions `0..=pos` for the query heads `q` (group x D) of
-    /// KV head `kvh`, into `out` (group x D). Runs the AVX2+FMA build of [`attend_group_body`]
-    /// where the CPU has it (checked once, cached by std).
+    /// One token's attention over positions `0..=pos` (the last `window` of them for a
+    /// sliding-window layer) for the query heads `q` (group x D) of KV head `kvh`, into `out`
+    /// (group x D). Runs the AVX2+FMA build of [`attend_group_body`] where the CPU has it
+    /// (checked once, cached by std).
+    #[allow(clippy::too_many_arguments)]
     fn attend_group(
         g: &LayerView,
         q: &[f32],
         kvh: usize,
         table: &BlockTable,
         pos: usize,
+        window: Option<usize>,
         scratch: &mut AttnScratch,
         out: &mut [f32],
     ) => attend_group_body
@@ -506,12 +520,14 @@ crate::simd::avx2_fma_dispatch! {
 /// one chain over the positions in order: the same bits whichever job or thread runs it, and
 /// whichever kernel below computes it.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn attend_group_body(
     g: &LayerView,
     q: &[f32],
     kvh: usize,
     table: &BlockTable,
     pos: usize,
+    window: Option<usize>,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
@@ -573,9 +589,11 @@ fn attend_group_body(
             }
         }
     }
-    // 2. softmax per head
+    // 2. softmax per head; a sliding window's earlier positions weigh nothing
+    let hidden = window.map_or(0, |w| (pos + 1).saturating_sub(w)).min(n);
     for j in 0..group {
         let sc = &mut scores[j * n..(j + 1) * n];
+        sc[..hidden].fill(f32::NEG_INFINITY);
         let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let inv = 1.0 / exp_sub_sum(sc, max);
         sc.iter_mut().for_each(|p| *p *= inv);

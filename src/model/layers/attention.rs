@@ -202,7 +202,7 @@ impl Attention {
         }
         let q = rope.apply(&q, exec)?;
         let k = rope.apply(&k, exec)?;
-        let mut a = attn.attend(index, &q, &k, &v)?.reshape((t, hq * d))?;
+        let mut a = attn.attend(index, &q, &k, &v, None)?.reshape((t, hq * d))?;
         if let Some(g) = gate {
             a = (a * candle_nn::ops::sigmoid(&g)?)?;
         }
@@ -304,7 +304,7 @@ impl HostAttention {
             .for_each(row_job);
         let att = sized(a, t * nq);
         att.fill(0.0);
-        attn.attend_host(index, q, k, v, (t, hq, hkv, d), att)?;
+        attn.attend_host(index, q, k, v, (t, hq, hkv, d), None, att)?;
         if self.gate {
             // out * sigmoid(gate), before o_proj
             att.par_chunks_mut(nq)

@@ -601,7 +601,14 @@ mod tests {
     }
 
     impl AttentionBackend for Keep {
-        fn attend(&mut self, _: usize, _: &Tensor, _: &Tensor, _: &Tensor) -> Result<Tensor> {
+        fn attend(
+            &mut self,
+            _: usize,
+            _: &Tensor,
+            _: &Tensor,
+            _: &Tensor,
+            _: Option<usize>,
+        ) -> Result<Tensor> {
             unreachable!("no attention layer here")
         }
         fn recurrent_state(&mut self, _: usize, values: usize) -> Result<RecurrentStep> {

@@ -322,7 +322,20 @@ impl AttentionBackend for GpuPagedAttention<'_> {
         states.store_step_state(layer, slots, &state)
     }
 
-    fn attend(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    fn attend(
+        &mut self,
+        layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        window: Option<usize>,
+    ) -> Result<Tensor> {
+        if let Some(w) = window {
+            candle_core::bail!(
+                "layer {layer}: sliding-window attention (window {w}) is not in the GPU paged \
+                 attention kernels yet"
+            )
+        }
         if self.sync_timing {
             sync(&self.cache.dev)?;
         }

@@ -58,6 +58,8 @@ fn paged_attention_equals_attention_over_the_whole_sequence() {
             .collect();
         let prefill = [20usize, 9, 31];
         for layer in 0..2 {
+            // layer 1 is a sliding-window layer: each token sees its last 7 positions
+            let window = (layer == 1).then_some(7);
             let mut done = [0usize; 3];
             let mut step = 0;
             while done.iter().zip(&lens).any(|(d, l)| d < l) {
@@ -90,7 +92,7 @@ fn paged_attention_equals_attention_over_the_whole_sequence() {
                     .collect();
                 let mut out = vec![f32::NAN; t * hq * d];
                 PagedAttention::new(&mut cache, seqs)
-                    .attend_host(layer, &q, &k, &v, (t, hq, hkv, d), &mut out)
+                    .attend_host(layer, &q, &k, &v, (t, hq, hkv, d), window, &mut out)
                     .unwrap();
                 // the reference: each sequence's new tokens over its whole prefix
                 let mut row = 0;
@@ -108,7 +110,7 @@ fn paged_attention_equals_attention_over_the_whole_sequence() {
                         &qs,
                         &ten(&all[s].1, hkv, end),
                         &ten(&all[s].2, hkv, end),
-                        Some(&causal_mask(n, end, done[s], &dev).unwrap()),
+                        Some(&causal_mask(n, end, done[s], window, &dev).unwrap()),
                     )
                     .unwrap()
                     .flatten_all()
