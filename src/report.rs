@@ -380,19 +380,12 @@ fn eval_section(
                 })
                 .collect();
             let file = format!("levels_{set}.png");
-            let x_labels = labels.clone();
             line_chart(
                 &out.join(&file),
                 &format!("{set}: pass@1 by level"),
                 ("level", "pass@1 (%)"),
                 &series,
-                Some(&move |x: f64| {
-                    let i = x.round();
-                    if (x - i).abs() > 0.01 || i < 0.0 {
-                        return String::new();
-                    }
-                    x_labels.get(i as usize).cloned().unwrap_or_default()
-                }),
+                Some(&category_labels(labels.clone())),
                 Some((0.0, 100.0)),
             )?;
             let _ = writeln!(md, "\n![pass@1 by level, {set}]({file})\n");
@@ -700,6 +693,18 @@ fn commit_png(path: &Path, draw: impl FnOnce(&Path) -> Result<()>) -> Result<()>
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     store::commit_file_via(path, &format!(".{stem}.tmp.png"), draw).map(|_| ())
+}
+
+/// An x-axis labeller for categories at x = 0, 1, 2, ...: `labels[i]` at integer `i`, nothing
+/// between them.
+pub fn category_labels(labels: Vec<String>) -> impl Fn(f64) -> String {
+    move |x: f64| {
+        let i = x.round();
+        if (x - i).abs() > 0.01 || i < 0.0 {
+            return String::new();
+        }
+        labels.get(i as usize).cloned().unwrap_or_default()
+    }
 }
 
 /// [`draw_line_chart`] committed whole.

@@ -136,19 +136,12 @@ pub fn run(a: &CompareArgs) -> Result<()> {
             (format!("{} ({last})", run.label), pts)
         })
         .collect();
-    let labels = sets.clone();
     crate::report::line_chart(
         &a.output.join("compare.png"),
         "pass@1 of each run's last model",
         ("set", "pass@1 (%)"),
         &series,
-        Some(&move |x: f64| {
-            let i = x.round();
-            if (x - i).abs() > 0.01 || i < 0.0 {
-                return String::new();
-            }
-            labels.get(i as usize).cloned().unwrap_or_default()
-        }),
+        Some(&crate::report::category_labels(sets.clone())),
         Some((0.0, 100.0)),
     )?;
     let text = format!("{md}\n![pass@1 of each run's last model](compare.png)\n");

@@ -298,6 +298,19 @@ pub fn completions_batch(rows: &[Completion], graded: bool, logprobs: bool) -> R
     )?)
 }
 
+/// Writes `rows` as a completions Parquet at `path`, atomically, in row groups of
+/// [`ROW_GROUP_ROWS`]: with the grade columns when `graded`, with the logprob columns when any
+/// row has logprobs. Returns the row count.
+pub fn write_completions(path: &Path, rows: &[Completion], graded: bool) -> Result<u64> {
+    let logprobs = has_logprobs(rows);
+    let batches = rows
+        .chunks(ROW_GROUP_ROWS)
+        .map(|c| completions_batch(c, graded, logprobs))
+        .collect::<Result<Vec<_>>>()?;
+    write_parquet_atomic(path, completions_schema(graded, logprobs), &batches)?;
+    Ok(rows.len() as u64)
+}
+
 /// Per problem of graded `rows`: (graded samples, correct samples). Rationalized rows (sampled
 /// with the answer as a hint) say nothing of how well the model solves a problem: not counted.
 pub fn pass_rates(rows: &[Completion]) -> std::collections::HashMap<String, (u64, u64)> {

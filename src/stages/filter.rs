@@ -25,9 +25,8 @@ use crate::config::{CompletionsFormat, Config, Dedup, FilterConfig};
 use crate::data::decontaminate::Index;
 use crate::data::load_source_with;
 use crate::data::schema::{
-    completions_batch, completions_schema, has_logprobs, read_completions, read_problems,
-    sft_batch, sft_schema, write_contamination, write_parquet_atomic, Completion, Contamination,
-    Grade, Problem, ROW_GROUP_ROWS,
+    read_completions, read_problems, sft_batch, sft_schema, write_completions, write_contamination,
+    write_parquet_atomic, Completion, Contamination, Grade, Problem, ROW_GROUP_ROWS,
 };
 use crate::eval::against::Against;
 use crate::eval::EvalSet;
@@ -194,12 +193,7 @@ pub fn run(
             continue;
         }
         let graded: Vec<Completion> = chunk.iter().map(|c| grade_row(c, &gold, &opts)).collect();
-        let logprobs = has_logprobs(&graded);
-        let batches = graded
-            .chunks(ROW_GROUP_ROWS)
-            .map(|b| completions_batch(b, true, logprobs))
-            .collect::<Result<Vec<_>>>()?;
-        write_parquet_atomic(&part, completions_schema(true, logprobs), &batches)?;
+        write_completions(&part, &graded, true)?;
         tracker.inc(1);
         if k + 1 < chunks.len() {
             tracker.flush();

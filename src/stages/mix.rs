@@ -17,11 +17,8 @@ use anyhow::{Context, Result};
 
 use super::{Counts, Estimate, Plan, PlannedStage};
 use crate::config::MixConfig;
-use crate::data::schema::{
-    completions_batch, completions_schema, read_completions, write_parquet_atomic, Completion,
-    ROW_GROUP_ROWS,
-};
-use crate::jobs::sample::prompt::{build_prompts, PromptTemplate};
+use crate::data::schema::{read_completions, write_completions, Completion};
+use crate::jobs::sample::run::prompts_of;
 use crate::jobs::sample::settings::SampleSettings;
 use crate::store::InputRef;
 
@@ -141,12 +138,8 @@ pub fn build(
         rows.len() as u64 - base
     );
     // token ids the sampler recorded are kept; rows without them are tokenized by the trainer
-    let batches = rows
-        .chunks(ROW_GROUP_ROWS)
-        .map(|c| completions_batch(c, false, false))
-        .collect::<Result<Vec<_>>>()?;
     let path = stage.dir.join(MIX);
-    write_parquet_atomic(&path, completions_schema(false, false), &batches)?;
+    write_completions(&path, &rows, false)?;
     counts.push(("mix.rows".into(), rows.len() as u64));
     Ok((path, counts))
 }
@@ -157,21 +150,12 @@ fn render(
     sample: Option<&SampleSettings>,
     model: &str,
 ) -> Result<Vec<String>> {
-    if problems.is_empty() {
-        return Ok(Vec::new());
-    }
-    let template = match sample {
-        Some(s) => PromptTemplate::from_settings(s)?,
-        None => PromptTemplate::Raw,
+    let Some(s) = sample.filter(|_| !problems.is_empty()) else {
+        // raw: the problem text as it is
+        return Ok(problems.iter().map(|p| p.problem.clone()).collect());
     };
     let ck = crate::model::Checkpoint::open(model)?;
     let tok = ck.tokenizer()?;
-    let chat = match &template {
-        PromptTemplate::Chat { .. } => Some(ck.chat_template()?),
-        _ => None,
-    };
-    Ok(build_prompts(problems, &template, chat.as_ref(), &tok)?
-        .into_iter()
-        .map(|(text, _)| text)
-        .collect())
+    let (_, prompts) = prompts_of(s, &ck, &tok, problems)?;
+    Ok(prompts.into_iter().map(|(text, _)| text).collect())
 }

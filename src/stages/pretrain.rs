@@ -14,8 +14,7 @@ use anyhow::{bail, Result};
 
 use super::{output_file, Estimate, ModelFacts, PlannedStage, StageOutput};
 use crate::data::load_source;
-use crate::data::schema::{completions_batch, completions_schema, write_parquet_atomic};
-use crate::data::schema::{Completion, ROW_GROUP_ROWS};
+use crate::data::schema::{write_completions, Completion};
 use crate::jobs::sample::prompt::{build_prompts, PromptTemplate};
 use crate::pretrain::{write_initial_checkpoint, PretrainConfig};
 
@@ -175,12 +174,8 @@ pub fn run(p: &PretrainConfig, stage: &PlannedStage) -> Result<StageOutput> {
             )
         })
         .collect();
-    let batches = rows
-        .chunks(ROW_GROUP_ROWS)
-        .map(|c| completions_batch(c, false, false))
-        .collect::<Result<Vec<_>>>()?;
     let rows_path = stage.dir.join(ROWS);
-    write_parquet_atomic(&rows_path, completions_schema(false, false), &batches)?;
+    write_completions(&rows_path, &rows, false)?;
 
     // 4) train
     let mut settings = p.train.clone();

@@ -488,10 +488,7 @@ fn join(
 
 /// The graded rows of `files` in one file, in the order of `problem_ids` (then sample index).
 fn concat_ordered(files: &[PathBuf], out: &Path, problem_ids: &[String]) -> Result<u64> {
-    use crate::data::schema::{
-        completions_batch, completions_schema, has_logprobs, read_completions,
-        write_parquet_atomic, ROW_GROUP_ROWS,
-    };
+    use crate::data::schema::{read_completions, write_completions};
     let at: std::collections::HashMap<&str, usize> = problem_ids
         .iter()
         .enumerate()
@@ -507,11 +504,5 @@ fn concat_ordered(files: &[PathBuf], out: &Path, problem_ids: &[String]) -> Resu
             r.sample_index,
         )
     });
-    let logprobs = has_logprobs(&rows);
-    let batches = rows
-        .chunks(ROW_GROUP_ROWS)
-        .map(|c| completions_batch(c, true, logprobs))
-        .collect::<Result<Vec<_>>>()?;
-    write_parquet_atomic(out, completions_schema(true, logprobs), &batches)?;
-    Ok(rows.len() as u64)
+    write_completions(out, &rows, true)
 }

@@ -16,10 +16,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use crate::data::schema::{
-    completions_batch, completions_schema, read_completions, read_problems, write_parquet_atomic,
-    ROW_GROUP_ROWS,
-};
+use crate::data::schema::{read_completions, read_problems, write_completions};
 use crate::jobs::sample::run::prompts_of;
 use crate::jobs::sample::settings::SampleSettings;
 use crate::model::Checkpoint;
@@ -193,12 +190,8 @@ pub fn prepare(
         n += 1;
     }
     let graded = rows.iter().all(|r| r.grade.is_some());
-    let batches = rows
-        .chunks(ROW_GROUP_ROWS)
-        .map(|c| completions_batch(c, graded, false))
-        .collect::<Result<Vec<_>>>()?;
     let path = dir.join(STUDENT);
-    write_parquet_atomic(&path, completions_schema(graded, false), &batches)?;
+    write_completions(&path, &rows, graded)?;
     tracing::info!(
         "    student: {n} of {} rows re-rendered for {student} (another tokenizer or chat \
          template wrote them) -> {}",

@@ -18,10 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use super::run::{prompts_of, run_settings, JobSummary};
 use super::settings::SampleSettings;
-use crate::data::schema::{
-    completions_batch, completions_schema, has_logprobs, pass_rates, read_completions,
-    write_parquet_atomic, Problem, ROW_GROUP_ROWS,
-};
+use crate::data::schema::{pass_rates, read_completions, write_completions, Problem};
 
 /// The hinted samples as drawn (the hint in their prompts).
 pub const HINTED: &str = "hinted.parquet";
@@ -152,7 +149,7 @@ pub fn run(
     if unsolved.is_empty() {
         // nothing to sample: empty files, so that the stage's outputs are the same either way
         for f in [HINTED, RATIONALIZED] {
-            write_parquet_atomic(&dir.join(f), completions_schema(true, false), &[])?;
+            write_completions(&dir.join(f), &[], true)?;
         }
         return Ok(Summary::default());
     }
@@ -180,16 +177,7 @@ pub fn run(
         row.prompt_token_ids = Some(ids.iter().map(|&t| t as i32).collect());
         row.rationalized = true;
     }
-    let logprobs = has_logprobs(&rows);
-    let batches = rows
-        .chunks(ROW_GROUP_ROWS)
-        .map(|c| completions_batch(c, true, logprobs))
-        .collect::<Result<Vec<_>>>()?;
-    write_parquet_atomic(
-        &dir.join(RATIONALIZED),
-        completions_schema(true, logprobs),
-        &batches,
-    )?;
+    write_completions(&dir.join(RATIONALIZED), &rows, true)?;
     let correct = rows
         .iter()
         .filter(|r| r.grade.as_ref().is_some_and(|g| g.correct))
