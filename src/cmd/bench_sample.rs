@@ -17,7 +17,7 @@ use crate::machine::{
     fma_peak, matmul_ceiling, packed_matmul_ceiling, packed_matmul_rate, read_bandwidth, CEILING_N,
 };
 use crate::model::init::{random_model, shape};
-use crate::model::{LayerKind, ModelConfig, Transformer};
+use crate::model::{LayerCache, LayerKind, ModelConfig, Transformer};
 use crate::sampler::engine::{Engine, EngineConfig, Request};
 use crate::sampler::kv_cache::KvCache;
 use crate::sampler::params::SamplingParams;
@@ -483,8 +483,13 @@ fn decode_gemm_rates(cfg: &ModelConfig, batch: usize) -> String {
 /// `bw`.
 fn decode_roofline(cfg: &ModelConfig, batch: usize, ctx: usize, peak: f64, bw: f64) -> (f64, bool) {
     let compute = batch as f64 * decode_flops_per_token(cfg, ctx) / peak;
-    // a recurrent layer's state is read and written back once per step
-    let state = 2 * StateSlots::bytes_per_seq(cfg);
+    // a recurrent layer's state is read and written back once per step; a sliding layer's
+    // ring of the window's keys and values is read (and one row of it written)
+    let ring: usize = (0..cfg.num_layers())
+        .filter(|&l| matches!(cfg.layer_cache(l), LayerCache::Window { .. }))
+        .map(|l| cfg.layer_cache(l).fixed_values() * 4)
+        .sum();
+    let state = 2 * (StateSlots::bytes_per_seq(cfg) - ring) + ring;
     let bytes =
         (cfg.num_params() * 4 + batch * (ctx * KvCache::bytes_per_token(cfg) + state)) as f64;
     let memory = bytes / bw;
@@ -492,15 +497,20 @@ fn decode_roofline(cfg: &ModelConfig, batch: usize, ctx: usize, peak: f64, bw: f
 }
 
 /// FLOPs of one decode token at context length `ctx`: every weight matrix once (lm_head
-/// included), plus attention's q·k and p·v over the context in the layers that keep keys and
+/// included), plus attention's q·k and p·v over the context (a sliding layer's window) and
 /// the state's work in recurrent ones.
 fn decode_flops_per_token(cfg: &ModelConfig, ctx: usize) -> f64 {
     let (h, i, d) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim);
     let per_layer = |kind: LayerKind| match kind {
-        LayerKind::Attention => {
+        LayerKind::Attention | LayerKind::SlidingAttention => {
             let gate = if cfg.attention_gate { cfg.num_heads } else { 0 };
             let proj = h * d * (cfg.num_heads * 2 + gate + cfg.num_kv_heads * 2);
-            2 * proj + 4 * ctx * cfg.num_heads * d
+            // a sliding layer attends over its window at most
+            let seen = match (kind, cfg.sliding_window) {
+                (LayerKind::SlidingAttention, Some(w)) => ctx.min(w),
+                _ => ctx,
+            };
+            2 * proj + 4 * seen * cfg.num_heads * d
         }
         // the projections, the conv, and the state's decay, read, update and read-out
         LayerKind::GatedDeltaNet => cfg.linear.map_or(0, |l| {

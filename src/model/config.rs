@@ -2,9 +2,12 @@
 //!
 //! Both layouts are read: `rope_theta`/`rope_scaling` at the top level (classic) and
 //! `rope_parameters` (transformers 5), `torch_dtype` or `dtype`. Families: Qwen3 (q/k RMS norms),
-//! Qwen2 (q/k/v biases), Llama (3.x, with `llama3` rope scaling) and Qwen3.5 (Gated DeltaNet layers beside gated
-//! attention, zero-centred norms, partial RoPE; the multimodal layout's `text_config`, text only). Anything we do not implement (sliding windows,
-//! other rope scalings, other activations, unknown `model_type`) is rejected here, once, with the
+//! Qwen2 (q/k/v biases), Llama (3.x, with `llama3` rope scaling), Qwen3.5 (Gated DeltaNet
+//! layers beside gated attention, zero-centred norms, partial RoPE; the multimodal layout's
+//! `text_config`, text only) and Gemma 3 (sliding-window layers beside full ones, sandwich norms,
+//! gelu-tanh, scaled embeddings, RoPE by layer type; `gemma3_text` or the multimodal `gemma3`).
+//! Anything we do not implement (Qwen2's optional sliding windows, other rope scalings, other
+//! activations, logit soft-capping, unknown `model_type`) is rejected here, once, with the
 //! reason. Knows nothing of weights or devices.
 //!
 //! A model is a list of layer kinds ([`LayerKind`]); what the sampler keeps for each layer
@@ -30,6 +33,17 @@ pub enum Family {
     Qwen2,
     Llama,
     Qwen3_5,
+    /// Gemma 3 (gemma-3-1b-it's `gemma3_text`, gemma-3-4b-it's multimodal `gemma3`).
+    Gemma3,
+}
+
+/// The MLP's activation: `down(act(gate(h)) * up(h))`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU (Qwen, Llama).
+    Silu,
+    /// GeGLU with the tanh approximation of GELU (`gelu_pytorch_tanh`, Gemma).
+    GeluTanh,
 }
 
 /// What one decoder layer is. Every kind is followed by the SwiGLU MLP.
@@ -39,6 +53,10 @@ pub enum LayerKind {
     /// fields (`num_heads`, `num_kv_heads`, `head_dim`, `qk_norm`, `attention_bias`,
     /// `attention_gate`, `rotary_dim`).
     Attention,
+    /// Attention over the last [`ModelConfig::sliding_window`] tokens only (Gemma 3's
+    /// `sliding_attention`), otherwise shaped as [`LayerKind::Attention`], with its own RoPE
+    /// ([`ModelConfig::sliding_rope`]).
+    SlidingAttention,
     /// Gated DeltaNet linear attention (Qwen3.5's `linear_attention`), in the shape of
     /// [`ModelConfig::linear`]: a fixed state per sequence instead of keys and values.
     GatedDeltaNet,
@@ -84,6 +102,29 @@ pub enum LayerCache {
     Kv { kv_heads: usize, head_dim: usize },
     /// A fixed number of values per sequence, whatever its length (a recurrent layer's state).
     State { values: usize },
+    /// The keys and values of a sequence's last `window` positions, a ring of `window` rows per
+    /// sequence (a sliding-window layer: what falls out of the window is overwritten, so a long
+    /// generation holds `window` rows, not its length).
+    Window {
+        kv_heads: usize,
+        head_dim: usize,
+        window: usize,
+    },
+}
+
+impl LayerCache {
+    /// The values one sequence keeps whatever its length (a state, or a window's ring).
+    pub fn fixed_values(&self) -> usize {
+        match *self {
+            LayerCache::Kv { .. } => 0,
+            LayerCache::State { values } => values,
+            LayerCache::Window {
+                kv_heads,
+                head_dim,
+                window,
+            } => 2 * window * kv_heads * head_dim,
+        }
+    }
 }
 
 /// A family's reader: `config.json` into a config.
@@ -96,6 +137,8 @@ const FAMILIES: &[(&str, Reader)] = &[
     ("llama", read_llama),
     ("qwen3_5", read_qwen3_5),
     ("qwen3_5_text", read_qwen3_5),
+    ("gemma3_text", read_gemma3),
+    ("gemma3", read_gemma3),
 ];
 
 /// Llama 3.1-style frequency scaling of RoPE.
@@ -105,6 +148,21 @@ pub struct Llama3Scaling {
     pub low_freq_factor: f64,
     pub high_freq_factor: f64,
     pub original_max_position_embeddings: f64,
+}
+
+/// How RoPE's frequencies are scaled.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    Llama3(Llama3Scaling),
+    /// Positions divided by `factor` (every frequency divided by it; gemma-3-4b's full layers).
+    Linear(f64),
+}
+
+/// One RoPE table's base and scaling.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeParams {
+    pub theta: f64,
+    pub scaling: Option<RopeScaling>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -135,7 +193,21 @@ pub struct ModelConfig {
     pub vocab_size: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
-    pub rope_scaling: Option<Llama3Scaling>,
+    pub rope_scaling: Option<RopeScaling>,
+    /// The window of the [`LayerKind::SlidingAttention`] layers, and their RoPE when it differs
+    /// from the other layers' (Gemma 3: theta 1e4 there, 1e6 elsewhere).
+    pub sliding_window: Option<usize>,
+    pub sliding_rope: Option<RopeParams>,
+    /// The softmax scale is `1 / sqrt(this)` (Gemma's `query_pre_attn_scalar`); `None`:
+    /// `1 / sqrt(head_dim)`.
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Embeddings multiplied by `sqrt(hidden_size)`, rounded to the weights' dtype (Gemma).
+    pub embed_scale: bool,
+    /// Gemma's sandwich norms: the mixer's and the MLP's outputs are RMS-normed before their
+    /// residual adds (`post_attention_layernorm`, `post_feedforward_layernorm`; the MLP's input
+    /// norm is then `pre_feedforward_layernorm`).
+    pub sandwich_norms: bool,
+    pub activation: Activation,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
     pub attention_bias: bool,
@@ -200,6 +272,7 @@ impl ModelConfig {
     pub fn carried_prefixes(&self) -> &'static [&'static str] {
         match self.family {
             Family::Qwen3_5 => &["model.visual.", "mtp."],
+            Family::Gemma3 => &["vision_tower.", "multi_modal_projector."],
             Family::Qwen3 | Family::Qwen2 | Family::Llama => &[],
         }
     }
@@ -211,8 +284,32 @@ impl ModelConfig {
                 kv_heads: self.num_kv_heads,
                 head_dim: self.head_dim,
             },
+            LayerKind::SlidingAttention => LayerCache::Window {
+                kv_heads: self.num_kv_heads,
+                head_dim: self.head_dim,
+                window: self.sliding_window.unwrap_or(0),
+            },
             LayerKind::GatedDeltaNet => LayerCache::State {
                 values: self.linear.map_or(0, |l| l.state_values()),
+            },
+        }
+    }
+
+    /// The window of layer `i`: `Some` for a sliding-window layer.
+    pub fn window(&self, i: usize) -> Option<usize> {
+        match self.layer_kinds[i] {
+            LayerKind::SlidingAttention => self.sliding_window,
+            LayerKind::Attention | LayerKind::GatedDeltaNet => None,
+        }
+    }
+
+    /// The RoPE of layer `i`'s kind.
+    pub fn rope_of(&self, kind: LayerKind) -> RopeParams {
+        match (kind, self.sliding_rope) {
+            (LayerKind::SlidingAttention, Some(r)) => r,
+            _ => RopeParams {
+                theta: self.rope_theta,
+                scaling: self.rope_scaling,
             },
         }
     }
@@ -234,7 +331,7 @@ impl ModelConfig {
                     next += 1;
                     Some(next - 1)
                 }
-                LayerCache::State { .. } => None,
+                LayerCache::State { .. } | LayerCache::Window { .. } => None,
             })
             .collect()
     }
@@ -244,44 +341,48 @@ impl ModelConfig {
         (0..self.num_layers())
             .map(|i| match self.layer_cache(i) {
                 LayerCache::Kv { kv_heads, head_dim } => 2 * kv_heads * head_dim,
-                LayerCache::State { .. } => 0,
+                LayerCache::State { .. } | LayerCache::Window { .. } => 0,
             })
             .sum()
     }
 
-    /// The fixed state one sequence keeps over all layers (values, not bytes).
+    /// What one sequence keeps over all layers whatever its length (values, not bytes): the
+    /// recurrent layers' states and the sliding-window layers' rings.
     pub fn state_values_per_seq(&self) -> usize {
         (0..self.num_layers())
-            .map(|i| match self.layer_cache(i) {
-                LayerCache::State { values } => values,
-                LayerCache::Kv { .. } => 0,
-            })
+            .map(|i| self.layer_cache(i).fixed_values())
             .sum()
     }
 
     /// Parameters, counting a tied embedding once.
     pub fn num_params(&self) -> usize {
+        let layers: usize = (0..self.num_layers()).map(|i| self.layer_params(i)).sum();
         let h = self.hidden_size;
-        let mlp = 3 * h * self.intermediate_size + 2 * h; // and the layer's two norms
-        let layers: usize = self
-            .layer_kinds
-            .iter()
-            .map(|k| mlp + self.mixer_params(*k))
-            .sum();
         let embed = self.vocab_size * h * if self.tie_word_embeddings { 1 } else { 2 };
         layers + embed + h
     }
 
-    /// Parameters of layer `i` (its mixer, MLP and two norms).
+    /// RMS norms of a decoder layer around its mixer and MLP: two, four with sandwich norms.
+    pub fn layer_norms(&self) -> usize {
+        if self.sandwich_norms {
+            4
+        } else {
+            2
+        }
+    }
+
+    /// Parameters of layer `i` (its mixer, MLP and norms).
     pub fn layer_params(&self, i: usize) -> usize {
         let h = self.hidden_size;
-        3 * h * self.intermediate_size + 2 * h + self.mixer_params(self.layer_kinds[i])
+        3 * h * self.intermediate_size
+            + self.layer_norms() * h
+            + self.mixer_params(self.layer_kinds[i])
     }
 
     /// Parameters of a layer's token mixer (its attention), without the MLP and norms.
     fn mixer_params(&self, kind: LayerKind) -> usize {
         match kind {
-            LayerKind::Attention => {
+            LayerKind::Attention | LayerKind::SlidingAttention => {
                 let (h, d) = (self.hidden_size, self.head_dim);
                 let (q, kv) = (self.num_heads * d, self.num_kv_heads * d);
                 let gate = if self.attention_gate { q } else { 0 };
@@ -370,6 +471,12 @@ fn read_decoder(raw: RawHfConfig, family: Family) -> Result<ModelConfig> {
         rms_norm_eps: raw.rms_norm_eps,
         rope_theta,
         rope_scaling,
+        sliding_window: None,
+        sliding_rope: None,
+        query_pre_attn_scalar: None,
+        embed_scale: false,
+        sandwich_norms: false,
+        activation: Activation::Silu,
         max_position_embeddings: raw.max_position_embeddings,
         tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
         attention_bias: raw.attention_bias.unwrap_or(false),
@@ -550,6 +657,12 @@ fn read_qwen3_5(v: &Value) -> Result<ModelConfig> {
         rms_norm_eps: raw.rms_norm_eps,
         rope_theta: theta,
         rope_scaling: None,
+        sliding_window: None,
+        sliding_rope: None,
+        query_pre_attn_scalar: None,
+        embed_scale: false,
+        sandwich_norms: false,
+        activation: Activation::Silu,
         max_position_embeddings: raw.max_position_embeddings,
         tie_word_embeddings: tie,
         attention_bias: raw.attention_bias.unwrap_or(false),
@@ -557,8 +670,279 @@ fn read_qwen3_5(v: &Value) -> Result<ModelConfig> {
     })
 }
 
+/// The text fields of a Gemma 3 config (`text_config` of `gemma3`, or the top level of
+/// `gemma3_text`). A missing field takes `Gemma3TextConfig`'s default, as transformers reads it:
+/// gemma-3-4b-it's `text_config` lists only what differs from them.
+#[derive(Debug, Deserialize)]
+struct RawGemma3Text {
+    #[serde(default = "gemma3::hidden_size")]
+    hidden_size: usize,
+    #[serde(default = "gemma3::intermediate_size")]
+    intermediate_size: usize,
+    #[serde(default = "gemma3::num_hidden_layers")]
+    num_hidden_layers: usize,
+    #[serde(default = "gemma3::num_attention_heads")]
+    num_attention_heads: usize,
+    #[serde(default = "gemma3::num_key_value_heads")]
+    num_key_value_heads: usize,
+    #[serde(default = "gemma3::head_dim")]
+    head_dim: usize,
+    #[serde(default = "gemma3::vocab_size")]
+    vocab_size: usize,
+    #[serde(default = "gemma3::rms_norm_eps")]
+    rms_norm_eps: f64,
+    #[serde(default = "gemma3::max_position_embeddings")]
+    max_position_embeddings: usize,
+    #[serde(default = "gemma3::query_pre_attn_scalar")]
+    query_pre_attn_scalar: f64,
+    #[serde(default = "gemma3::sliding_window")]
+    sliding_window: usize,
+    /// Every this many layers one is full attention (the older layout, without `layer_types`).
+    #[serde(alias = "_sliding_window_pattern")]
+    sliding_window_pattern: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    hidden_activation: Option<String>,
+    hidden_act: Option<String>,
+    attention_bias: Option<bool>,
+    attn_logit_softcapping: Option<f64>,
+    final_logit_softcapping: Option<f64>,
+    use_bidirectional_attention: Option<bool>,
+    tie_word_embeddings: Option<bool>,
+    rope_theta: Option<f64>,
+    rope_local_base_freq: Option<f64>,
+    rope_scaling: Option<Value>,
+    rope_parameters: Option<Value>,
+    torch_dtype: Option<String>,
+    dtype: Option<String>,
+}
+
+/// `Gemma3TextConfig`'s defaults (transformers).
+mod gemma3 {
+    pub fn hidden_size() -> usize {
+        2304
+    }
+    pub fn intermediate_size() -> usize {
+        9216
+    }
+    pub fn num_hidden_layers() -> usize {
+        26
+    }
+    pub fn num_attention_heads() -> usize {
+        8
+    }
+    pub fn num_key_value_heads() -> usize {
+        4
+    }
+    pub fn head_dim() -> usize {
+        256
+    }
+    pub fn vocab_size() -> usize {
+        262_208
+    }
+    pub fn rms_norm_eps() -> f64 {
+        1e-6
+    }
+    pub fn max_position_embeddings() -> usize {
+        131_072
+    }
+    pub fn query_pre_attn_scalar() -> f64 {
+        256.0
+    }
+    pub fn sliding_window() -> usize {
+        4096
+    }
+}
+
+/// Gemma 3: `gemma3_text` (`Gemma3ForCausalLM`, weights under `model`) or `gemma3` (the
+/// multimodal layout: the text model's config in `text_config`, its weights under
+/// `language_model.model`, the SigLIP tower and projector left on disk and carried through
+/// exports). Layers are sliding-window attention except every `sliding_window_pattern`-th (or
+/// as `layer_types` lists them); RoPE by layer type (`rope_parameters.full_attention` and
+/// `.sliding_attention`, or the older `rope_theta`/`rope_scaling` and `rope_local_base_freq`).
+fn read_gemma3(v: &Value) -> Result<ModelConfig> {
+    let multimodal = v.get("model_type").and_then(Value::as_str) == Some("gemma3");
+    let text = if multimodal {
+        v.get("text_config")
+            .context("model_type `gemma3` without a `text_config`")?
+    } else {
+        v
+    };
+    let raw: RawGemma3Text =
+        serde_json::from_value(text.clone()).context("text_config of a gemma3 model")?;
+    let act = raw
+        .hidden_activation
+        .as_deref()
+        .or(raw.hidden_act.as_deref())
+        .unwrap_or("gelu_pytorch_tanh");
+    if act != "gelu_pytorch_tanh" && act != "gelu_tanh" {
+        bail!("hidden_activation `{act}` is not supported for Gemma 3 (only gelu_pytorch_tanh)");
+    }
+    for (key, value) in [
+        ("attn_logit_softcapping", raw.attn_logit_softcapping),
+        ("final_logit_softcapping", raw.final_logit_softcapping),
+    ] {
+        if let Some(cap) = value {
+            bail!("{key} = {cap} is not supported (logit soft-capping: Gemma 2's, not Gemma 3's)");
+        }
+    }
+    if raw.use_bidirectional_attention == Some(true) {
+        bail!("use_bidirectional_attention = true is not supported (an encoder, not a decoder)");
+    }
+    let n = raw.num_hidden_layers;
+    let layer_kinds = match &raw.layer_types {
+        Some(types) => {
+            if types.len() != n {
+                bail!(
+                    "layer_types lists {} layers, num_hidden_layers is {n}",
+                    types.len()
+                );
+            }
+            types
+                .iter()
+                .map(|t| match t.as_str() {
+                    "full_attention" => Ok(LayerKind::Attention),
+                    "sliding_attention" => Ok(LayerKind::SlidingAttention),
+                    other => bail!(
+                        "layer type `{other}` is not supported (full_attention, sliding_attention)"
+                    ),
+                })
+                .collect::<Result<Vec<_>>>()?
+        }
+        None => {
+            let every = raw.sliding_window_pattern.unwrap_or(6).max(1);
+            (0..n)
+                .map(|i| {
+                    if (i + 1) % every == 0 {
+                        LayerKind::Attention
+                    } else {
+                        LayerKind::SlidingAttention
+                    }
+                })
+                .collect()
+        }
+    };
+    if raw.sliding_window == 0 {
+        bail!("sliding_window = 0: a sliding layer would see nothing");
+    }
+    let (num_kv_heads, head_dim) = attention_heads(
+        raw.hidden_size,
+        raw.num_attention_heads,
+        Some(raw.num_key_value_heads),
+        Some(raw.head_dim),
+    )?;
+    if !head_dim.is_multiple_of(2) {
+        bail!("head_dim {head_dim} is odd; RoPE needs an even head_dim");
+    }
+    // RoPE by layer type: `rope_parameters` keyed by it (transformers 5), or the full layers'
+    // `rope_theta`/`rope_scaling` and the sliding layers' `rope_local_base_freq`
+    let by_type = raw
+        .rope_parameters
+        .as_ref()
+        .filter(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some());
+    let (full, sliding) = match by_type {
+        Some(p) => (
+            rope_params(p.get("full_attention"), 1_000_000.0)
+                .context("rope_parameters.full_attention")?,
+            rope_params(p.get("sliding_attention"), 10_000.0)
+                .context("rope_parameters.sliding_attention")?,
+        ),
+        None => {
+            let full = rope_params(raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref()), 1e6)
+                .context("rope_scaling")?;
+            let theta = raw.rope_theta.unwrap_or(full.theta);
+            (
+                RopeParams { theta, ..full },
+                RopeParams {
+                    theta: raw.rope_local_base_freq.unwrap_or(10_000.0),
+                    scaling: None,
+                },
+            )
+        }
+    };
+    let outer = |k: &str| if multimodal { v.get(k) } else { None };
+    let tie = outer("tie_word_embeddings")
+        .and_then(Value::as_bool)
+        .or(raw.tie_word_embeddings)
+        .unwrap_or(true);
+    let dtype = outer("dtype")
+        .or(outer("torch_dtype"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or(raw.dtype)
+        .or(raw.torch_dtype)
+        .unwrap_or_else(|| "float32".into());
+    Ok(ModelConfig {
+        family: Family::Gemma3,
+        hidden_size: raw.hidden_size,
+        intermediate_size: raw.intermediate_size,
+        layer_kinds,
+        num_heads: raw.num_attention_heads,
+        num_kv_heads,
+        head_dim,
+        qk_norm: true,
+        attention_gate: false,
+        rotary_dim: head_dim,
+        norm_offset: true,
+        linear: None,
+        weights_prefix: if multimodal {
+            "language_model.model".into()
+        } else {
+            "model".into()
+        },
+        vocab_size: raw.vocab_size,
+        rms_norm_eps: raw.rms_norm_eps,
+        rope_theta: full.theta,
+        rope_scaling: full.scaling,
+        sliding_window: Some(raw.sliding_window),
+        sliding_rope: Some(sliding),
+        query_pre_attn_scalar: Some(raw.query_pre_attn_scalar),
+        embed_scale: true,
+        sandwich_norms: true,
+        activation: Activation::GeluTanh,
+        max_position_embeddings: raw.max_position_embeddings,
+        tie_word_embeddings: tie,
+        attention_bias: raw.attention_bias.unwrap_or(false),
+        dtype,
+    })
+}
+
+/// One RoPE table's `rope_theta` (`default_theta` when unset) and scaling (`default` or
+/// `linear`) from a `rope_parameters` entry or a `rope_scaling` object.
+fn rope_params(p: Option<&Value>, default_theta: f64) -> Result<RopeParams> {
+    let Some(p) = p.filter(|p| !p.is_null()) else {
+        return Ok(RopeParams {
+            theta: default_theta,
+            scaling: None,
+        });
+    };
+    let theta = p
+        .get("rope_theta")
+        .and_then(Value::as_f64)
+        .unwrap_or(default_theta);
+    let kind = p
+        .get("rope_type")
+        .or_else(|| p.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let scaling = match kind {
+        "default" => None,
+        "linear" => {
+            let f = p
+                .get("factor")
+                .and_then(Value::as_f64)
+                .context("rope scaling `linear` needs `factor`")?;
+            if f <= 0.0 {
+                bail!("rope scaling factor {f} must be positive");
+            }
+            Some(RopeScaling::Linear(f))
+        }
+        other => bail!("rope scaling `{other}` is not supported here (supported: default, linear)"),
+    };
+    Ok(RopeParams { theta, scaling })
+}
+
 /// `rope_theta` and the scaling from either layout.
-fn rope(raw: &RawHfConfig) -> Result<(f64, Option<Llama3Scaling>)> {
+fn rope(raw: &RawHfConfig) -> Result<(f64, Option<RopeScaling>)> {
     let params = raw.rope_parameters.as_ref();
     let theta = raw
         .rope_theta
@@ -589,12 +973,12 @@ fn rope(raw: &RawHfConfig) -> Result<(f64, Option<Llama3Scaling>)> {
             };
             Ok((
                 theta,
-                Some(Llama3Scaling {
+                Some(RopeScaling::Llama3(Llama3Scaling {
                     factor: f("factor")?,
                     low_freq_factor: f("low_freq_factor")?,
                     high_freq_factor: f("high_freq_factor")?,
                     original_max_position_embeddings: f("original_max_position_embeddings")?,
-                }),
+                })),
             ))
         }
         other => bail!("rope scaling `{other}` is not supported (supported: default, llama3)"),
@@ -635,7 +1019,7 @@ mod tests {
         );
         let c = ModelConfig::parse(&llama).unwrap();
         assert_eq!(c.family, Family::Llama);
-        assert_eq!(c.rope_scaling.unwrap().factor, 8.0);
+        assert!(matches!(c.rope_scaling, Some(RopeScaling::Llama3(s)) if s.factor == 8.0));
         let yarn = llama.replace("\"llama3\"", "\"yarn\"");
         assert!(ModelConfig::parse(&yarn)
             .unwrap_err()

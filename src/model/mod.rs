@@ -32,7 +32,7 @@ use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use serde_json::Value;
 
-pub use config::{Family, LayerCache, LayerKind, ModelConfig};
+pub use config::{Family, LayerCache, LayerKind, ModelConfig, RopeScaling};
 pub use tokenizer::{ChatTemplate, Message, TextTokenizer};
 pub use transformer::Transformer;
 

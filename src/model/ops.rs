@@ -19,7 +19,7 @@
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::{Linear, VarBuilder};
 
-use super::config::ModelConfig;
+use super::config::{Activation, LayerKind, ModelConfig, RopeParams, RopeScaling};
 
 /// How the candle path computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,14 +104,19 @@ pub(super) struct Rope {
 }
 
 impl Rope {
-    /// The tables in `dtype` (the model's), computed in f32 as Hugging Face does, for the
-    /// `rotary_dim` leading dims of a head.
-    pub(super) fn new(cfg: &ModelConfig, device: &Device, dtype: DType) -> Result<Self> {
+    /// The tables of RoPE `p` in `dtype` (the model's), computed in f32 as Hugging Face does,
+    /// for the `rotary_dim` leading dims of a head.
+    pub(super) fn new(
+        cfg: &ModelConfig,
+        p: RopeParams,
+        device: &Device,
+        dtype: DType,
+    ) -> Result<Self> {
         let d = cfg.rotary_dim;
         let inv_freq: Vec<f32> = (0..d / 2)
             .map(|i| {
-                let f = 1.0 / cfg.rope_theta.powf(2.0 * i as f64 / d as f64);
-                scale_frequency(f, cfg) as f32
+                let f = 1.0 / p.theta.powf(2.0 * i as f64 / d as f64);
+                scale_frequency(f, p.scaling) as f32
             })
             .collect();
         let n = cfg.max_position_embeddings;
@@ -135,7 +140,55 @@ impl Rope {
     }
 }
 
-/// Per-step RoPE tables, gathered once and shared by every layer.
+/// A model's RoPE tables: the one every layer uses, and the sliding-window layers' own when it
+/// differs (Gemma 3).
+#[derive(Debug, Clone)]
+pub(super) struct Ropes {
+    full: Rope,
+    sliding: Option<Rope>,
+}
+
+impl Ropes {
+    pub(super) fn new(cfg: &ModelConfig, device: &Device, dtype: DType) -> Result<Self> {
+        let sliding = cfg.layer_kinds.contains(&LayerKind::SlidingAttention);
+        let of = |kind| Rope::new(cfg, cfg.rope_of(kind), device, dtype);
+        Ok(Ropes {
+            full: of(LayerKind::Attention)?,
+            sliding: (sliding && cfg.sliding_rope.is_some())
+                .then(|| of(LayerKind::SlidingAttention))
+                .transpose()?,
+        })
+    }
+}
+
+/// A step's RoPE rows of each table, gathered once and shared by the layers.
+pub struct StepRope {
+    full: RopeRows,
+    sliding: Option<RopeRows>,
+}
+
+impl StepRope {
+    pub(super) fn new(ropes: &Ropes, positions: &Tensor) -> Result<Self> {
+        Ok(StepRope {
+            full: RopeRows::new(&ropes.full, positions)?,
+            sliding: ropes
+                .sliding
+                .as_ref()
+                .map(|r| RopeRows::new(r, positions))
+                .transpose()?,
+        })
+    }
+
+    /// The rows a layer of `kind` rotates with.
+    pub fn of(&self, kind: LayerKind) -> &RopeRows {
+        match (kind, &self.sliding) {
+            (LayerKind::SlidingAttention, Some(s)) => s,
+            _ => &self.full,
+        }
+    }
+}
+
+/// Per-step RoPE tables of one [`Rope`], gathered once and shared by the layers that use it.
 pub struct RopeRows {
     /// (T, D/2), for the fused kernel.
     cos: Tensor,
@@ -192,10 +245,12 @@ impl RopeRows {
     }
 }
 
-/// Llama 3.1 frequency scaling (identity without it).
-fn scale_frequency(freq: f64, cfg: &ModelConfig) -> f64 {
-    let Some(s) = cfg.rope_scaling else {
-        return freq;
+/// A frequency under `scaling`: Llama 3.1's by wavelength, or linear (identity without one).
+fn scale_frequency(freq: f64, scaling: Option<RopeScaling>) -> f64 {
+    let s = match scaling {
+        None => return freq,
+        Some(RopeScaling::Linear(factor)) => return freq / factor,
+        Some(RopeScaling::Llama3(s)) => s,
     };
     let wavelen = 2.0 * std::f64::consts::PI / freq;
     let low_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
@@ -211,11 +266,13 @@ fn scale_frequency(freq: f64, cfg: &ModelConfig) -> f64 {
     }
 }
 
-/// `silu(g) * u`.
-pub(super) fn swiglu(g: &Tensor, u: &Tensor, exec: Exec) -> Result<Tensor> {
-    match path(g, exec) {
-        OpPath::HostDifferentiable => super::diff_ops::swiglu(g, u),
-        OpPath::Fused | OpPath::Composed => candle_nn::ops::silu(g)? * u,
+/// `act(g) * u`: SwiGLU, or GeGLU with tanh-approximated GELU (candle's `gelu`, whose
+/// backward every path records).
+pub(super) fn gated(g: &Tensor, u: &Tensor, act: Activation, exec: Exec) -> Result<Tensor> {
+    match (act, path(g, exec)) {
+        (Activation::Silu, OpPath::HostDifferentiable) => super::diff_ops::swiglu(g, u),
+        (Activation::Silu, OpPath::Fused | OpPath::Composed) => candle_nn::ops::silu(g)? * u,
+        (Activation::GeluTanh, _) => g.gelu()? * u,
     }
 }
 

@@ -187,6 +187,14 @@ pub(crate) fn norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
     }
 }
 
+/// [`norm_row`] in place.
+pub(crate) fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let r = inv_rms(x, eps);
+    for (x, w) in x.iter_mut().zip(w) {
+        *x = *x * r * w;
+    }
+}
+
 /// RMS norm of each row of `x` (rows of `width`), scaled by `w`, into `y`.
 pub(crate) fn rms_rows(x: &[f32], width: usize, w: &[f32], eps: f32, y: &mut [f32]) {
     y.par_chunks_mut(width)

@@ -328,6 +328,49 @@ fn qwen2_variants_match_transformers() {
     }
 }
 
+/// The Gemma 3 fixtures (`tests/fixtures/gemma3-a`: `gemma3_text`, tied f32, a 4-token window
+/// beside a full layer, `query_pre_attn_scalar` 24 against head_dim 16, RoPE 1e4 / 1e6 by layer
+/// type; `gemma3-b`: the multimodal layout with a vision tower, bf16 shards, one KV head of 24,
+/// a 3-token window, linear RoPE x8 on the full layer): logits and greedy tokens as
+/// transformers' on both paths (the windows are shorter than the prompts), and the chat
+/// renderings.
+#[test]
+fn gemma3_variants_match_transformers() {
+    use crate::model::{LayerKind, RopeScaling};
+    for (name, window, kinds, prefix) in [
+        ("gemma3-a", 4, "ssfs", "model"),
+        ("gemma3-b", 3, "ssfss", "language_model.model"),
+    ] {
+        let dir = repo_fixture(name);
+        let c = Checkpoint::open(dir.to_str().unwrap()).unwrap().config;
+        assert_eq!(c.family, crate::model::Family::Gemma3);
+        let want: Vec<_> = kinds
+            .chars()
+            .map(|k| match k {
+                's' => LayerKind::SlidingAttention,
+                _ => LayerKind::Attention,
+            })
+            .collect();
+        assert_eq!(c.layer_kinds, want, "{name}");
+        assert_eq!(c.sliding_window, Some(window), "{name}");
+        assert_eq!(c.weights_prefix, prefix, "{name}");
+        assert!(c.qk_norm && c.norm_offset && c.sandwich_norms && c.embed_scale);
+        assert_eq!(c.sliding_rope.map(|r| r.theta), Some(10_000.0));
+        assert_eq!(c.rope_theta, 1_000_000.0);
+        if name == "gemma3-b" {
+            assert_eq!(c.rope_scaling, Some(RopeScaling::Linear(8.0)));
+        }
+        // only the full layer keeps keys per token; the sliding ones a window's ring
+        assert_eq!(c.kv_layers(), vec![2], "{name}");
+        assert_eq!(
+            c.state_values_per_seq(),
+            (kinds.len() - 1) * 2 * window * c.num_kv_heads * c.head_dim
+        );
+        matches_transformers_on_both_paths(&dir);
+        assert_chat_renderings_match(&dir);
+    }
+}
+
 /// The Llama fixture (`tests/fixtures/llama`, the shared generator's `llama` variant: untied,
 /// RoPE theta 5e5, the newer layout with `rope_parameters` and `chat_template.jinja`): logits and
 /// greedy tokens as transformers' on both paths, and its chat renderings.

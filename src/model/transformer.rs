@@ -13,10 +13,9 @@ use candle_nn::{Embedding, Linear, VarBuilder};
 use super::attention::AttentionBackend;
 use super::config::ModelConfig;
 use super::layers::{HostLayer, Layer};
-use super::ops::{Exec, RmsNorm, Rope};
+use super::ops::{Exec, RmsNorm, Ropes, StepRope};
 use super::packed::{dropped, PackedLinear};
 
-pub use super::ops::RopeRows;
 
 /// A decoder of any family we read.
 #[derive(Debug, Clone)]
@@ -29,7 +28,9 @@ pub struct Transformer {
     host_layers: Option<Vec<HostLayer>>,
     norm: RmsNorm,
     lm_head: Linear,
-    rope: Rope,
+    rope: Ropes,
+    /// Gemma: embeddings times `sqrt(hidden)` (rounded to the weights' dtype), else 1.
+    embed_scale: f64,
     /// Fused RMS norm and RoPE kernels (no backward pass) for sampling; never for training.
     exec: Exec,
     /// For sampling on the CPU: the LM head packed; when tied, embeddings are looked up in it.
@@ -61,7 +62,8 @@ impl Transformer {
                 m.pp("norm"),
             )?,
             lm_head,
-            rope: Rope::new(cfg, vb.device(), vb.dtype())?,
+            rope: Ropes::new(cfg, vb.device(), vb.dtype())?,
+            embed_scale: embed_scale(cfg, vb.dtype()),
             exec: Exec::Differentiable,
             packed_head: None,
         })
@@ -151,17 +153,18 @@ impl Transformer {
     ) -> Result<Tensor> {
         let rope = self.rope_rows(positions)?;
         let mut x = self.embed(tokens)?; // (T, hidden)
-        match (&self.host_layers, &rope.host) {
+        match &self.host_layers {
             // packed for the CPU: the residual stream stays one host vector through the layers
-            (Some(layers), Some((cos, sin))) => {
+            Some(layers) => {
                 let (t, hidden) = x.dims2()?;
                 let mut xs = x.flatten_all()?.to_vec1::<f32>()?;
                 for (i, l) in layers.iter().enumerate() {
+                    let (cos, sin) = self.host_rope(i, &rope)?;
                     l.forward_host(i, &mut xs, t, (cos, sin), attn)?;
                 }
                 x = Tensor::from_vec(xs, (t, hidden), x.device())?;
             }
-            _ => {
+            None => {
                 for i in 0..self.layers.len() {
                     x = self.layer_forward(i, &x, &rope, attn)?;
                 }
@@ -171,12 +174,28 @@ impl Transformer {
     }
 
     /// The RoPE rows of this step's positions (T,) u32, shared by every layer.
-    pub fn rope_rows(&self, positions: &Tensor) -> Result<RopeRows> {
-        RopeRows::new(&self.rope, positions)
+    pub fn rope_rows(&self, positions: &Tensor) -> Result<StepRope> {
+        StepRope::new(&self.rope, positions)
     }
 
-    /// Token embeddings (T, hidden).
+    /// Layer `i`'s RoPE rows as host values (the packed layers').
+    fn host_rope<'r>(&self, i: usize, rope: &'r StepRope) -> Result<(&'r [f32], &'r [f32])> {
+        match &rope.of(self.cfg.layer_kinds[i]).host {
+            Some((cos, sin)) => Ok((cos, sin)),
+            None => candle_core::bail!("packed layer {i}: RoPE rows not on the host"),
+        }
+    }
+
+    /// Token embeddings (T, hidden), scaled for Gemma.
     pub fn embed(&self, tokens: &Tensor) -> Result<Tensor> {
+        let x = self.embed_unscaled(tokens)?;
+        if self.embed_scale == 1.0 {
+            return Ok(x);
+        }
+        x.affine(self.embed_scale, 0.0)
+    }
+
+    fn embed_unscaled(&self, tokens: &Tensor) -> Result<Tensor> {
         match &self.packed_head {
             Some(p) if self.cfg.tie_word_embeddings => {
                 let ids = tokens.to_vec1::<u32>()?;
@@ -199,16 +218,15 @@ impl Transformer {
         &self,
         i: usize,
         x: &Tensor,
-        rope: &RopeRows,
+        rope: &StepRope,
         attn: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
         if let Some(layers) = &self.host_layers {
-            let Some((cos, sin)) = &rope.host else {
-                candle_core::bail!("packed layer {i}: RoPE rows not on the host")
-            };
+            let (cos, sin) = self.host_rope(i, rope)?;
             return layers[i].forward(i, x, (cos, sin), attn);
         }
-        self.layers[i].forward(i, x, rope, self.exec, attn)
+        let rows = rope.of(self.cfg.layer_kinds[i]);
+        self.layers[i].forward(i, x, rows, self.exec, attn)
     }
 
     /// The final RMS norm.
@@ -269,5 +287,19 @@ impl Transformer {
         attn: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
         self.logits(&self.forward_hidden(tokens, positions, attn)?)
+    }
+}
+
+/// Gemma's embedding scale: `sqrt(hidden)` rounded to the dtype the weights are loaded in, as
+/// transformers multiplies by it (`embed_scale.to(weight.dtype)`); 1 for other families.
+fn embed_scale(cfg: &ModelConfig, dtype: DType) -> f64 {
+    if !cfg.embed_scale {
+        return 1.0;
+    }
+    let s = (cfg.hidden_size as f64).sqrt();
+    match dtype {
+        DType::BF16 => f64::from(half::bf16::from_f64(s).to_f32()),
+        DType::F16 => f64::from(half::f16::from_f64(s).to_f32()),
+        _ => f64::from(s as f32),
     }
 }

@@ -13,7 +13,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::model::attention::RecurrentStep;
-use crate::model::{LayerCache, ModelConfig};
+use crate::model::ModelConfig;
 
 #[derive(Debug)]
 pub struct StateSlots {
@@ -29,10 +29,7 @@ impl StateSlots {
     /// `num_slots` slots for the recurrent layers of `cfg` (none for a model without any).
     pub fn new(cfg: &ModelConfig, num_slots: usize) -> StateSlots {
         let values: Vec<usize> = (0..cfg.num_layers())
-            .map(|i| match cfg.layer_cache(i) {
-                LayerCache::State { values } => values,
-                LayerCache::Kv { .. } => 0,
-            })
+            .map(|i| cfg.layer_cache(i).fixed_values())
             .collect();
         let num_slots = if values.iter().any(|&v| v > 0) {
             num_slots

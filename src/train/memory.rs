@@ -179,19 +179,29 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
     );
     let v = cfg.vocab_size as u64;
     // Values the differentiable forward keeps per token in a layer of `kind`.
+    // Gemma's two more norms per layer: each one's input, f32 copy and output
+    let sandwich = if cfg.sandwich_norms { 6 * h } else { 0 };
     let per_token_layer = |kind: LayerKind| {
         let gate = if cfg.attention_gate { 3 * hq * d } else { 0 };
         match kind {
             // our ops: each norm's output (2h), o_proj, residuals and down (3h), the SwiGLU's
             // gate, up and product (3i); q/k/v, their norms and RoPE, the attention's output
             LayerKind::Attention if host_ops => {
-                5 * h + 3 * i + (hq + 2 * hkv) * d + 2 * (hq + hkv) * d + hq * d + gate
+                5 * h + 3 * i + (hq + 2 * hkv) * d + 2 * (hq + hkv) * d + hq * d + gate + sandwich
             }
             // composed: two RMS norms (3h each), o_proj and residuals (4h), SwiGLU (4i); q/k/v,
             // their norms (3 each) and RoPE (4 each), the heads-first copies, GQA expansion,
-            // output and its transpose (6 hq d), the log-sum-exp
-            LayerKind::Attention => {
-                10 * h + 4 * i + (hq + 2 * hkv) * d + 7 * (hq + hkv) * d + 6 * hq * d + hq + gate
+            // output and its transpose (6 hq d), the log-sum-exp. A sliding-window layer runs
+            // the block attention on every path (the fused CPU op has no window): counted so.
+            LayerKind::Attention | LayerKind::SlidingAttention => {
+                10 * h
+                    + 4 * i
+                    + (hq + 2 * hkv) * d
+                    + 7 * (hq + hkv) * d
+                    + 6 * hq * d
+                    + hq
+                    + gate
+                    + sandwich
             }
             // Gated DeltaNet: the projections, conv and SiLU (8 conv_dim), the heads'
             // normalised, repeated and chunked copies (9 Hv (dk + dv)), the chunk's decay, L and
@@ -221,7 +231,8 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
     // layer runs (the CPU's fused op keeps less)
     let block = crate::model::block_attention::BLOCK as u64;
     let has_attention = cfg.layer_kinds.contains(&LayerKind::Attention);
-    let attn_block = if has_attention && !host_ops {
+    let has_sliding = cfg.layer_kinds.contains(&LayerKind::SlidingAttention);
+    let attn_block = if (has_attention && !host_ops) || has_sliding {
         4 * hq * block.min(seq) * seq * 4
     } else {
         0
@@ -236,7 +247,9 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
             return 0;
         }
         let mixer = match kind {
-            LayerKind::Attention => 3 * h + hq * d + (hq + 2 * hkv) * d + h,
+            LayerKind::Attention | LayerKind::SlidingAttention => {
+                3 * h + hq * d + (hq + 2 * hkv) * d + h
+            }
             LayerKind::GatedDeltaNet => cfg.linear.map_or(0, |l| {
                 5 * h + l.value_dim() as u64 + l.conv_dim() as u64 + h
             }),
@@ -258,7 +271,7 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
     // kept values count the emulation's f32 copies, which the gradients do not double).
     let backward = |kind: LayerKind, recompute: bool| match (kind, recompute) {
         (LayerKind::GatedDeltaNet, true) => 11,
-        (LayerKind::Attention, true) if emulated => 12,
+        (LayerKind::Attention | LayerKind::SlidingAttention, true) if emulated => 12,
         _ => 20,
     };
     let largest_backward = |recompute: bool| {

@@ -1,6 +1,8 @@
-//! The attention layer kind (Qwen3, Llama, Qwen3.5's full-attention layers): q/k/v projections,
-//! per-head q/k RMS norms (Qwen3, Qwen3.5), RoPE (partial for Qwen3.5), the caller's attention
-//! backend over this step's keys and values, Qwen3.5's output gate (`sigmoid(gate)`, the gate
+//! The attention layer kinds (Qwen3, Llama, Qwen3.5's full-attention layers, Gemma 3's full and
+//! sliding-window layers): q/k/v projections, per-head q/k RMS norms (Qwen3, Qwen3.5, Gemma 3),
+//! RoPE (partial for Qwen3.5), the caller's attention backend over this step's keys and values
+//! (with the layer's window if it slides), Gemma's softmax scale (`query_pre_attn_scalar`, as a
+//! factor on the queries), Qwen3.5's output gate (`sigmoid(gate)`, the gate
 //! interleaved with the query per head in q_proj's rows) and the output projection. Two
 //! execution paths: the candle path ([`Attention`], differentiable or fused for sampling) and
 //! the CPU host path over packed weights ([`HostAttention`], ungated full-RoPE layers only).
@@ -81,11 +83,23 @@ pub struct Attention {
     gate: bool,
     /// The leading dims of a head that RoPE rotates.
     rotary: usize,
+    /// A sliding-window layer's window.
+    window: Option<usize>,
+    /// The factor on the rotated queries that makes the backends' `1 / sqrt(head_dim)` the
+    /// model's softmax scale (1 but for Gemma's `query_pre_attn_scalar`).
+    q_scale: f64,
+}
+
+/// The factor on the queries that turns the backends' softmax scale `1 / sqrt(head_dim)` into
+/// `1 / sqrt(query_pre_attn_scalar)`.
+fn query_scale(cfg: &ModelConfig) -> f64 {
+    cfg.query_pre_attn_scalar
+        .map_or(1.0, |s| (cfg.head_dim as f64 / s).sqrt())
 }
 
 impl Attention {
-    /// From the layer's var builder (`model.layers.N`).
-    pub fn new(cfg: &ModelConfig, vb: VarBuilder) -> Result<Self> {
+    /// From the layer's var builder (`model.layers.N`), with the layer's `window` if it slides.
+    pub fn new(cfg: &ModelConfig, window: Option<usize>, vb: VarBuilder) -> Result<Self> {
         let (h, d) = (cfg.hidden_size, cfg.head_dim);
         let attn = vb.pp("self_attn");
         let b = cfg.attention_bias;
@@ -103,6 +117,8 @@ impl Attention {
             heads: (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim),
             gate,
             rotary: cfg.rotary_dim,
+            window,
+            q_scale: query_scale(cfg),
         })
     }
 
@@ -134,6 +150,8 @@ impl Attention {
             heads: self.heads,
             gate: self.gate,
             rotary: self.rotary,
+            window: self.window,
+            q_scale: self.q_scale as f32,
         };
         for l in [
             &mut self.q_proj,
@@ -200,9 +218,14 @@ impl Attention {
             q = qn.forward(&q, exec)?;
             k = kn.forward(&k, exec)?;
         }
-        let q = rope.apply(&q, exec)?;
+        let mut q = rope.apply(&q, exec)?;
+        if self.q_scale != 1.0 {
+            q = q.affine(self.q_scale, 0.0)?;
+        }
         let k = rope.apply(&k, exec)?;
-        let mut a = attn.attend(index, &q, &k, &v, None)?.reshape((t, hq * d))?;
+        let mut a = attn
+            .attend(index, &q, &k, &v, self.window)?
+            .reshape((t, hq * d))?;
         if let Some(g) = gate {
             a = (a * candle_nn::ops::sigmoid(&g)?)?;
         }
@@ -224,6 +247,9 @@ pub struct HostAttention {
     gate: bool,
     /// The leading dims of a head that RoPE rotates.
     rotary: usize,
+    window: Option<usize>,
+    /// See [`Attention`]'s.
+    q_scale: f32,
 }
 
 impl HostAttention {
@@ -283,6 +309,9 @@ impl HostAttention {
             for (hd, qh) in q.chunks_mut(d).enumerate() {
                 qh.copy_from_slice(&row[hd * q_rows..][..d]);
                 rotate(qh, norms.map(|n| &n.0), c, s);
+                if self.q_scale != 1.0 {
+                    qh.iter_mut().for_each(|x| *x *= self.q_scale);
+                }
                 if self.gate {
                     g[hd * d..][..d].copy_from_slice(&row[hd * q_rows + d..][..d]);
                 }
@@ -304,7 +333,7 @@ impl HostAttention {
             .for_each(row_job);
         let att = sized(a, t * nq);
         att.fill(0.0);
-        attn.attend_host(index, q, k, v, (t, hq, hkv, d), None, att)?;
+        attn.attend_host(index, q, k, v, (t, hq, hkv, d), self.window, att)?;
         if self.gate {
             // out * sigmoid(gate), before o_proj
             att.par_chunks_mut(nq)

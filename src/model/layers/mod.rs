@@ -1,6 +1,8 @@
 //! A decoder layer: an RMS norm, the layer's token mixer (its kind: see
-//! [`crate::model::config::LayerKind`]), the residual add, an RMS norm, the SwiGLU MLP and the
-//! residual add. The mixers are one file per kind; the MLP and the residual stream are here.
+//! [`crate::model::config::LayerKind`]), the residual add, an RMS norm, the gated MLP (SwiGLU,
+//! or Gemma's gelu-tanh GeGLU) and the residual add; with Gemma's sandwich norms the mixer's and
+//! the MLP's outputs are normed too before their adds. The mixers are one file per kind; the
+//! MLP and the residual stream are here.
 //!
 //! Two execution paths, as in [`super::ops`]: the candle path ([`Layer::forward`]), and the CPU
 //! host path over packed weights ([`HostLayer`]) that sampling on the CPU switches to. A new
@@ -16,10 +18,10 @@ use candle_nn::{Linear, VarBuilder};
 use rayon::prelude::*;
 
 use super::attention::AttentionBackend;
-use super::config::{LayerKind, ModelConfig};
-use super::ops::{project, stack_linears, swiglu, Exec, RmsNorm, RopeRows};
+use super::config::{Activation, LayerKind, ModelConfig};
+use super::ops::{gated, project, stack_linears, Exec, RmsNorm, RopeRows};
 use super::packed::{
-    add_into, dropped, min_rows, norm_row, rms_rows, sized, Buffers, PackedLinear,
+    add_into, dropped, min_rows, norm_in_place, norm_row, rms_rows, sized, Buffers, PackedLinear,
 };
 use crate::simd::exp_sub_sum;
 pub use weight_init::{norm_init, Init};
@@ -29,16 +31,24 @@ pub use weight_init::{norm_init, Init};
 pub fn weight_shapes(cfg: &ModelConfig, i: usize, prefix: &str) -> Vec<(String, Vec<usize>, Init)> {
     let (h, inter) = (cfg.hidden_size, cfg.intermediate_size);
     let norm = norm_init(cfg);
-    let mut out = vec![
-        (format!("{prefix}.input_layernorm.weight"), vec![h], norm),
-        (
-            format!("{prefix}.post_attention_layernorm.weight"),
-            vec![h],
-            norm,
-        ),
-    ];
+    let norms: &[&str] = if cfg.sandwich_norms {
+        &[
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ]
+    } else {
+        &["input_layernorm", "post_attention_layernorm"]
+    };
+    let mut out: Vec<_> = norms
+        .iter()
+        .map(|n| (format!("{prefix}.{n}.weight"), vec![h], norm))
+        .collect();
     out.extend(match cfg.layer_kinds[i] {
-        LayerKind::Attention => attention::weight_shapes(cfg, prefix),
+        LayerKind::Attention | LayerKind::SlidingAttention => {
+            attention::weight_shapes(cfg, prefix)
+        }
         LayerKind::GatedDeltaNet => gated_deltanet::weight_shapes(cfg, prefix),
     });
     for (name, shape) in [
@@ -69,7 +79,7 @@ pub enum HostMixer {
     GatedDeltaNet(gated_deltanet::HostGatedDeltaNet),
 }
 
-/// The SwiGLU MLP: `down(silu(gate(h)) * up(h))`.
+/// The gated MLP: `down(act(gate(h)) * up(h))`.
 #[derive(Debug, Clone)]
 struct Mlp {
     gate_proj: Linear,
@@ -77,6 +87,7 @@ struct Mlp {
     down_proj: Linear,
     /// For sampling: gate and up as one matrix (the two above become views of it).
     gate_up: Option<Linear>,
+    act: Activation,
 }
 
 impl Mlp {
@@ -87,6 +98,7 @@ impl Mlp {
             up_proj: candle_nn::linear_no_bias(h, i, vb.pp("up_proj"))?,
             down_proj: candle_nn::linear_no_bias(i, h, vb.pp("down_proj"))?,
             gate_up: None,
+            act: cfg.activation,
         })
     }
 
@@ -111,7 +123,7 @@ impl Mlp {
                 project(&self.up_proj, h, exec)?,
             ),
         };
-        project(&self.down_proj, &swiglu(&g, &u, exec)?, exec)
+        project(&self.down_proj, &gated(&g, &u, self.act, exec)?, exec)
     }
 }
 
@@ -120,7 +132,12 @@ impl Mlp {
 pub struct Layer {
     input_norm: RmsNorm,
     mixer: Mixer,
+    /// Sandwich norms (Gemma): the mixer's output normed before its residual add.
+    mixer_out_norm: Option<RmsNorm>,
+    /// The MLP's input norm.
     post_norm: RmsNorm,
+    /// Sandwich norms: the MLP's output normed before its residual add.
+    mlp_out_norm: Option<RmsNorm>,
     mlp: Mlp,
 }
 
@@ -128,17 +145,29 @@ impl Layer {
     /// Layer `i` of `cfg` from its var builder (`model.layers.N`).
     pub fn new(cfg: &ModelConfig, i: usize, vb: VarBuilder) -> Result<Self> {
         let (h, eps, offset) = (cfg.hidden_size, cfg.rms_norm_eps, cfg.norm_offset);
+        let norm = |name: &str| RmsNorm::new(h, eps, offset, vb.pp(name));
+        let sandwich = cfg.sandwich_norms;
         Ok(Layer {
-            input_norm: RmsNorm::new(h, eps, offset, vb.pp("input_layernorm"))?,
+            input_norm: norm("input_layernorm")?,
             mixer: match cfg.layer_kinds[i] {
-                LayerKind::Attention => {
-                    Mixer::Attention(attention::Attention::new(cfg, vb.clone())?)
-                }
+                LayerKind::Attention | LayerKind::SlidingAttention => Mixer::Attention(
+                    attention::Attention::new(cfg, cfg.window(i), vb.clone())?,
+                ),
                 LayerKind::GatedDeltaNet => {
                     Mixer::GatedDeltaNet(gated_deltanet::GatedDeltaNet::new(cfg, vb.clone())?)
                 }
             },
-            post_norm: RmsNorm::new(h, eps, offset, vb.pp("post_attention_layernorm"))?,
+            mixer_out_norm: sandwich
+                .then(|| norm("post_attention_layernorm"))
+                .transpose()?,
+            post_norm: norm(if sandwich {
+                "pre_feedforward_layernorm"
+            } else {
+                "post_attention_layernorm"
+            })?,
+            mlp_out_norm: sandwich
+                .then(|| norm("post_feedforward_layernorm"))
+                .transpose()?,
             mlp: Mlp::new(cfg, vb.pp("mlp"))?,
         })
     }
@@ -168,7 +197,10 @@ impl Layer {
             gate_up: PackedLinear::new(&gate_up)?,
             down: PackedLinear::new(&self.mlp.down_proj)?,
             input_norm: self.input_norm.scale()?.to_vec1()?,
+            mixer_out_norm: host_scale(&self.mixer_out_norm)?,
             post_norm: self.post_norm.scale()?.to_vec1()?,
+            mlp_out_norm: host_scale(&self.mlp_out_norm)?,
+            act: self.mlp.act,
             eps: self.input_norm.eps as f32,
         };
         for l in [
@@ -195,10 +227,29 @@ impl Layer {
             Mixer::Attention(a) => a.forward(index, &h, rope, exec, attn)?,
             Mixer::GatedDeltaNet(g) => g.forward(index, &h, exec, attn)?,
         };
+        let mixed = match &self.mixer_out_norm {
+            Some(n) => n.forward(&mixed, exec)?,
+            None => mixed,
+        };
         let x = (x + mixed)?;
         let h = self.post_norm.forward(&x, exec)?;
-        x + self.mlp.forward(&h, exec)?
+        let y = self.mlp.forward(&h, exec)?;
+        match &self.mlp_out_norm {
+            Some(n) => x + n.forward(&y, exec)?,
+            None => x + y,
+        }
     }
+}
+
+/// A norm's scale as host values.
+fn host_scale(n: &Option<RmsNorm>) -> Result<Option<Vec<f32>>> {
+    n.as_ref().map(|n| n.scale()?.to_vec1()).transpose()
+}
+
+/// GELU's tanh approximation (`gelu_pytorch_tanh`), as candle's `gelu` computes it.
+fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_TWO_OVER_PI: f32 = 0.797_884_6;
+    0.5 * x * (1.0 + (SQRT_TWO_OVER_PI * x * (1.0 + 0.044_715 * x * x)).tanh())
 }
 
 /// A decoder layer packed for the CPU host path: its mixer, gate/up stacked, down, the norms.
@@ -210,7 +261,10 @@ pub struct HostLayer {
     gate_up: PackedLinear,
     down: PackedLinear,
     input_norm: Vec<f32>,
+    mixer_out_norm: Option<Vec<f32>>,
     post_norm: Vec<f32>,
+    mlp_out_norm: Option<Vec<f32>>,
+    act: Activation,
     eps: f32,
 }
 
@@ -271,18 +325,21 @@ impl HostLayer {
             HostMixer::GatedDeltaNet(g) => g.forward(b, index, t, attn)?,
         }
         let Buffers { h, qkv, a, out, .. } = &mut *b;
-        let (h, o) = (&mut h[..xs.len()], &out[..xs.len()]);
-        // the residual add, then the MLP's norm of the sum
-        let add_norm = |((x, o), h): ((&mut [f32], &[f32]), &mut [f32])| {
+        let (h, o) = (&mut h[..xs.len()], &mut out[..xs.len()]);
+        // (sandwich norms: the output's norm), the residual add, then the MLP's norm of the sum
+        let add_norm = |((x, o), h): ((&mut [f32], &mut [f32]), &mut [f32])| {
+            if let Some(w) = &self.mixer_out_norm {
+                norm_in_place(o, w, self.eps);
+            }
             add_into(x, o);
             norm_row(x, &self.post_norm, self.eps, h);
         };
         xs.par_chunks_mut(hidden)
-            .zip(o.par_chunks(hidden))
+            .zip(o.par_chunks_mut(hidden))
             .zip(h.par_chunks_mut(hidden))
             .with_min_len(min)
             .for_each(add_norm);
-        // MLP block (SwiGLU)
+        // MLP block (SwiGLU or GeGLU)
         let inter = self.gate_up.w.rows() / 2;
         let gu = sized(qkv, t * 2 * inter);
         self.gate_up.apply_into(h, t, gu);
@@ -298,16 +355,31 @@ impl HostLayer {
                 *a = g / (1.0 + *a) * u;
             }
         };
-        act.par_chunks_mut(inter)
+        let geglu = |(a, g): (&mut [f32], &[f32])| {
+            let (g, u) = g.split_at(inter);
+            for ((a, g), u) in a.iter_mut().zip(g).zip(u) {
+                *a = gelu_tanh(*g) * u;
+            }
+        };
+        let rows = act
+            .par_chunks_mut(inter)
             .zip(gu.par_chunks(2 * inter))
-            .with_min_len(min)
-            .for_each(swiglu);
+            .with_min_len(min);
+        match self.act {
+            Activation::Silu => rows.for_each(swiglu),
+            Activation::GeluTanh => rows.for_each(geglu),
+        }
         let down = sized(out, xs.len());
         self.down.apply_into(act, t, down);
         xs.par_chunks_mut(hidden)
-            .zip(down.par_chunks(hidden))
+            .zip(down.par_chunks_mut(hidden))
             .with_min_len(min)
-            .for_each(|(x, o)| add_into(x, o));
+            .for_each(|(x, o)| {
+                if let Some(w) = &self.mlp_out_norm {
+                    norm_in_place(o, w, self.eps);
+                }
+                add_into(x, o)
+            });
         b.release_large();
         Ok(())
     }
