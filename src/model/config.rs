@@ -847,8 +847,11 @@ fn read_gemma3(v: &Value) -> Result<ModelConfig> {
                 .context("rope_parameters.sliding_attention")?,
         ),
         None => {
-            let full = rope_params(raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref()), 1e6)
-                .context("rope_scaling")?;
+            let full = rope_params(
+                raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref()),
+                1e6,
+            )
+            .context("rope_scaling")?;
             let theta = raw.rope_theta.unwrap_or(full.theta);
             (
                 RopeParams { theta, ..full },

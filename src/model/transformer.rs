@@ -16,7 +16,6 @@ use super::layers::{HostLayer, Layer};
 use super::ops::{Exec, RmsNorm, Ropes, StepRope};
 use super::packed::{dropped, PackedLinear};
 
-
 /// A decoder of any family we read.
 #[derive(Debug, Clone)]
 pub struct Transformer {

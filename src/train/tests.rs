@@ -127,6 +127,63 @@ fn llama_trains_like_pytorch() {
     trainer_gradients_match_pytorch(&dir);
 }
 
+/// Gemma 3 (both fixtures: sliding-window layers shorter than the SFT rows, sandwich norms,
+/// gelu-tanh, scaled embeddings): every gradient through the windowed attention, 8 AdamW steps
+/// and the trainer's steps against PyTorch; the export has the base's config and class, and the
+/// multimodal fixture's vision tower and projector are carried through byte for byte.
+#[test]
+fn gemma3_variants_train_like_pytorch() {
+    for (name, class) in [
+        ("gemma3-a", "Gemma3ForCausalLM"),
+        ("gemma3-b", "Gemma3ForConditionalGeneration"),
+    ] {
+        let dir = crate::model::tests::repo_fixture(name);
+        gradients_match_pytorch(&dir);
+        // the device-generic path a GPU trains through, on the CPU
+        gradients_match_pytorch_on(&dir, true);
+        adamw_steps_match_pytorch(&dir);
+        trainer_gradients_match_pytorch(&dir);
+        let (_tmp, job) = trainer_matches_pytorch(&dir);
+        let base = Checkpoint::open(dir.to_str().unwrap()).unwrap();
+        let back = Checkpoint::open(job.output.to_str().unwrap()).unwrap();
+        assert_eq!(back.config, base.config, "{name}");
+        let config = std::fs::read_to_string(job.output.join("config.json")).unwrap();
+        assert!(config.contains(class), "{config}");
+        let all = |ck: &Checkpoint| {
+            let mut m = HashMap::new();
+            for f in &ck.weights {
+                m.extend(candle_core::safetensors::load(f, &Device::Cpu).unwrap());
+            }
+            m
+        };
+        let (old, new) = (all(&base), all(&back));
+        let carried: Vec<&String> = old
+            .keys()
+            .filter(|n| {
+                base.config
+                    .carried_prefixes()
+                    .iter()
+                    .any(|p| n.starts_with(p))
+            })
+            .collect();
+        assert_eq!(carried.is_empty(), name == "gemma3-a", "{name}");
+        for n in carried {
+            let bytes = |t: &candle_core::Tensor| {
+                t.flatten_all()
+                    .unwrap()
+                    .to_dtype(candle_core::DType::F32)
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
+            };
+            assert_eq!(old[n].dtype(), new[n].dtype(), "{n}");
+            assert_eq!(bytes(&old[n]), bytes(&new[n]), "{n}");
+        }
+        back.load_transformer(&Device::Cpu, candle_core::DType::F32)
+            .unwrap();
+    }
+}
+
 #[test]
 fn qwen3_5_trainer_exports_the_multimodal_layout() {
     let Some(dir) = fixture_named("tiny-qwen3_5") else {
@@ -207,9 +264,7 @@ fn gradients_match_pytorch_on(dir: &std::path::Path, generic: bool) {
         "{got_loss} vs {want_loss}"
     );
     let grads = l.backward().unwrap();
-    let want: HashMap<String, Tensor> =
-        candle_core::safetensors::load(dir.join("expected/grads_step0.safetensors"), &Device::Cpu)
-            .unwrap();
+    let want = expected(dir, "grads_step0");
     let vars = t.named_vars();
     assert_eq!(vars.len(), want.len(), "parameters vs reference gradients");
     for (name, var) in vars {
@@ -328,11 +383,7 @@ fn adamw_steps_match_pytorch_on(dir: &std::path::Path, generic: bool) {
             stats.grad_norm
         );
     }
-    let want: HashMap<String, Tensor> = candle_core::safetensors::load(
-        dir.join("expected/params_after_adamw.safetensors"),
-        &Device::Cpu,
-    )
-    .unwrap();
+    let want = expected(dir, "params_after_adamw");
     let got = t.tensors();
     // every parameter the model trains (the reference also holds the untouched vision tower)
     assert_eq!(got.len() + t.carried.len(), want.len());
@@ -391,8 +442,33 @@ fn all_rows(rows: &[(Vec<u32>, Vec<u32>)]) -> PackedBatch {
 }
 
 fn grads_step0(dir: &std::path::Path) -> HashMap<String, Tensor> {
-    candle_core::safetensors::load(dir.join("expected/grads_step0.safetensors"), &Device::Cpu)
-        .unwrap()
+    expected(dir, "grads_step0")
+}
+
+/// The reference tensors `expected/NAME.safetensors`, named as the checkpoint names them. The
+/// generators write transformers' in-memory names, which for Gemma 3's multimodal class differ
+/// from the names it saves (and real checkpoints ship): `model.language_model.` is saved as
+/// `language_model.model.`, `model.vision_tower.` and `model.multi_modal_projector.` without
+/// their `model.`.
+fn expected(dir: &std::path::Path, name: &str) -> HashMap<String, Tensor> {
+    let path = dir.join(format!("expected/{name}.safetensors"));
+    let tensors = candle_core::safetensors::load(path, &Device::Cpu).unwrap();
+    let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
+    if ck.config.weights_prefix != "language_model.model" {
+        return tensors;
+    }
+    let saved = |n: &str| {
+        if let Some(rest) = n.strip_prefix("model.language_model.") {
+            format!("language_model.model.{rest}")
+        } else if n.starts_with("model.vision_tower.")
+            || n.starts_with("model.multi_modal_projector.")
+        {
+            n["model.".len()..].to_string()
+        } else {
+            n.to_string()
+        }
+    };
+    tensors.into_iter().map(|(n, t)| (saved(&n), t)).collect()
 }
 
 /// The trainer's own gradient path (hand-differentiated chunked head, surrogate backward, and
@@ -589,11 +665,7 @@ fn trainer_matches_pytorch(dir: &std::path::Path) -> (tempfile::TempDir, TrainJo
             got.changed_share
         );
     }
-    let want: HashMap<String, Tensor> = candle_core::safetensors::load(
-        dir.join("expected/params_after_adamw.safetensors"),
-        &Device::Cpu,
-    )
-    .unwrap();
+    let want = expected(dir, "params_after_adamw");
     let back = Checkpoint::open(job.output.to_str().unwrap()).unwrap();
     let got = Trainable::load(&back, &Device::Cpu).unwrap().tensors();
     for (name, g) in &got {

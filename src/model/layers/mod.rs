@@ -46,9 +46,7 @@ pub fn weight_shapes(cfg: &ModelConfig, i: usize, prefix: &str) -> Vec<(String, 
         .map(|n| (format!("{prefix}.{n}.weight"), vec![h], norm))
         .collect();
     out.extend(match cfg.layer_kinds[i] {
-        LayerKind::Attention | LayerKind::SlidingAttention => {
-            attention::weight_shapes(cfg, prefix)
-        }
+        LayerKind::Attention | LayerKind::SlidingAttention => attention::weight_shapes(cfg, prefix),
         LayerKind::GatedDeltaNet => gated_deltanet::weight_shapes(cfg, prefix),
     });
     for (name, shape) in [
@@ -150,9 +148,9 @@ impl Layer {
         Ok(Layer {
             input_norm: norm("input_layernorm")?,
             mixer: match cfg.layer_kinds[i] {
-                LayerKind::Attention | LayerKind::SlidingAttention => Mixer::Attention(
-                    attention::Attention::new(cfg, cfg.window(i), vb.clone())?,
-                ),
+                LayerKind::Attention | LayerKind::SlidingAttention => {
+                    Mixer::Attention(attention::Attention::new(cfg, cfg.window(i), vb.clone())?)
+                }
                 LayerKind::GatedDeltaNet => {
                     Mixer::GatedDeltaNet(gated_deltanet::GatedDeltaNet::new(cfg, vb.clone())?)
                 }
