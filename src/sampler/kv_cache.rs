@@ -32,6 +32,7 @@ use rayon::prelude::*;
 
 use super::block_pool::{BlockId, BlockTable};
 use super::state_slots::{step_slots, StateSlots, StepSlots};
+use super::window_ring::{self, RingSeq};
 use crate::model::attention::{AttentionBackend, AttnShape};
 use crate::model::ModelConfig;
 use crate::simd::{exp_sub_sum, SendPtr};
@@ -77,6 +78,11 @@ impl KvCache {
                 .enumerate()
                 .for_each(|(i, x)| *x = f(l * per_layer + i));
         }
+    }
+
+    /// The layers whose keys and values the blocks hold.
+    pub fn num_layers(&self) -> usize {
+        self.k.len()
     }
 
     /// Bytes one token's keys and values take over all layers (f32).
@@ -151,6 +157,8 @@ pub struct PagedAttention<'a> {
     pub seconds: f64,
     /// Tokens each sequence brings to the step, in order.
     seq_lens: Vec<usize>,
+    /// Each sequence's first position and token count, for the sliding-window layers.
+    ring_seqs: Vec<RingSeq>,
     /// The recurrent layers' state slots and each sequence's slot, in order.
     states: StepSlots<'a>,
 }
@@ -263,6 +271,13 @@ impl<'a> PagedAttention<'a> {
             distinct_slots,
             seconds: 0.0,
             seq_lens: seqs.iter().map(|s| s.num_new).collect(),
+            ring_seqs: seqs
+                .iter()
+                .map(|s| RingSeq {
+                    start: s.start_pos,
+                    num_new: s.num_new,
+                })
+                .collect(),
             states: None,
         }
     }
@@ -305,18 +320,22 @@ impl<'a> PagedAttention<'a> {
                 out.len()
             )));
         }
-        let num_blocks = self.cache.num_blocks;
-        let Some((kc, vc)) = self.cache.layer_mut(layer) else {
-            return Err(candle_core::Error::Msg(format!(
-                "layer {layer} keeps no keys in the cache"
-            )));
-        };
         if self.tokens.len() != t {
             return Err(candle_core::Error::Msg(format!(
                 "step has {t} tokens but its sequences bring {}",
                 self.tokens.len()
             )));
         }
+        if let Some(w) = window {
+            // a sliding-window layer: its keys and values are in each sequence's ring
+            return self.attend_window(layer, q, k, v, (hq, hkv, d), w, out);
+        }
+        let num_blocks = self.cache.num_blocks;
+        let Some((kc, vc)) = self.cache.layer_mut(layer) else {
+            return Err(candle_core::Error::Msg(format!(
+                "layer {layer} keeps no keys in the cache"
+            )));
+        };
         let slots = match &self.slots {
             Ok(slots) if (num_blocks * bs * row) == kc.len() => slots,
             Ok(_) => {
@@ -337,8 +356,31 @@ impl<'a> PagedAttention<'a> {
             d,
             bs,
         };
-        attend_tokens(&self.tokens, &view, q, window, out);
+        attend_tokens(&self.tokens, &view, q, out);
         Ok(())
+    }
+}
+
+impl PagedAttention<'_> {
+    /// A sliding-window layer's step over the rings in the sequences' state slots.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_window(
+        &mut self,
+        layer: usize,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        heads: (usize, usize, usize),
+        window: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let seqs = self.ring_seqs.clone();
+        let (states, slots) = step_slots(&mut self.states, layer)?;
+        let Some(mut rings) = states.lend(layer, slots) else {
+            candle_core::bail!("layer {layer}: no window rings, or a slot given twice")
+        };
+        window_ring::attend(&mut rings, &seqs, q, k, v, heads, window, out)
+            .map_err(|e| candle_core::Error::Msg(format!("layer {layer}: {e}")))
     }
 }
 
@@ -414,7 +456,6 @@ fn attend_tokens(
     jobs: &[(&BlockTable, usize, Option<usize>)],
     view: &LayerView,
     q: &[f32],
-    window: Option<usize>,
     out: &mut [f32],
 ) {
     let (hq, hkv, d, bs) = (view.hq, view.hkv, view.d, view.bs);
@@ -438,7 +479,7 @@ fn attend_tokens(
             }
         }
         let qg = &q[(ti * hq + kvh * group) * d..][..group * d];
-        attend_group(view, qg, kvh, table, pos, window, scratch, o);
+        attend_group(view, qg, kvh, table, pos, scratch, o);
     };
     let flops: usize = jobs.iter().map(|(_, p, _)| (p + 1) * hq * d).sum();
     if flops < PARALLEL_MIN {
@@ -494,8 +535,8 @@ struct AttnScratch {
 }
 
 crate::simd::avx2_fma_dispatch! {
-    /// One token's attention over positions `0..=pos` (the last `window` of them for a
-    /// sliding-window layer) for the query heads `q` (group x D) of KV head `kvh`, into `out`
+    /// One token's attention over positions `0..=pos` for the query heads `q` (group x D) of
+    /// KV head `kvh`, into `out`
     /// (group x D). Runs the AVX2+FMA build of [`attend_group_body`] where the CPU has it
     /// (checked once, cached by std).
     #[allow(clippy::too_many_arguments)]
@@ -505,7 +546,6 @@ crate::simd::avx2_fma_dispatch! {
         kvh: usize,
         table: &BlockTable,
         pos: usize,
-        window: Option<usize>,
         scratch: &mut AttnScratch,
         out: &mut [f32],
     ) => attend_group_body
@@ -527,7 +567,6 @@ fn attend_group_body(
     kvh: usize,
     table: &BlockTable,
     pos: usize,
-    window: Option<usize>,
     scratch: &mut AttnScratch,
     out: &mut [f32],
 ) {
@@ -589,11 +628,9 @@ fn attend_group_body(
             }
         }
     }
-    // 2. softmax per head; a sliding window's earlier positions weigh nothing
-    let hidden = window.map_or(0, |w| (pos + 1).saturating_sub(w)).min(n);
+    // 2. softmax per head
     for j in 0..group {
         let sc = &mut scores[j * n..(j + 1) * n];
-        sc[..hidden].fill(f32::NEG_INFINITY);
         let max = sc.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let inv = 1.0 / exp_sub_sum(sc, max);
         sc.iter_mut().for_each(|p| *p *= inv);

@@ -1,8 +1,9 @@
 //! The sampler: a paged-KV engine that generates many completions per problem.
 //!
 //! `block_pool` (blocks, ref counts, block tables, copy on write), `kv_cache` (the paged cache
-//! and the CPU attention backend over it) and `state_slots` (recurrent layers' per-sequence
-//! states) are the memory layer; `scheduler`, `sampling` and
+//! and the CPU attention backend over it), `state_slots` (per-sequence states of recurrent
+//! layers, and the rings of sliding-window layers) and `window_ring` (attention over those
+//! rings) are the memory layer; `scheduler`, `sampling` and
 //! `engine` build on them, and `gpu` (the `cuda` feature) is the device side of the cache and the
 //! draw. The sampling job that feeds it problems and writes Parquet is [`crate::jobs::sample`].
 //! Knows nothing of Parquet, grading or stages.
@@ -17,6 +18,7 @@ pub mod params;
 pub mod sampling;
 pub mod scheduler;
 pub mod state_slots;
+pub mod window_ring;
 
 #[cfg(test)]
 mod tests;

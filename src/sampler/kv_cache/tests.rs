@@ -4,6 +4,7 @@ use super::*;
 use crate::model::attention::attend_one;
 use crate::model::block_attention::causal_mask;
 use crate::sampler::block_pool::BlockPool;
+use crate::sampler::state_slots::StateSlots;
 
 fn values(len: usize, seed: usize) -> Vec<f32> {
     (0..len)
@@ -14,7 +15,8 @@ fn values(len: usize, seed: usize) -> Vec<f32> {
 /// Every kernel (block sizes 32, 24, 16, 8, 4 and 5; head sizes 64, 40, 32, 24, 16, 12, 8
 /// and 6; query groups 1, 2, 3, 4 and 8, which the 8-lane kernels take in runs of 4, 2 and
 /// 1 heads): a prefill chunk then decode steps of three sequences through scattered
-/// blocks give what attention over the whole sequence gives.
+/// blocks give what attention over the whole sequence gives; and a sliding-window layer's
+/// rings (prefill chunks longer than the window included) what a windowed mask gives.
 #[test]
 fn paged_attention_equals_attention_over_the_whole_sequence() {
     for &(bs, d, hq, hkv) in &[
@@ -28,16 +30,20 @@ fn paged_attention_equals_attention_over_the_whole_sequence() {
         (8, 16, 8, 1),
         (24, 40, 2, 2),
     ] {
+        // layer 1 is a sliding-window layer: each token sees its last 7 positions, kept in a
+        // ring per sequence (in the state slots), not in the blocks
         let cfg = ModelConfig::parse(&format!(
-            r#"{{"model_type": "qwen3", "hidden_size": {h}, "intermediate_size": 8,
+            r#"{{"model_type": "gemma3_text", "hidden_size": {h}, "intermediate_size": 8,
             "num_hidden_layers": 2, "num_attention_heads": {hq}, "num_key_value_heads": {hkv},
-            "head_dim": {d}, "vocab_size": 8, "rms_norm_eps": 1e-6,
-            "max_position_embeddings": 512, "tie_word_embeddings": true,
-            "rope_theta": 10000.0}}"#,
+            "head_dim": {d}, "vocab_size": 8, "max_position_embeddings": 512,
+            "layer_types": ["full_attention", "sliding_attention"], "sliding_window": 7}}"#,
             h = hq * d
         ))
         .unwrap();
+        assert_eq!(cfg.kv_layers(), vec![0]);
         let mut cache = KvCache::new(&cfg, bs, 64);
+        let mut states = StateSlots::new(&cfg, 3);
+        let ring_slots: Vec<usize> = (0..3).map(|_| states.alloc().unwrap()).collect();
         let mut pool = BlockPool::new(64);
         // take some blocks first, so that the tables are not in order
         let mut spare = BlockTable::default();
@@ -58,7 +64,6 @@ fn paged_attention_equals_attention_over_the_whole_sequence() {
             .collect();
         let prefill = [20usize, 9, 31];
         for layer in 0..2 {
-            // layer 1 is a sliding-window layer: each token sees its last 7 positions
             let window = (layer == 1).then_some(7);
             let mut done = [0usize; 3];
             let mut step = 0;
@@ -92,6 +97,7 @@ fn paged_attention_equals_attention_over_the_whole_sequence() {
                     .collect();
                 let mut out = vec![f32::NAN; t * hq * d];
                 PagedAttention::new(&mut cache, seqs)
+                    .with_states(&mut states, ring_slots.clone())
                     .attend_host(layer, &q, &k, &v, (t, hq, hkv, d), window, &mut out)
                     .unwrap();
                 // the reference: each sequence's new tokens over its whole prefix
