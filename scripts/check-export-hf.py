@@ -1,7 +1,7 @@
 """Reloads a fine-tuned export in Hugging Face transformers and checks it against its base: the
 same model class, the vision tower (and any tensor training does not touch) bit-identical, every
 trained tensor as the export's safetensors hold it, and a forward pass that runs. A helper for
-the multimodal layouts (Qwen3.5); CI does not run it (it needs torch and transformers).
+the multimodal layouts (Qwen3.5, Gemma 3); CI does not run it (it needs torch and transformers).
 
     python3 -m venv /tmp/hf && /tmp/hf/bin/pip install torch transformers safetensors
     /tmp/hf/bin/python scripts/check-export-hf.py EXPORT_DIR BASE_DIR
@@ -23,6 +23,24 @@ def tensors(folder):
     return out
 
 
+# Tensors a fine-tune leaves as they are (vision towers, projectors, MTP heads).
+CARRIED = ("model.visual.", "mtp.", "vision_tower.", "multi_modal_projector.")
+
+
+def loaded_name(name, loaded):
+    """The in-memory name of a saved tensor: the same, or for Gemma 3's multimodal class as
+    transformers renames its checkpoint layout on load (`language_model.model.` ->
+    `model.language_model.`, `vision_tower.` -> `model.vision_tower.`, ...)."""
+    if name in loaded:
+        return name
+    for saved, mem in (("language_model.model.", "model.language_model."),
+                       ("vision_tower.", "model.vision_tower."),
+                       ("multi_modal_projector.", "model.multi_modal_projector.")):
+        if name.startswith(saved) and mem + name[len(saved):] in loaded:
+            return mem + name[len(saved):]
+    return None
+
+
 def main(export, base):
     arch = json.load(open(f"{export}/config.json"))["architectures"][0]
     assert arch == json.load(open(f"{base}/config.json"))["architectures"][0], "class changed"
@@ -34,11 +52,11 @@ def main(export, base):
     ours, before = tensors(export), tensors(base)
     changed = same = 0
     for name, t in ours.items():
-        key = name if name in loaded else None
+        key = loaded_name(name, loaded)
         if key is None:
             raise SystemExit(f"{name} of the export is not in the reloaded model")
         assert torch.equal(loaded[key].float(), t.float()), f"{name} reloaded differently"
-        if name.startswith("model.visual.") or name.startswith("mtp."):
+        if name.startswith(CARRIED):
             assert torch.equal(t, before[name]), f"{name} (not trained) changed"
             same += 1
         elif not torch.equal(t, before[name]):

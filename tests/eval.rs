@@ -618,18 +618,24 @@ fn qwen3_5_runs_the_whole_pipeline() {
 }
 
 /// `pipeline run all` on the Qwen2 fixtures (tied fp32, and untied bf16 shards with one KV
-/// head): the trained model is a Qwen2 checkpoint again. These random models end nearly every
-/// sample at max_new_tokens (truncated, so never kept), so the filter grades the toy set's
-/// worked solutions instead of the samples.
+/// head) and the Gemma 3 ones (text-only f32, and the multimodal layout in bf16 shards, both
+/// with windows shorter than the prompts): the trained model is a checkpoint of its base's class
+/// again. These random models end nearly every sample at max_new_tokens (truncated, so never
+/// kept), so the filter grades the toy set's worked solutions instead of the samples.
 #[test]
-fn qwen2_runs_the_whole_pipeline() {
-    for name in ["qwen2-a", "qwen2-b"] {
+fn qwen2_and_gemma3_run_the_whole_pipeline() {
+    for (name, class) in [
+        ("qwen2-a", "Qwen2ForCausalLM"),
+        ("qwen2-b", "Qwen2ForCausalLM"),
+        ("gemma3-a", "Gemma3ForCausalLM"),
+        ("gemma3-b", "Gemma3ForConditionalGeneration"),
+    ] {
         let model = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("tests/fixtures")
             .join(name);
         let (_, trained) = runs_the_whole_pipeline(&model, true);
         let config = std::fs::read_to_string(trained.join("config.json")).unwrap();
-        assert!(config.contains("Qwen2ForCausalLM"), "{config}");
+        assert!(config.contains(class), "{config}");
     }
 }
 
