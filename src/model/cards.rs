@@ -53,9 +53,47 @@ const QWEN3_5: &[Qwen35Card] = &[
     ("Qwen/Qwen3.5-9B", 4096, 12288, 32, 16, 4, 32, false),
 ];
 
+/// The Gemma 3 cards: their hub config.json files as published (transformers 4.50's layout:
+/// `rope_theta`, `rope_local_base_freq`, `sliding_window_pattern`). gemma-3-4b-it's
+/// `text_config` lists only what differs from `Gemma3TextConfig`'s defaults, which the reader
+/// fills in as transformers does.
+const GEMMA3: &[(&str, &str)] = &[
+    (
+        "google/gemma-3-1b-it",
+        r#"{"architectures": ["Gemma3ForCausalLM"], "attention_bias": false,
+        "attention_dropout": 0.0, "attn_logit_softcapping": null, "bos_token_id": 2,
+        "cache_implementation": "hybrid", "eos_token_id": [1, 106],
+        "final_logit_softcapping": null, "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+        "initializer_range": 0.02, "intermediate_size": 6912, "max_position_embeddings": 32768,
+        "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26,
+        "num_key_value_heads": 1, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+        "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000, "rope_scaling": null,
+        "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+        "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "use_cache": true,
+        "vocab_size": 262144}"#,
+    ),
+    (
+        "google/gemma-3-4b-it",
+        r#"{"architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+        "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+        "initializer_range": 0.02, "mm_tokens_per_image": 256, "model_type": "gemma3",
+        "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+        "model_type": "gemma3_text", "num_hidden_layers": 34,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "sliding_window": 1024},
+        "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+        "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+        "model_type": "siglip_vision_model", "num_attention_heads": 16,
+        "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": false}}"#,
+    ),
+];
+
 /// The config of a known hub id (`hf://` prefix allowed), or `None`.
 pub fn card(id: &str) -> Option<Result<ModelConfig>> {
     let id = id.strip_prefix("hf://").unwrap_or(id);
+    if let Some((_, json)) = GEMMA3.iter().find(|c| c.0 == id) {
+        return Some(ModelConfig::parse(json));
+    }
     if let Some(&(_, h, i, l, q, kv, nv, tied)) = QWEN3_5.iter().find(|c| c.0 == id) {
         let json = format!(
             r#"{{"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
@@ -105,6 +143,7 @@ pub fn known() -> Vec<&'static str> {
         .map(|c| c.0)
         .chain(QWEN3_5.iter().map(|c| c.0))
         .chain(QWEN2.iter().map(|c| c.0))
+        .chain(GEMMA3.iter().map(|c| c.0))
         .collect()
 }
 
@@ -149,6 +188,54 @@ mod tests {
             assert_eq!(cfg.family, super::super::Family::Qwen2, "{id}");
             assert!(cfg.attention_bias && !cfg.qk_norm, "{id}");
             assert_eq!(cfg.num_params(), params, "{id}");
+        }
+    }
+
+    /// The Gemma 3 cards: five sliding-window layers to a full one, and the text models'
+    /// parameter counts (gemma-3-1b-it's 999,885,952 as its safetensors metadata gives it;
+    /// gemma-3-4b-it's 4,300,079,472 there count its SigLIP tower and projector, 419,816,304,
+    /// which the text model does not load).
+    #[test]
+    fn gemma3_cards_interleave_sliding_layers_with_the_published_sizes() {
+        use super::super::{LayerCache, LayerKind, RopeScaling};
+        for (id, params, layers, window, prefix, scaling) in [
+            ("google/gemma-3-1b-it", 999_885_952, 26, 512, "model", None),
+            (
+                "hf://google/gemma-3-4b-it",
+                4_300_079_472 - 419_816_304,
+                34,
+                1024,
+                "language_model.model",
+                Some(RopeScaling::Linear(8.0)),
+            ),
+        ] {
+            let cfg = card(id).unwrap().unwrap();
+            assert_eq!(cfg.family, super::super::Family::Gemma3, "{id}");
+            assert_eq!(cfg.num_params(), params, "{id}");
+            assert_eq!(cfg.num_layers(), layers, "{id}");
+            assert_eq!(cfg.weights_prefix, prefix, "{id}");
+            assert_eq!(cfg.rope_scaling, scaling, "{id}");
+            assert_eq!(cfg.sliding_rope.map(|r| r.theta), Some(10_000.0), "{id}");
+            assert_eq!(cfg.dtype, "bfloat16", "{id}");
+            // every 6th layer is full attention, and only those keep keys per token
+            let full: Vec<usize> = (0..layers).filter(|i| (i + 1) % 6 == 0).collect();
+            assert_eq!(cfg.kv_layers(), full, "{id}");
+            assert!(cfg
+                .layer_kinds
+                .iter()
+                .enumerate()
+                .all(|(i, k)| { (*k == LayerKind::Attention) == full.contains(&i) }));
+            let ring = LayerCache::Window {
+                kv_heads: cfg.num_kv_heads,
+                head_dim: 256,
+                window,
+            };
+            assert_eq!(cfg.layer_cache(0), ring, "{id}");
+            assert_eq!(
+                cfg.state_values_per_seq(),
+                (layers - full.len()) * ring.fixed_values(),
+                "{id}"
+            );
         }
     }
 
