@@ -1,5 +1,5 @@
-//! Our model against a second, independent implementation: candle-transformers' Qwen2, Qwen3
-//! and Llama (a dev-dependency on our candle version), on the fixtures transformers made. Every
+//! Our model against a second, independent implementation: candle-transformers' Qwen2, Qwen3,
+//! Llama and Gemma 3 (a dev-dependency on our candle version), on the fixtures transformers made. Every
 //! prompt's last-position logits agree within f32 rounding, so a mistake shared by our code and
 //! our reading of the transformers fixtures would still show here.
 //!
@@ -95,7 +95,12 @@ fn qwen3_logits_equal_candle_transformers() {
         candle_transformers::models::qwen3::ModelForCausalLM::new(&cfg, weights(&dir)).unwrap();
     agree(&dir, TOL, |x| {
         m.clear_kv_cache();
-        m.forward(x, 0).unwrap()
+        let n = x.dim(1).unwrap();
+        let mut last = None;
+        for i in 0..n {
+            last = Some(m.forward(&x.narrow(1, i, 1).unwrap(), i).unwrap());
+        }
+        last.unwrap()
     });
 }
 
@@ -126,5 +131,57 @@ fn llama_logits_equal_candle_transformers() {
             candle_transformers::models::llama::Cache::new(false, DType::F32, &cfg, &Device::Cpu)
                 .unwrap();
         m.forward(x, 0, &mut cache).unwrap()
+    });
+}
+
+/// Gemma 3 (gemma3-a: `gemma3_text`, sliding layers of a 4-token window beside a full one),
+/// given to candle-transformers' Gemma 3 in the older layout it reads (`sliding_window_pattern`,
+/// `rope_local_base_freq`). Its prefill cannot be the reference: its rotating KV cache refuses
+/// a prompt longer than the window in one call (it appends the values' non-contiguous
+/// transpose), and its prefill mask lets a query see `sliding_window + 1` keys (`j +
+/// sliding_window < i` masked; transformers masks `i - j >= sliding_window`, and its own decode
+/// path keeps `sliding_window`). So the prompt goes in a token at a time, through the rotating
+/// cache, which agrees with transformers. It also scales scores by `1 / sqrt(head_dim)` whatever
+/// `query_pre_attn_scalar` says (equal in the published Gemma 3 models, not in the fixture: 16
+/// and 24): its q-norm weights are given as `(1 + w) * sqrt(16 / 24) - 1`, which scales its
+/// queries, hence its scores, by exactly what the scalar asks. gemma3-b is not compared:
+/// candle-transformers has neither linear RoPE scaling nor the multimodal layout.
+#[test]
+fn gemma3_logits_equal_candle_transformers() {
+    let dir = repo_fixture("gemma3-a");
+    let ours = Checkpoint::open(dir.to_str().unwrap()).unwrap().config;
+    let mut v = candle_config(&dir);
+    let o = v.as_object_mut().unwrap();
+    let rope = o["rope_parameters"].clone();
+    o.insert(
+        "rope_theta".into(),
+        rope["full_attention"]["rope_theta"].clone(),
+    );
+    o.insert(
+        "rope_local_base_freq".into(),
+        rope["sliding_attention"]["rope_theta"].clone(),
+    );
+    // layers [sliding, sliding, full, sliding]: every third is full
+    o.insert("sliding_window_pattern".into(), 3.into());
+    o.insert("sliding_window".into(), ours.sliding_window.unwrap().into());
+    let cfg: candle_transformers::models::gemma3::Config = serde_json::from_value(v).unwrap();
+    let ck = Checkpoint::open(dir.to_str().unwrap()).unwrap();
+    let mut tensors = candle_core::safetensors::load(&ck.weights[0], &Device::Cpu).unwrap();
+    let c = (ours.head_dim as f64 / ours.query_pre_attn_scalar.unwrap()).sqrt();
+    for (name, t) in tensors.iter_mut() {
+        if name.ends_with("q_norm.weight") {
+            *t = t.affine(1.0, 1.0).unwrap().affine(c, -1.0).unwrap();
+        }
+    }
+    let vb = VarBuilder::from_tensors(tensors, DType::F32, &Device::Cpu);
+    let mut m = candle_transformers::models::gemma3::Model::new(false, &cfg, vb).unwrap();
+    agree(&dir, TOL, |x| {
+        m.clear_kv_cache();
+        let n = x.dim(1).unwrap();
+        let mut last = None;
+        for i in 0..n {
+            last = Some(m.forward(&x.narrow(1, i, 1).unwrap(), i).unwrap());
+        }
+        last.unwrap()
     });
 }
