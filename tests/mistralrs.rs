@@ -112,6 +112,108 @@ fn qwen2_greedy_tokens_agree_with_ours() {
     }
 }
 
+/// The Gemma 3 fixtures through mistral.rs's Gemma 3, with their windows lifted past prompt
+/// plus generation (64 tokens): the same greedy tokens and log-probabilities as ours, so the
+/// sandwich norms, gelu-tanh, scaled embeddings, `query_pre_attn_scalar` and RoPE by layer type
+/// (linear x8 on gemma3-b's full layer) agree. Within a binding window they cannot: mistral.rs
+/// 0.8.1's prefill mask lets a sliding layer's query see `sliding_window + 1` keys (`j +
+/// sliding_window < i` masked; transformers, whose logits ours equal, masks `i - j >=
+/// sliding_window`), and its decode steps follow yet another count, so no window given to it
+/// reproduces transformers' model (with the fixtures' windows the first token's log-probability
+/// is -4.467 there against transformers' and our -4.340). The sample job warns of it.
+///
+/// mistral.rs reads the layout the hub's Gemma 3 checkpoints ship (transformers 4.50:
+/// `sliding_window_pattern`, `rope_theta`, `rope_local_base_freq`, `rope_scaling`), not the
+/// fixtures' (transformers 5: `layer_types`, `rope_parameters` by layer type): each fixture is
+/// copied with its config in that layout, which our reader takes for the same model.
+#[test]
+fn gemma3_greedy_tokens_agree_with_ours() {
+    for name in ["gemma3-a", "gemma3-b"] {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures")
+            .join(name);
+        let tmp = tempfile::tempdir().unwrap();
+        let dst = tmp.path().join(name);
+        std::fs::create_dir(&dst).unwrap();
+        for e in std::fs::read_dir(&src).unwrap() {
+            let e = e.unwrap();
+            if e.file_type().unwrap().is_file() {
+                std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+            }
+        }
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(src.join("config.json")).unwrap()).unwrap();
+        let text = match config.get_mut("text_config") {
+            Some(t) => t,
+            None => &mut config,
+        };
+        let t = text.as_object_mut().unwrap();
+        let rope = t.remove("rope_parameters").unwrap();
+        t.remove("layer_types");
+        t.remove("_sliding_window_pattern");
+        // layers [sliding, sliding, full, sliding(, sliding)]: every third is full
+        t.insert("sliding_window_pattern".into(), 3.into());
+        let full = &rope["full_attention"];
+        t.insert("rope_theta".into(), full["rope_theta"].clone());
+        t.insert(
+            "rope_local_base_freq".into(),
+            rope["sliding_attention"]["rope_theta"].clone(),
+        );
+        if full["rope_type"] == "linear" {
+            let scaling = serde_json::json!({"rope_type": "linear", "factor": full["factor"]});
+            t.insert("rope_scaling".into(), scaling);
+        }
+        std::fs::write(dst.join("config.json"), config.to_string()).unwrap();
+        let ours = |d: &Path| Checkpoint::open(d.to_str().unwrap()).unwrap().config;
+        assert_eq!(
+            ours(&dst),
+            ours(&src),
+            "{name}: the same model in the older layout"
+        );
+        let text = match config.get_mut("text_config") {
+            Some(t) => t,
+            None => &mut config,
+        };
+        text["sliding_window"] = 64.into();
+        std::fs::write(dst.join("config.json"), config.to_string()).unwrap();
+        hub_vision_names(&dst);
+        greedy_tokens_agree(&dst);
+    }
+}
+
+/// The vision tower's tensors of a multimodal Gemma 3 copy renamed as the hub's checkpoints
+/// (and mistral.rs) name them: transformers 5.24 saves `vision_tower.embeddings...`, the hub's
+/// files hold `vision_tower.vision_model.embeddings...`. Our loader reads neither.
+fn hub_vision_names(dir: &Path) {
+    let index = dir.join("model.safetensors.index.json");
+    if !index.exists() {
+        return;
+    }
+    let rename = |n: &str| match n.strip_prefix("vision_tower.") {
+        Some(rest) if !rest.starts_with("vision_model.") => {
+            format!("vision_tower.vision_model.{rest}")
+        }
+        _ => n.to_string(),
+    };
+    let mut idx: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
+    let map = idx["weight_map"].as_object().unwrap().clone();
+    let files: std::collections::BTreeSet<String> = map
+        .values()
+        .map(|f| f.as_str().unwrap().to_string())
+        .collect();
+    for f in &files {
+        let tensors = candle_core::safetensors::load(dir.join(f), &Device::Cpu).unwrap();
+        let renamed: std::collections::HashMap<String, candle_core::Tensor> =
+            tensors.into_iter().map(|(n, t)| (rename(&n), t)).collect();
+        candle_core::safetensors::save(&renamed, dir.join(f)).unwrap();
+    }
+    let renamed: serde_json::Map<String, serde_json::Value> =
+        map.into_iter().map(|(n, f)| (rename(&n), f)).collect();
+    idx["weight_map"] = renamed.into();
+    std::fs::write(&index, idx.to_string()).unwrap();
+}
+
 /// Greedy samples of `model` by both engines: the same tokens and raw log-probabilities until a
 /// near-tie of our top two, and the same Parquet schema.
 fn greedy_tokens_agree(model: &Path) {

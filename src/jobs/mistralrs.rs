@@ -280,6 +280,7 @@ impl MistralRsEngine {
             );
             opts.max_num_seqs = 1;
         }
+        warn_of_windows(&opts)?;
         let model = load(&rt, &opts)?;
         let (replies_tx, replies) = mpsc::channel();
         Ok(MistralRsEngine {
@@ -461,10 +462,32 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("cannot start the tokio runtime for mistral.rs")
 }
 
+/// Warns where mistral.rs computes another model than the checkpoint's: its Gemma 3 (0.8.1)
+/// lets a sliding-window layer's query see one key more than transformers does at prefill (it
+/// masks `j + sliding_window < i`, transformers `i - j >= sliding_window`), and its decode steps
+/// keep another count, so once prompt plus generation pass the window its samples are not the
+/// model's (tests/mistralrs.rs measures them equal to ours only with the window lifted).
+fn warn_of_windows(opts: &Options) -> Result<()> {
+    let cfg = crate::model::ModelConfig::load(&opts.model_dir.join("config.json"))?;
+    if let (crate::model::Family::Gemma3, Some(w)) = (cfg.family, cfg.sliding_window) {
+        if opts.context > w {
+            tracing::warn!(
+                "mistralrs engine: contexts up to {} tokens pass Gemma 3's {w}-token sliding \
+                 window, where mistral.rs 0.8.1's attention sees other keys than transformers' \
+                 (and ours): its samples there are not the model's; `--engine selfdistill` \
+                 follows transformers",
+                opts.context
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Loads the model into mistral.rs: the local folder, our dtype and device, no hub token, no
 /// prefix cache; paged attention on a GPU (mistral.rs has none on the CPU). A checkpoint in a
-/// multimodal layout (`*ForConditionalGeneration`: Qwen3.5) loads through mistral.rs's
-/// multimodal builder, which takes the same token prompts.
+/// multimodal layout (`*ForConditionalGeneration`: Qwen3.5, Gemma 3), and Gemma 3's text-only
+/// `Gemma3ForCausalLM`, load through mistral.rs's multimodal builder, which takes the same token
+/// prompts.
 fn load(rt: &tokio::runtime::Runtime, opts: &Options) -> Result<mistralrs::Model> {
     let dtype = match opts.dtype {
         DType::F32 => ModelDType::F32,
@@ -494,7 +517,9 @@ fn load(rt: &tokio::runtime::Runtime, opts: &Options) -> Result<mistralrs::Model
     };
     let config = std::fs::read_to_string(opts.model_dir.join("config.json"))
         .with_context(|| format!("cannot read {}/config.json", opts.model_dir.display()))?;
-    let multimodal = config.contains("ForConditionalGeneration");
+    // mistral.rs serves Gemma 3's text-only class through its multimodal loader too
+    let multimodal =
+        config.contains("ForConditionalGeneration") || config.contains("\"Gemma3ForCausalLM\"");
     let id = opts.model_dir.display().to_string();
     macro_rules! configured {
         ($builder:expr) => {{
