@@ -28,7 +28,8 @@ use crate::sampler::state_slots::StateSlots;
 pub struct SampleBenchArgs {
     /// `tiny` (the fixture's shapes), `20m` (a ~20M-parameter Qwen3), `qwen3-0.6b`, `qwen3-4b`,
     /// `qwen2.5-1.5b` (Qwen2: q/k/v biases), `hybrid-20m` (a ~20M-parameter Qwen3.5: Gated
-    /// DeltaNet and gated attention) or `qwen3.5-0.8b`; `qwen2:NAME` is a Qwen3 shape as Qwen2.
+    /// DeltaNet and gated attention) or `qwen3.5-0.8b`; `qwen2:NAME` is a Qwen3 shape as Qwen2,
+    /// `gemma3:NAME` as Gemma 3 (and `gemma3-1b`).
     #[arg(long, default_value = "20m")]
     pub shape: String,
     /// Batch sizes (comma-separated).

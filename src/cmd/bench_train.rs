@@ -29,7 +29,7 @@ use crate::train::Trainable;
 pub struct TrainBenchArgs {
     /// `tiny` (the fixture's shapes), `20m`, `50m` (a ~48M-parameter Qwen3), `qwen3-0.6b`,
     /// `qwen3-4b`, `qwen2.5-1.5b` (Qwen2: q/k/v biases), `hybrid-20m` or `qwen3.5-0.8b`;
-    /// `qwen2:NAME` is a Qwen3 shape as Qwen2.
+    /// `qwen2:NAME` is a Qwen3 shape as Qwen2, `gemma3:NAME` as Gemma 3 (and `gemma3-1b`).
     #[arg(long, default_value = "50m")]
     pub shape: String,
     /// Rows per step.

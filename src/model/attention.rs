@@ -133,8 +133,7 @@ impl CausalAttention {
 }
 
 impl AttentionBackend for CausalAttention {
-    /// The fused CPU kernel for full attention; the block attention (every device) otherwise,
-    /// and for sliding windows, which the fused kernel does not have.
+    /// The fused CPU kernel (f32 on the CPU); the block attention (every device) otherwise.
     fn attend(
         &mut self,
         _layer: usize,
@@ -143,8 +142,8 @@ impl AttentionBackend for CausalAttention {
         v: &Tensor,
         window: Option<usize>,
     ) -> Result<Tensor> {
-        if !self.composed && window.is_none() && super::diff_ops::supported(q) {
-            return super::fused_attention::fused_causal(q, k, v, &self.seq_lens);
+        if !self.composed && super::diff_ops::supported(q) {
+            return super::fused_attention::fused_causal(q, k, v, &self.seq_lens, window);
         }
         let mut outs = Vec::with_capacity(self.seq_lens.len());
         let mut start = 0;

@@ -7,8 +7,9 @@
 //! each query row's scores into a scratch row, softmaxes it and accumulates the output; the
 //! backward recomputes the row's probabilities from q and k (as flash attention does) and
 //! accumulates dQ, dK and dV. Tasks run on rayon; a task owns its KV head's rows of dK and dV,
-//! so no two threads write one element. The result and the gradients equal the composed
-//! version's up to float summation order (tested).
+//! so no two threads write one element. A sliding window (a query sees the `window` keys ending
+//! at its own) zeroes the earlier keys' probabilities, in the backward too. The result and the
+//! gradients equal the composed version's up to float summation order (tested).
 //!
 //! Knows nothing of caches, weights or training: q (T, Hq, D), k and v (T, Hkv, D) in, the
 //! attention output (T, Hq, D) out, sequences laid end to end as `seq_lens` says.
@@ -25,13 +26,25 @@ use crate::simd::SendPtr;
 #[derive(Debug, Clone)]
 pub struct FusedCausal {
     seq_lens: Arc<Vec<usize>>,
+    window: Option<usize>,
 }
 
 /// Causal attention of `q` (T, Hq, D) over `k`, `v` (T, Hkv, D) within each sequence of
-/// `seq_lens`; differentiable. f32 tensors on the CPU only (see [`super::diff_ops::supported`]).
-pub fn fused_causal(q: &Tensor, k: &Tensor, v: &Tensor, seq_lens: &[usize]) -> Result<Tensor> {
+/// `seq_lens`, a query seeing the `window` keys ending at its own when given (a sliding-window
+/// layer); differentiable. f32 tensors on the CPU only (see [`super::diff_ops::supported`]).
+pub fn fused_causal(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seq_lens: &[usize],
+    window: Option<usize>,
+) -> Result<Tensor> {
+    if window == Some(0) {
+        candle_core::bail!("fused attention: a window of 0 keys")
+    }
     let op = FusedCausal {
         seq_lens: Arc::new(seq_lens.to_vec()),
+        window,
     };
     q.contiguous()?
         .apply_op3(&k.contiguous()?, &v.contiguous()?, op)
@@ -44,10 +57,18 @@ struct Dims {
     hkv: usize,
     d: usize,
     scale: f32,
+    /// The keys a query sees, ending at its own (`usize::MAX`: all earlier ones).
+    window: usize,
 }
 
 impl Dims {
-    fn of(q: &[usize], k: &[usize], v: &[usize], seq_lens: &[usize]) -> Result<Dims> {
+    fn of(
+        q: &[usize],
+        k: &[usize],
+        v: &[usize],
+        seq_lens: &[usize],
+        window: Option<usize>,
+    ) -> Result<Dims> {
         let (&[t, hq, d], &[tk, hkv, dk], &[tv, hv, dv]) = (q, k, v) else {
             candle_core::bail!("fused attention wants rank-3 q, k, v, got {q:?} {k:?} {v:?}")
         };
@@ -65,6 +86,7 @@ impl Dims {
             hkv,
             d,
             scale: 1.0 / (d as f32).sqrt(),
+            window: window.unwrap_or(usize::MAX),
         })
     }
 
@@ -98,7 +120,7 @@ impl CustomOp3 for FusedCausal {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let dims = Dims::of(l1.dims(), l2.dims(), l3.dims(), &self.seq_lens)?;
+        let dims = Dims::of(l1.dims(), l2.dims(), l3.dims(), &self.seq_lens, self.window)?;
         let (q, k, v) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
         let mut out = vec![0f32; q.len()];
         let ptr = SendPtr(out.as_mut_ptr());
@@ -120,7 +142,7 @@ impl CustomOp3 for FusedCausal {
         res: &Tensor,
         grad_res: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let dims = Dims::of(q.dims(), k.dims(), v.dims(), &self.seq_lens)?;
+        let dims = Dims::of(q.dims(), k.dims(), v.dims(), &self.seq_lens, self.window)?;
         let grad_res = grad_res.contiguous()?;
         let views = [view(q)?, view(k)?, view(v)?, view(res)?, view(&grad_res)?];
         let (qv, kv, vv, ov, gv) = (
@@ -347,15 +369,26 @@ mod kernels {
     /// Row `i`'s probabilities over keys `0..n` into `p[..n]` from the scaled query `qs`, and
     /// zeros in `p[n..n32]`.
     #[inline(always)]
-    fn probs<const F: bool>(qs: &[f32], kt: &[f32], lp: usize, n: usize, p: &mut [f32]) {
+    /// A query's probabilities over keys `0..n` into `p`: zero before `n - window` (a sliding
+    /// window's earlier keys, whose scores are computed and dropped), and past `n`.
+    fn probs<const F: bool>(
+        qs: &[f32],
+        kt: &[f32],
+        lp: usize,
+        n: usize,
+        window: usize,
+        p: &mut [f32],
+    ) {
         let n32 = n.div_ceil(CH) * CH;
         times_rows::<F>(qs, kt, lp, n, p);
-        let max = crate::simd::lane_max(&p[..n]);
-        let sum = crate::simd::exp_sub_sum(&mut p[..n], max);
+        let lo = n.saturating_sub(window);
+        let max = crate::simd::lane_max(&p[lo..n]);
+        let sum = crate::simd::exp_sub_sum(&mut p[lo..n], max);
         let inv = 1.0 / sum;
-        for s in p[..n].iter_mut() {
+        for s in p[lo..n].iter_mut() {
             *s *= inv;
         }
+        p[..lo].fill(0.0);
         p[n..n32].fill(0.0);
     }
 
@@ -384,7 +417,7 @@ mod kernels {
                     *s = x * dims.scale;
                 }
                 let n = i + 1;
-                probs::<F>(&qs, &kt, lp, n, &mut p);
+                probs::<F>(&qs, &kt, lp, n, dims.window, &mut p);
                 // SAFETY: `row..row + d` is this task's output row (the caller's promise).
                 let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(row), d) };
                 weighted_sum::<F>(&p, &v[(start * dims.hkv + g) * d..], dims.hkv * d, n, dst);
@@ -438,7 +471,7 @@ mod kernels {
                         *s = x * dims.scale;
                     }
                     let n = i + 1;
-                    probs::<F>(&qs, &kt, lp, n, p);
+                    probs::<F>(&qs, &kt, lp, n, dims.window, p);
                     p[n.div_ceil(CH) * CH..n32].fill(0.0);
                     // dS_j = P_j (dP_j - dO_i · O_i), with dP_j = dO_i · V_j; the scale of the
                     // scores is folded in.
@@ -481,11 +514,17 @@ mod tests {
     use super::fused_causal;
     use crate::model::tests::max_abs_diff;
 
-    fn composed(q: &Tensor, k: &Tensor, v: &Tensor, seq_lens: &[usize]) -> Tensor {
+    fn composed(
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        seq_lens: &[usize],
+        window: Option<usize>,
+    ) -> Tensor {
         let mut outs = Vec::new();
         let mut start = 0;
         for &len in seq_lens {
-            let mask = causal_mask(len, len, 0, None, q.device()).unwrap();
+            let mask = causal_mask(len, len, 0, window, q.device()).unwrap();
             outs.push(
                 attend_one(
                     &q.narrow(0, start, len).unwrap(),
@@ -501,14 +540,19 @@ mod tests {
     }
 
     /// Output and all three gradients equal the composed ops', for GQA, MQA and plain heads,
-    /// head dims with and without a tail past the 8 lanes, and packed sequences of mixed length.
+    /// head dims with and without a tail past the 8 lanes, packed sequences of mixed length,
+    /// and sliding windows shorter and longer than the sequences.
     #[test]
     fn matches_the_composed_attention_and_its_gradients() {
         let dev = Device::Cpu;
-        for (hq, hkv, d, seq_lens) in [
-            (4, 2, 16, vec![5, 1, 9]),
-            (4, 1, 12, vec![7]),
-            (2, 2, 64, vec![3, 17, 2]),
+        for (hq, hkv, d, seq_lens, window) in [
+            (4, 2, 16, vec![5, 1, 9], None),
+            (4, 1, 12, vec![7], None),
+            (2, 2, 64, vec![3, 17, 2], None),
+            (4, 2, 16, vec![5, 1, 9], Some(3)),
+            (4, 1, 12, vec![40], Some(1)),
+            (2, 2, 64, vec![3, 37, 2], Some(20)),
+            (4, 2, 8, vec![6], Some(64)),
         ] {
             let t: usize = seq_lens.iter().sum();
             let q = Var::from_tensor(&Tensor::randn(0f32, 1.0, (t, hq, d), &dev).unwrap()).unwrap();
@@ -518,18 +562,21 @@ mod tests {
                 Var::from_tensor(&Tensor::randn(0f32, 1.0, (t, hkv, d), &dev).unwrap()).unwrap();
             // A random upstream gradient, so every output element matters.
             let up = Tensor::randn(0f32, 1.0, (t, hq, d), &dev).unwrap();
-            let a = fused_causal(&q, &k, &v, &seq_lens).unwrap();
-            let b = composed(&q, &k, &v, &seq_lens);
+            let a = fused_causal(&q, &k, &v, &seq_lens, window).unwrap();
+            let b = composed(&q, &k, &v, &seq_lens, window);
             assert!(
                 max_abs_diff(&a, &b) < 1e-5,
-                "output differs for {hq}/{hkv}/{d}"
+                "output differs for {hq}/{hkv}/{d} window {window:?}"
             );
             let ga = (a * &up).unwrap().sum_all().unwrap().backward().unwrap();
             let gb = (b * &up).unwrap().sum_all().unwrap().backward().unwrap();
             for (name, x) in [("q", &q), ("k", &k), ("v", &v)] {
                 let (ga, gb) = (ga.get(x).unwrap(), gb.get(x).unwrap());
                 let diff = max_abs_diff(ga, gb);
-                assert!(diff < 1e-4, "d{name} differs by {diff} for {hq}/{hkv}/{d}");
+                assert!(
+                    diff < 1e-4,
+                    "d{name} differs by {diff} for {hq}/{hkv}/{d} window {window:?}"
+                );
             }
         }
     }

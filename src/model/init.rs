@@ -73,7 +73,7 @@ pub fn init_weights(cfg: &ModelConfig, init_std: f64, seed: u64) -> Result<Vec<(
 }
 
 /// The benchmark shapes: Qwen3 (tied embeddings), Qwen2 (`qwen2.5-1.5b`, or any Qwen3 shape's
-/// dims as Qwen2: `qwen2:20m`) and hybrid Qwen3.5 (`hybrid-20m`, and the text model of
+/// dims as Qwen2: `qwen2:20m`), Gemma 3 (`gemma3-1b`, or `gemma3:20m`) and hybrid Qwen3.5 (`hybrid-20m`, and the text model of
 /// `qwen3.5-0.8b`).
 pub fn shape(name: &str) -> Result<ModelConfig> {
     ModelConfig::parse(&shape_json(name)?)
@@ -85,10 +85,12 @@ pub fn shape_json(name: &str) -> Result<String> {
         return Ok(json);
     }
     // Qwen2 shapes: q/k/v biases, no q/k norms (Qwen2.5-1.5B's dims, and a small one)
-    let (family, name) = match name.strip_prefix("qwen2:") {
-        Some(rest) => ("qwen2", rest),
-        None if name == "qwen2.5-1.5b" => ("qwen2", "qwen2.5-1.5b"),
-        None => ("qwen3", name),
+    let (family, name) = match (name.strip_prefix("qwen2:"), name.strip_prefix("gemma3:")) {
+        (Some(rest), _) => ("qwen2", rest),
+        (_, Some(rest)) => ("gemma3_text", rest),
+        _ if name == "qwen2.5-1.5b" => ("qwen2", "qwen2.5-1.5b"),
+        _ if name == "gemma3-1b" => ("gemma3_text", "gemma3-1b"),
+        _ => ("qwen3", name),
     };
     let (h, i, l, q, kv, d, v) = match name {
         "tiny" => (64, 176, 2, 4, 2, 16, 485),
@@ -98,17 +100,34 @@ pub fn shape_json(name: &str) -> Result<String> {
         "qwen3-0.6b" => (1024, 3072, 28, 16, 8, 128, 151936),
         "qwen3-4b" => (2560, 9728, 36, 32, 8, 128, 151936),
         "qwen2.5-1.5b" => (1536, 8960, 28, 12, 2, 128, 151936),
+        "gemma3-1b" => (1152, 6912, 26, 4, 1, 256, 262144),
         other => bail!(
             "--shape {other}: use tiny, arith, 20m, 50m, qwen3-0.6b, qwen3-4b, qwen2.5-1.5b, \
-             hybrid-20m or qwen3.5-0.8b (`qwen2:20m`: a shape as Qwen2, with q/k/v biases)"
+             gemma3-1b, hybrid-20m or qwen3.5-0.8b (`qwen2:20m`: a shape as Qwen2, with q/k/v \
+             biases; `gemma3:20m`: as Gemma 3, five sliding-window layers of 512 tokens to a \
+             full one)"
         ),
     };
-    let json = format!(
-        r#"{{"model_type": "{family}", "hidden_size": {h}, "intermediate_size": {i},
-        "num_hidden_layers": {l}, "num_attention_heads": {q}, "num_key_value_heads": {kv},
-        "head_dim": {d}, "vocab_size": {v}, "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 40960, "tie_word_embeddings": true, "rope_theta": 1000000.0}}"#
-    );
+    let json = if family == "gemma3_text" {
+        // gemma-3-1b-it's layout: a full layer every sixth, the others a 512-token window
+        format!(
+            r#"{{"model_type": "gemma3_text", "hidden_size": {h}, "intermediate_size": {i},
+            "num_hidden_layers": {l}, "num_attention_heads": {q}, "num_key_value_heads": {kv},
+            "head_dim": {d}, "vocab_size": {v}, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 32768, "tie_word_embeddings": true,
+            "query_pre_attn_scalar": {d}, "sliding_window": 512, "sliding_window_pattern": 6,
+            "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0,
+            "hidden_activation": "gelu_pytorch_tanh"}}"#
+        )
+    } else {
+        format!(
+            r#"{{"model_type": "{family}", "hidden_size": {h}, "intermediate_size": {i},
+            "num_hidden_layers": {l}, "num_attention_heads": {q}, "num_key_value_heads": {kv},
+            "head_dim": {d}, "vocab_size": {v}, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 40960, "tie_word_embeddings": true,
+            "rope_theta": 1000000.0}}"#
+        )
+    };
     Ok(json)
 }
 

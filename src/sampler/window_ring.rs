@@ -19,7 +19,7 @@
 
 use rayon::prelude::*;
 
-use crate::simd::exp_sub_sum;
+use crate::simd::{dot_portable, exp_sub_sum};
 
 /// One sequence's share of a step: the position of its first new token and how many it brings.
 #[derive(Debug, Clone, Copy)]
@@ -71,50 +71,20 @@ pub fn attend(
         first += seq.num_new;
     }
     let group = hq / hkv;
-    let scale = 1.0 / (d as f32).sqrt();
     {
         let rings: Vec<&[f32]> = rings.iter().map(|r| &**r).collect();
         let job = |scores: &mut Vec<f32>, (c, o): (usize, &mut [f32])| {
             let (ti, kvh) = (c / hkv, c % hkv);
             let (s, pos, first) = tokens[ti];
-            let start = seqs[s].start;
-            let lo = (pos + 1).saturating_sub(window);
-            // the key and value rows of position `p` for this KV head
             let (kr, vr) = rings[s].split_at(window * row);
-            let key = |p: usize| -> &[f32] {
-                let at = if p < start {
-                    &kr[(p % window) * row..]
-                } else {
-                    &k[(first + p - start) * row..]
-                };
-                &at[kvh * d..kvh * d + d]
+            let qg = &q[(ti * hq + kvh * group) * d..][..group * d];
+            let at = Token {
+                start: seqs[s].start,
+                first,
+                pos,
+                kvh,
             };
-            let value = |p: usize| -> &[f32] {
-                let at = if p < start {
-                    &vr[(p % window) * row..]
-                } else {
-                    &v[(first + p - start) * row..]
-                };
-                &at[kvh * d..kvh * d + d]
-            };
-            scores.clear();
-            scores.resize(pos + 1 - lo, 0.0);
-            for (h, o) in o.chunks_mut(d).enumerate() {
-                let qh = &q[(ti * hq + kvh * group + h) * d..][..d];
-                for (sc, p) in scores.iter_mut().zip(lo..=pos) {
-                    let dot: f32 = qh.iter().zip(key(p)).map(|(a, b)| a * b).sum();
-                    *sc = dot * scale;
-                }
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let inv = 1.0 / exp_sub_sum(scores, max);
-                o.fill(0.0);
-                for (pr, p) in scores.iter().zip(lo..=pos) {
-                    let w = pr * inv;
-                    for (o, x) in o.iter_mut().zip(value(p)) {
-                        *o += w * x;
-                    }
-                }
-            }
+            attend_token(qg, (kr, vr), (k, v), at, (window, hkv, d), scores, o);
         };
         out.par_chunks_mut(group * d)
             .enumerate()
@@ -134,4 +104,74 @@ pub fn attend(
         first += seq.num_new;
     }
     Ok(())
+}
+
+/// Where one job's token is: its sequence's first new position, its own row in the step and
+/// position, and the KV head whose query heads the job computes.
+#[derive(Clone, Copy)]
+struct Token {
+    start: usize,
+    first: usize,
+    pos: usize,
+    kvh: usize,
+}
+
+crate::simd::avx2_fma_dispatch! {
+    /// One token's query heads `qg` (group x D) of one KV head over positions
+    /// `pos + 1 - window ..= pos`: those before the step from the ring (`kr`, `vr`), the
+    /// step's own from `k`, `v`; into `out` (group x D). The AVX2+FMA build where the CPU has
+    /// it; the same bits either way (the dot products' lanes and the sums run in one order).
+    fn attend_token(
+        qg: &[f32],
+        ring: (&[f32], &[f32]),
+        step: (&[f32], &[f32]),
+        at: Token,
+        shape: (usize, usize, usize),
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) => attend_token_body
+}
+
+#[inline(always)]
+fn attend_token_body(
+    qg: &[f32],
+    (kr, vr): (&[f32], &[f32]),
+    (k, v): (&[f32], &[f32]),
+    at: Token,
+    (window, hkv, d): (usize, usize, usize),
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let row = hkv * d;
+    let lo = (at.pos + 1).saturating_sub(window);
+    // the row of position `p` (this KV head's `d` values) in the ring or in the step
+    let at_row = |p: usize| -> std::ops::Range<usize> {
+        let base = if p < at.start {
+            (p % window) * row
+        } else {
+            (at.first + p - at.start) * row
+        };
+        base + at.kvh * d..base + at.kvh * d + d
+    };
+    let scale = 1.0 / (d as f32).sqrt();
+    scores.clear();
+    scores.resize(at.pos + 1 - lo, 0.0);
+    for (qh, o) in qg.chunks(d).zip(out.chunks_mut(d)) {
+        for (sc, p) in scores.iter_mut().zip(lo..=at.pos) {
+            let r = at_row(p);
+            let key = if p < at.start { &kr[r] } else { &k[r] };
+            *sc = dot_portable(qh, key) * scale;
+        }
+        let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let inv = 1.0 / exp_sub_sum(scores, max);
+        o.fill(0.0);
+        for (pr, p) in scores.iter().zip(lo..=at.pos) {
+            let r = at_row(p);
+            let value = if p < at.start { &vr[r] } else { &v[r] };
+            let w = pr * inv;
+            for (o, x) in o.iter_mut().zip(value) {
+                *o = w.mul_add(*x, *o);
+            }
+        }
+    }
 }

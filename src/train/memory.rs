@@ -186,13 +186,12 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
         match kind {
             // our ops: each norm's output (2h), o_proj, residuals and down (3h), the SwiGLU's
             // gate, up and product (3i); q/k/v, their norms and RoPE, the attention's output
-            LayerKind::Attention if host_ops => {
+            LayerKind::Attention | LayerKind::SlidingAttention if host_ops => {
                 5 * h + 3 * i + (hq + 2 * hkv) * d + 2 * (hq + hkv) * d + hq * d + gate + sandwich
             }
             // composed: two RMS norms (3h each), o_proj and residuals (4h), SwiGLU (4i); q/k/v,
             // their norms (3 each) and RoPE (4 each), the heads-first copies, GQA expansion,
-            // output and its transpose (6 hq d), the log-sum-exp. A sliding-window layer runs
-            // the block attention on every path (the fused CPU op has no window): counted so.
+            // output and its transpose (6 hq d), the log-sum-exp
             LayerKind::Attention | LayerKind::SlidingAttention => {
                 10 * h
                     + 4 * i
@@ -230,9 +229,11 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
     // one attention block's f32 scores, exponentials, probabilities and their gradient while a
     // layer runs (the CPU's fused op keeps less)
     let block = crate::model::block_attention::BLOCK as u64;
-    let has_attention = cfg.layer_kinds.contains(&LayerKind::Attention);
-    let has_sliding = cfg.layer_kinds.contains(&LayerKind::SlidingAttention);
-    let attn_block = if (has_attention && !host_ops) || has_sliding {
+    let has_attention = cfg
+        .layer_kinds
+        .iter()
+        .any(|k| matches!(k, LayerKind::Attention | LayerKind::SlidingAttention));
+    let attn_block = if has_attention && !host_ops {
         4 * hq * block.min(seq) * seq * 4
     } else {
         0
