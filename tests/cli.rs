@@ -1673,3 +1673,40 @@ fn set_overrides_a_key_as_if_written_in_the_file() {
     let (_, out) = preflight(&file, &["--set", "train.lrr=1"]);
     assert!(out.contains("did you mean `lr`?"), "{out}");
 }
+
+/// A Gemma 3 pipeline planned from its card (not downloaded): on the CPU preflight passes; on a
+/// GPU it fails before anything runs, naming why (our GPU kernels have no window ring) and what
+/// to do instead.
+#[test]
+fn preflight_plans_gemma3_from_its_card_and_refuses_our_gpu_sampler_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    toy_problems(dir.path(), 4);
+    let config = |device: &str| {
+        format!(
+            "[run]\nworkdir = \"w\"\n[[data.sources]]\nname = \"toy\"\nformat = \"math\"\n\
+             path = \"problems.jsonl\"\n[sample]\nmodel = \"google/gemma-3-1b-it\"\n\
+             prompt_template = \"chat\"\nn = 4\nmax_new_tokens = 2048\n{device}\n"
+        )
+    };
+    let preflight = |name: &str, text: String| {
+        std::fs::write(dir.path().join(name), text).unwrap();
+        bin()
+            .args(["preflight", "--plan-only", "--config", name])
+            .current_dir(dir.path())
+            .env("HF_HUB_OFFLINE", "1")
+            .env("HF_HOME", dir.path().join("hf"))
+            .output()
+            .unwrap()
+    };
+    let o = preflight("cpu.toml", config(""));
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("preflight ok"), "{}", text(&o));
+    let o = preflight("gpu.toml", config("device = \"cuda\"\ndtype = \"bf16\""));
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("sliding-window layers run in our CPU sampler only")
+            && text(&o).contains("device = \"cpu\""),
+        "{}",
+        text(&o)
+    );
+}

@@ -93,6 +93,18 @@ impl Backend {
         kv_fp8: bool,
     ) -> Result<Backend> {
         if model.device().is_cuda() {
+            let cfg = model.config();
+            if let Some(w) = cfg.sliding_window.filter(|_| {
+                cfg.layer_kinds
+                    .contains(&crate::model::LayerKind::SlidingAttention)
+            }) {
+                bail!(
+                    "{:?}'s sliding-window layers (window {w}) run in the CPU sampler only: the \
+                     GPU's paged attention kernels have no window ring yet (sample on the CPU, \
+                     or with --engine mistralrs, whose windows differ from transformers')",
+                    cfg.family
+                );
+            }
             #[cfg(feature = "cuda")]
             return Ok(Backend::Cuda(super::gpu::GpuKvCache::new(
                 model.config(),
