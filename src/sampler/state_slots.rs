@@ -1,7 +1,8 @@
-//! Per-sequence state slots for a model's recurrent layers (Qwen3.5's Gated DeltaNet): each
-//! running sequence owns one slot, a fixed number of f32 values per recurrent layer whatever its
-//! length (the conv's last inputs and the recurrent state), next to the KV blocks of its
-//! attention layers.
+//! Per-sequence state slots for a model's layers that keep a fixed amount per sequence: the
+//! recurrent layers (Qwen3.5's Gated DeltaNet: the conv's last inputs and the recurrent state)
+//! and the sliding-window layers (Gemma 3: the ring of the window's keys and values, see
+//! `window_ring`). Each running sequence owns one slot, a fixed number of f32 values per such
+//! layer whatever its length, next to the KV blocks of its full-attention layers.
 //!
 //! Unlike blocks, a state cannot be shared copy-on-write: the n samples of a prompt each copy
 //! the prompt's state into a slot of their own ([`StateSlots::read`], [`StateSlots::write`]).
