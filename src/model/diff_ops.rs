@@ -1,5 +1,5 @@
-//! RMS norm, RoPE and the SwiGLU product as single candle ops **with** backward passes, for f32
-//! on the CPU (training).
+//! RMS norm, RoPE and the SwiGLU and GeGLU products as single candle ops **with** backward
+//! passes, for f32 on the CPU (training).
 //!
 //! candle's fused `rms_norm` and `rope` record no backward pass, so the model composes them from
 //! elementary ops when it trains; on the CPU each of those ops is one single-threaded pass over
@@ -11,6 +11,7 @@
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::config::Activation;
 use super::cpu_op::{slice, view};
 
 /// Whether these ops run on `x` (f32 on the CPU); otherwise callers compose candle ops.
@@ -209,14 +210,78 @@ impl CustomOp3 for RopeOp {
 }
 
 // ---------------------------------------------------------------------------------------------
-// SwiGLU product
+// Gated MLP products: SwiGLU and GeGLU
 // ---------------------------------------------------------------------------------------------
 
-struct SwiGluOp;
+/// `act(g) * u` for the MLP's activation.
+struct GatedOp(Activation);
 
 /// `silu(g) * u`; differentiable in both.
 pub fn swiglu(g: &Tensor, u: &Tensor) -> Result<Tensor> {
-    g.contiguous()?.apply_op2(&u.contiguous()?, SwiGluOp)
+    g.contiguous()?
+        .apply_op2(&u.contiguous()?, GatedOp(Activation::Silu))
+}
+
+/// `gelu_tanh(g) * u` (Gemma's GeGLU); differentiable in both.
+pub fn geglu(g: &Tensor, u: &Tensor) -> Result<Tensor> {
+    g.contiguous()?
+        .apply_op2(&u.contiguous()?, GatedOp(Activation::GeluTanh))
+}
+
+const SQRT_TWO_OVER_PI: f32 = 0.797_884_6;
+const GELU_CUBIC: f32 = 0.044_715;
+
+/// `tanh(x)` as `1 - 2 / (1 + e^2x)`, the exponential [`crate::simd::fast_exp`] with `FAST`.
+#[inline(always)]
+fn tanh<const FAST: bool>(x: f32) -> f32 {
+    if !FAST {
+        return x.tanh();
+    }
+    1.0 - 2.0 / (1.0 + crate::simd::fast_exp(2.0 * x))
+}
+
+/// `y = gelu_tanh(g) * u` on one chunk.
+#[inline(always)]
+fn geglu_fwd_body<const FAST: bool>(ys: &mut [f32], gs: &[f32], us: &[f32]) {
+    for ((y, &g), u) in ys.iter_mut().zip(gs).zip(us) {
+        let t = tanh::<FAST>(SQRT_TWO_OVER_PI * g * (1.0 + GELU_CUBIC * g * g));
+        *y = 0.5 * g * (1.0 + t) * u;
+    }
+}
+
+/// The gradients of `gelu_tanh(g) * u` on one chunk.
+#[inline(always)]
+fn geglu_bwd_body<const FAST: bool>(
+    dgs: &mut [f32],
+    dus: &mut [f32],
+    gs: &[f32],
+    us: &[f32],
+    dys: &[f32],
+) {
+    for i in 0..gs
+        .len()
+        .min(dgs.len())
+        .min(dus.len())
+        .min(us.len())
+        .min(dys.len())
+    {
+        let g = gs[i];
+        let t = tanh::<FAST>(SQRT_TWO_OVER_PI * g * (1.0 + GELU_CUBIC * g * g));
+        let gelu = 0.5 * g * (1.0 + t);
+        let slope = 0.5 * (1.0 + t)
+            + 0.5 * g * (1.0 - t * t) * SQRT_TWO_OVER_PI * (1.0 + 3.0 * GELU_CUBIC * g * g);
+        dus[i] = dys[i] * gelu;
+        dgs[i] = dys[i] * us[i] * slope;
+    }
+}
+
+crate::simd::avx2_fma_dispatch! {
+    fn geglu_fwd_chunk(ys: &mut [f32], gs: &[f32], us: &[f32]) => generic geglu_fwd_body
+}
+
+crate::simd::avx2_fma_dispatch! {
+    fn geglu_bwd_chunk(dgs: &mut [f32], dus: &mut [f32], gs: &[f32], us: &[f32], dys: &[f32])
+        => generic geglu_bwd_body
 }
 
 /// `1 / (1 + e^-x)`; with `FAST` (the AVX2 build) the exponential is [`crate::simd::fast_exp`]
@@ -271,9 +336,12 @@ crate::simd::avx2_fma_dispatch! {
         => generic swiglu_bwd_body
 }
 
-impl CustomOp2 for SwiGluOp {
+impl CustomOp2 for GatedOp {
     fn name(&self) -> &'static str {
-        "swiglu-diff"
+        match self.0 {
+            Activation::Silu => "swiglu-diff",
+            Activation::GeluTanh => "geglu-diff",
+        }
     }
 
     fn cpu_fwd(
@@ -285,12 +353,16 @@ impl CustomOp2 for SwiGluOp {
     ) -> Result<(CpuStorage, Shape)> {
         let (g, u) = (slice(s1, l1)?, slice(s2, l2)?);
         if l1.dims() != l2.dims() {
-            candle_core::bail!("swiglu: {:?} vs {:?}", l1.dims(), l2.dims());
+            candle_core::bail!("{}: {:?} vs {:?}", self.name(), l1.dims(), l2.dims());
         }
         let mut y = vec![0f32; g.len()];
+        let chunk = match self.0 {
+            Activation::Silu => swiglu_fwd_chunk,
+            Activation::GeluTanh => geglu_fwd_chunk,
+        };
         y.par_chunks_mut(16_384)
             .zip(g.par_chunks(16_384).zip(u.par_chunks(16_384)))
-            .for_each(|(ys, (gs, us))| swiglu_fwd_chunk(ys, gs, us));
+            .for_each(|(ys, (gs, us))| chunk(ys, gs, us));
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
@@ -306,11 +378,15 @@ impl CustomOp2 for SwiGluOp {
         let (gv, uv, dy) = (gg.get()?, ug.get()?, dg_.get()?);
         let mut dg = vec![0f32; gv.len()];
         let mut du = vec![0f32; gv.len()];
+        let chunk = match self.0 {
+            Activation::Silu => swiglu_bwd_chunk,
+            Activation::GeluTanh => geglu_bwd_chunk,
+        };
         dg.par_chunks_mut(16_384)
             .zip(du.par_chunks_mut(16_384))
             .zip(gv.par_chunks(16_384).zip(uv.par_chunks(16_384)))
             .zip(dy.par_chunks(16_384))
-            .for_each(|(((dgs, dus), (gs, us)), dys)| swiglu_bwd_chunk(dgs, dus, gs, us, dys));
+            .for_each(|(((dgs, dus), (gs, us)), dys)| chunk(dgs, dus, gs, us, dys));
         Ok((
             Some(Tensor::from_vec(dg, g.shape(), g.device())?),
             Some(Tensor::from_vec(du, u.shape(), u.device())?),
@@ -389,6 +465,16 @@ mod tests {
             &[&g, &u],
             || super::swiglu(&g, &u).unwrap(),
             || (g.silu().unwrap() * u.as_tensor()).unwrap(),
+        );
+        // GeGLU against candle's gelu (the tanh form) and its backward, with inputs wide enough
+        // for both tails of the tanh
+        let (g, u) = (var(&[50, 700]), var(&[50, 700]));
+        let g = Var::from_tensor(&(g.as_tensor() * 4.0).unwrap()).unwrap();
+        check(
+            "geglu",
+            &[&g, &u],
+            || super::geglu(&g, &u).unwrap(),
+            || (g.gelu().unwrap() * u.as_tensor()).unwrap(),
         );
     }
 }

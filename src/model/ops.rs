@@ -266,13 +266,14 @@ fn scale_frequency(freq: f64, scaling: Option<RopeScaling>) -> f64 {
     }
 }
 
-/// `act(g) * u`: SwiGLU, or GeGLU with tanh-approximated GELU (candle's `gelu`, whose
-/// backward every path records).
+/// `act(g) * u`: SwiGLU, or GeGLU with tanh-approximated GELU (our CPU op, or candle's
+/// `gelu`, whose backward the composed path records).
 pub(super) fn gated(g: &Tensor, u: &Tensor, act: Activation, exec: Exec) -> Result<Tensor> {
     match (act, path(g, exec)) {
         (Activation::Silu, OpPath::HostDifferentiable) => super::diff_ops::swiglu(g, u),
         (Activation::Silu, OpPath::Fused | OpPath::Composed) => candle_nn::ops::silu(g)? * u,
-        (Activation::GeluTanh, _) => g.gelu()? * u,
+        (Activation::GeluTanh, OpPath::HostDifferentiable) => super::diff_ops::geglu(g, u),
+        (Activation::GeluTanh, OpPath::Fused | OpPath::Composed) => g.gelu()? * u,
     }
 }
 

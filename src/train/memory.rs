@@ -179,8 +179,13 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
     );
     let v = cfg.vocab_size as u64;
     // Values the differentiable forward keeps per token in a layer of `kind`.
-    // Gemma's two more norms per layer: each one's input, f32 copy and output
-    let sandwich = if cfg.sandwich_norms { 6 * h } else { 0 };
+    // Gemma's two more norms per layer: our ops keep each one's output; composed, its input,
+    // f32 copy and output
+    let sandwich = match (cfg.sandwich_norms, host_ops) {
+        (false, _) => 0,
+        (true, true) => 2 * h,
+        (true, false) => 6 * h,
+    };
     let per_token_layer = |kind: LayerKind| {
         let gate = if cfg.attention_gate { 3 * hq * d } else { 0 };
         match kind {
