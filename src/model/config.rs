@@ -523,13 +523,7 @@ struct RawQwen35Text {
 /// (`Qwen3_5ForCausalLM`: flat, weights under `model`). Layers are Gated DeltaNet except every
 /// `full_attention_interval`-th (or as `layer_types` lists them), which is gated attention.
 fn read_qwen3_5(v: &Value) -> Result<ModelConfig> {
-    let multimodal = v.get("model_type").and_then(Value::as_str) == Some("qwen3_5");
-    let text = if multimodal {
-        v.get("text_config")
-            .context("model_type `qwen3_5` without a `text_config`")?
-    } else {
-        v
-    };
+    let (text, multimodal) = text_part(v, "qwen3_5")?;
     let raw: RawQwen35Text =
         serde_json::from_value(text.clone()).context("text_config of a qwen3_5 model")?;
     if raw.num_experts.is_some_and(|n| n > 0) {
@@ -545,38 +539,20 @@ fn read_qwen3_5(v: &Value) -> Result<ModelConfig> {
         bail!("attn_output_gate = false is not supported (Qwen3.5's attention is gated)");
     }
     let n = raw.num_hidden_layers;
-    let layer_kinds = match &raw.layer_types {
-        Some(types) => {
-            if types.len() != n {
-                bail!(
-                    "layer_types lists {} layers, num_hidden_layers is {n}",
-                    types.len()
-                );
-            }
-            types
-                .iter()
-                .map(|t| match t.as_str() {
-                    "full_attention" | "attention" => Ok(LayerKind::Attention),
-                    "linear_attention" | "mamba" => Ok(LayerKind::GatedDeltaNet),
-                    other => bail!(
-                        "layer type `{other}` is not supported (full_attention, linear_attention)"
-                    ),
-                })
-                .collect::<Result<Vec<_>>>()?
-        }
-        None => {
-            let every = raw.full_attention_interval.unwrap_or(4).max(1);
-            (0..n)
-                .map(|i| {
-                    if (i + 1) % every == 0 {
-                        LayerKind::Attention
-                    } else {
-                        LayerKind::GatedDeltaNet
-                    }
-                })
-                .collect()
-        }
-    };
+    let layer_kinds = layer_kinds(
+        raw.layer_types.as_deref(),
+        n,
+        &[
+            ("full_attention", LayerKind::Attention),
+            ("attention", LayerKind::Attention),
+            ("linear_attention", LayerKind::GatedDeltaNet),
+            ("mamba", LayerKind::GatedDeltaNet),
+        ],
+        (
+            raw.full_attention_interval.unwrap_or(4),
+            LayerKind::GatedDeltaNet,
+        ),
+    )?;
     let (num_kv_heads, head_dim) = attention_heads(
         raw.hidden_size,
         raw.num_attention_heads,
@@ -623,18 +599,14 @@ fn read_qwen3_5(v: &Value) -> Result<ModelConfig> {
             linear.conv_kernel
         );
     }
-    let outer = |k: &str| if multimodal { v.get(k) } else { None };
-    let tie = outer("tie_word_embeddings")
-        .and_then(Value::as_bool)
-        .or(raw.tie_word_embeddings)
-        .unwrap_or(false);
-    let dtype = outer("dtype")
-        .or(outer("torch_dtype"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .or(raw.dtype)
-        .or(raw.torch_dtype)
-        .unwrap_or_else(|| "float32".into());
+    let (tie, dtype) = tie_and_dtype(
+        v,
+        multimodal,
+        raw.tie_word_embeddings,
+        false,
+        raw.dtype,
+        raw.torch_dtype,
+    );
     Ok(ModelConfig {
         family: Family::Qwen3_5,
         hidden_size: raw.hidden_size,
@@ -668,6 +640,82 @@ fn read_qwen3_5(v: &Value) -> Result<ModelConfig> {
         attention_bias: raw.attention_bias.unwrap_or(false),
         dtype,
     })
+}
+
+/// A multimodal family's text config: `text_config` when `model_type` is `multimodal` (the
+/// multimodal layout, then `true`), else the config itself.
+fn text_part<'a>(v: &'a Value, multimodal: &str) -> Result<(&'a Value, bool)> {
+    if v.get("model_type").and_then(Value::as_str) != Some(multimodal) {
+        return Ok((v, false));
+    }
+    let text = v
+        .get("text_config")
+        .with_context(|| format!("model_type `{multimodal}` without a `text_config`"))?;
+    Ok((text, true))
+}
+
+/// Tied embeddings (`default_tie` when unset) and the dtype, read where transformers writes
+/// them: a multimodal config's top level first, then the text config (`dtype`, `torch_dtype`).
+fn tie_and_dtype(
+    v: &Value,
+    multimodal: bool,
+    tie: Option<bool>,
+    default_tie: bool,
+    dtype: Option<String>,
+    torch_dtype: Option<String>,
+) -> (bool, String) {
+    let outer = |k: &str| if multimodal { v.get(k) } else { None };
+    let tie = outer("tie_word_embeddings")
+        .and_then(Value::as_bool)
+        .or(tie)
+        .unwrap_or(default_tie);
+    let dtype = outer("dtype")
+        .or(outer("torch_dtype"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or(dtype)
+        .or(torch_dtype)
+        .unwrap_or_else(|| "float32".into());
+    (tie, dtype)
+}
+
+/// Each of `n` layers' kind: from `layer_types` (names as `names` map them), or without it
+/// every `every`-th layer full attention and the others `other` (Qwen3.5's
+/// `full_attention_interval`, Gemma 3's `sliding_window_pattern`).
+fn layer_kinds(
+    types: Option<&[String]>,
+    n: usize,
+    names: &[(&str, LayerKind)],
+    (every, other): (usize, LayerKind),
+) -> Result<Vec<LayerKind>> {
+    let Some(types) = types else {
+        let every = every.max(1);
+        return Ok((0..n)
+            .map(|i| {
+                if (i + 1) % every == 0 {
+                    LayerKind::Attention
+                } else {
+                    other
+                }
+            })
+            .collect());
+    };
+    if types.len() != n {
+        bail!(
+            "layer_types lists {} layers, num_hidden_layers is {n}",
+            types.len()
+        );
+    }
+    types
+        .iter()
+        .map(|t| match names.iter().find(|(name, _)| name == t) {
+            Some((_, kind)) => Ok(*kind),
+            None => {
+                let known: Vec<&str> = names.iter().map(|(name, _)| *name).collect();
+                bail!("layer type `{t}` is not supported ({})", known.join(", "))
+            }
+        })
+        .collect()
 }
 
 /// The text fields of a Gemma 3 config (`text_config` of `gemma3`, or the top level of
@@ -760,13 +808,7 @@ mod gemma3 {
 /// as `layer_types` lists them); RoPE by layer type (`rope_parameters.full_attention` and
 /// `.sliding_attention`, or the older `rope_theta`/`rope_scaling` and `rope_local_base_freq`).
 fn read_gemma3(v: &Value) -> Result<ModelConfig> {
-    let multimodal = v.get("model_type").and_then(Value::as_str) == Some("gemma3");
-    let text = if multimodal {
-        v.get("text_config")
-            .context("model_type `gemma3` without a `text_config`")?
-    } else {
-        v
-    };
+    let (text, multimodal) = text_part(v, "gemma3")?;
     let raw: RawGemma3Text =
         serde_json::from_value(text.clone()).context("text_config of a gemma3 model")?;
     let act = raw
@@ -789,38 +831,18 @@ fn read_gemma3(v: &Value) -> Result<ModelConfig> {
         bail!("use_bidirectional_attention = true is not supported (an encoder, not a decoder)");
     }
     let n = raw.num_hidden_layers;
-    let layer_kinds = match &raw.layer_types {
-        Some(types) => {
-            if types.len() != n {
-                bail!(
-                    "layer_types lists {} layers, num_hidden_layers is {n}",
-                    types.len()
-                );
-            }
-            types
-                .iter()
-                .map(|t| match t.as_str() {
-                    "full_attention" => Ok(LayerKind::Attention),
-                    "sliding_attention" => Ok(LayerKind::SlidingAttention),
-                    other => bail!(
-                        "layer type `{other}` is not supported (full_attention, sliding_attention)"
-                    ),
-                })
-                .collect::<Result<Vec<_>>>()?
-        }
-        None => {
-            let every = raw.sliding_window_pattern.unwrap_or(6).max(1);
-            (0..n)
-                .map(|i| {
-                    if (i + 1) % every == 0 {
-                        LayerKind::Attention
-                    } else {
-                        LayerKind::SlidingAttention
-                    }
-                })
-                .collect()
-        }
-    };
+    let layer_kinds = layer_kinds(
+        raw.layer_types.as_deref(),
+        n,
+        &[
+            ("full_attention", LayerKind::Attention),
+            ("sliding_attention", LayerKind::SlidingAttention),
+        ],
+        (
+            raw.sliding_window_pattern.unwrap_or(6),
+            LayerKind::SlidingAttention,
+        ),
+    )?;
     if raw.sliding_window == 0 {
         bail!("sliding_window = 0: a sliding layer would see nothing");
     }
@@ -862,18 +884,14 @@ fn read_gemma3(v: &Value) -> Result<ModelConfig> {
             )
         }
     };
-    let outer = |k: &str| if multimodal { v.get(k) } else { None };
-    let tie = outer("tie_word_embeddings")
-        .and_then(Value::as_bool)
-        .or(raw.tie_word_embeddings)
-        .unwrap_or(true);
-    let dtype = outer("dtype")
-        .or(outer("torch_dtype"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .or(raw.dtype)
-        .or(raw.torch_dtype)
-        .unwrap_or_else(|| "float32".into());
+    let (tie, dtype) = tie_and_dtype(
+        v,
+        multimodal,
+        raw.tie_word_embeddings,
+        true,
+        raw.dtype,
+        raw.torch_dtype,
+    );
     Ok(ModelConfig {
         family: Family::Gemma3,
         hidden_size: raw.hidden_size,

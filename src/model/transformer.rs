@@ -28,7 +28,7 @@ pub struct Transformer {
     norm: RmsNorm,
     lm_head: Linear,
     rope: Ropes,
-    /// Gemma: embeddings times `sqrt(hidden)` (rounded to the weights' dtype), else 1.
+    /// Gemma: embeddings times `sqrt(hidden)` (rounded to the loaded dtype), else 1.
     embed_scale: f64,
     /// Fused RMS norm and RoPE kernels (no backward pass) for sampling; never for training.
     exec: Exec,

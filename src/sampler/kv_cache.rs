@@ -23,7 +23,8 @@
 //! parallel when their slots differ, each asking for its `D` key lines before writing them),
 //! then (2) lets each new token attend over its sequence's keys at positions `0..=pos`, read
 //! through the block table, one (token, KV head) pair per parallel job, each starting the next
-//! job's keys and values on their way to L2. Knows nothing of scheduling or
+//! job's keys and values on their way to L2. A sliding-window layer keeps no blocks: its step
+//! goes to the sequences' rings in their state slots (`window_ring`). Knows nothing of scheduling or
 //! sampling; the caller reserves the slots (see `block_pool`) and copies shared blocks before
 //! they are written.
 
