@@ -142,7 +142,9 @@ pub fn write_random_hf(name: &str, dir: &std::path::Path, dtype: DType) -> Resul
     let mut config: serde_json::Value = serde_json::from_str(&shape_json(name)?)?;
     let arch = match config["model_type"].as_str() {
         Some("qwen3") => "Qwen3ForCausalLM",
+        Some("qwen2") => "Qwen2ForCausalLM",
         Some("qwen3_5_text") => "Qwen3_5ForCausalLM",
+        Some("gemma3_text") => "Gemma3ForCausalLM",
         other => bail!("shape {name}: no architecture for model_type {other:?}"),
     };
     config["architectures"] = serde_json::json!([arch]);
@@ -152,7 +154,9 @@ pub fn write_random_hf(name: &str, dir: &std::path::Path, dtype: DType) -> Resul
         DType::F16 => "float16",
         other => bail!("shape {name}: no checkpoint dtype {other:?} (f32, bf16 or f16)"),
     });
-    // what transformers writes and mistral.rs's Qwen3 config requires
+    // what transformers writes and mistral.rs's Qwen configs require (a Gemma 3 shape is
+    // already in the hub's layout, its window included)
+    let qwen = arch.starts_with("Qwen");
     for (k, v) in [
         ("hidden_act", serde_json::json!("silu")),
         ("attention_bias", serde_json::json!(false)),
@@ -163,7 +167,10 @@ pub fn write_random_hf(name: &str, dir: &std::path::Path, dtype: DType) -> Resul
         ),
         ("sliding_window", serde_json::Value::Null),
         ("use_sliding_window", serde_json::json!(false)),
-    ] {
+    ]
+    .into_iter()
+    .filter(|_| qwen)
+    {
         config[k] = v;
     }
     let vocab: serde_json::Map<String, serde_json::Value> = (0..cfg.vocab_size)
@@ -249,4 +256,32 @@ fn hybrid_shape(name: &str) -> Option<String> {
         "rope_parameters": {{"rope_type": "default", "rope_theta": 10000000.0,
         "partial_rotary_factor": 0.25}}}}"#
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device};
+
+    /// `bench checkpoint` and `bench sample --engine mistralrs` write a shape of each family
+    /// (Qwen3, Qwen2, Gemma 3) as a Hugging Face folder that reads back as the same config and
+    /// loads.
+    #[test]
+    fn random_checkpoints_of_each_family_read_back_as_their_shape() {
+        let tmp = tempfile::tempdir().unwrap();
+        for (name, arch) in [
+            ("tiny", "Qwen3ForCausalLM"),
+            ("qwen2:tiny", "Qwen2ForCausalLM"),
+            ("gemma3:tiny", "Gemma3ForCausalLM"),
+        ] {
+            let dir = tmp.path().join(name.replace(':', "-"));
+            super::write_random_hf(name, &dir, DType::F32).unwrap();
+            let ck = crate::model::Checkpoint::open(dir.to_str().unwrap()).unwrap();
+            let mut want = super::shape(name).unwrap();
+            want.dtype = "float32".into();
+            assert_eq!(ck.config, want, "{name}");
+            let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+            assert!(config.contains(arch), "{name}: {config}");
+            ck.load_transformer(&Device::Cpu, DType::F32).unwrap();
+        }
+    }
 }
