@@ -421,7 +421,7 @@ fn read_llama(v: &Value) -> Result<ModelConfig> {
 }
 
 /// The attention layers' KV heads (all query heads when unset, which must divide them) and
-/// head size (`hidden / heads` when unset).
+/// head size (`hidden / heads` when unset, even for RoPE).
 fn attention_heads(
     hidden: usize,
     heads: usize,
@@ -432,7 +432,11 @@ fn attention_heads(
     if kv == 0 || !heads.is_multiple_of(kv) {
         bail!("num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}");
     }
-    Ok((kv, head_dim.unwrap_or(hidden / heads.max(1))))
+    let head_dim = head_dim.unwrap_or(hidden / heads.max(1));
+    if !head_dim.is_multiple_of(2) {
+        bail!("head_dim {head_dim} is odd; RoPE needs an even head_dim");
+    }
+    Ok((kv, head_dim))
 }
 
 /// Qwen3, Qwen2 and Llama: every layer attention, Qwen3's with q/k norms.
@@ -449,9 +453,6 @@ fn read_decoder(raw: RawHfConfig, family: Family) -> Result<ModelConfig> {
         raw.num_key_value_heads,
         raw.head_dim,
     )?;
-    if !head_dim.is_multiple_of(2) {
-        bail!("head_dim {head_dim} is odd; RoPE needs an even head_dim");
-    }
     let (rope_theta, rope_scaling) = rope(&raw)?;
     Ok(ModelConfig {
         family,
@@ -852,9 +853,6 @@ fn read_gemma3(v: &Value) -> Result<ModelConfig> {
         Some(raw.num_key_value_heads),
         Some(raw.head_dim),
     )?;
-    if !head_dim.is_multiple_of(2) {
-        bail!("head_dim {head_dim} is odd; RoPE needs an even head_dim");
-    }
     // RoPE by layer type: `rope_parameters` keyed by it (transformers 5), or the full layers'
     // `rope_theta`/`rope_scaling` and the sliding layers' `rope_local_base_freq`
     let by_type = raw

@@ -19,7 +19,7 @@ use super::kv_cache::{KvCache, PagedAttention, SeqStep};
 use super::params::SamplingParams;
 use super::sampling::CandidateRow;
 use super::state_slots::StepSlots;
-use crate::model::Transformer;
+use crate::model::{ModelConfig, Transformer};
 
 /// A step's logits rows, end to end.
 pub enum Logits {
@@ -83,6 +83,23 @@ pub struct StepInputs<'a> {
     pub sync_timing: bool,
 }
 
+/// What our GPU sampler cannot run: sliding-window layers (its paged kernels have no window
+/// ring yet). The one check behind preflight's refusal and the engine's.
+pub fn check_gpu_model(cfg: &ModelConfig) -> Result<()> {
+    let sliding = cfg
+        .layer_kinds
+        .contains(&crate::model::LayerKind::SlidingAttention);
+    if let Some(w) = cfg.sliding_window.filter(|_| sliding) {
+        bail!(
+            "{:?}'s sliding-window layers run in our CPU sampler only (window {w}): the GPU paged \
+             kernels have no window ring yet (use device = \"cpu\", or engine = \"mistralrs\", \
+             whose windows differ from transformers')",
+            cfg.family
+        );
+    }
+    Ok(())
+}
+
 impl Backend {
     /// The backend of `model`'s device, with a cache of `num_blocks` blocks of `block_size`
     /// tokens (fp8 keys and values with `kv_fp8`, CUDA only).
@@ -93,18 +110,7 @@ impl Backend {
         kv_fp8: bool,
     ) -> Result<Backend> {
         if model.device().is_cuda() {
-            let cfg = model.config();
-            if let Some(w) = cfg.sliding_window.filter(|_| {
-                cfg.layer_kinds
-                    .contains(&crate::model::LayerKind::SlidingAttention)
-            }) {
-                bail!(
-                    "{:?}'s sliding-window layers (window {w}) run in the CPU sampler only: the \
-                     GPU's paged attention kernels have no window ring yet (sample on the CPU, \
-                     or with --engine mistralrs, whose windows differ from transformers')",
-                    cfg.family
-                );
-            }
+            check_gpu_model(model.config())?;
             #[cfg(feature = "cuda")]
             return Ok(Backend::Cuda(super::gpu::GpuKvCache::new(
                 model.config(),

@@ -375,12 +375,11 @@ impl PagedAttention<'_> {
         window: usize,
         out: &mut [f32],
     ) -> Result<()> {
-        let seqs = self.ring_seqs.clone();
         let (states, slots) = step_slots(&mut self.states, layer)?;
         let Some(mut rings) = states.lend(layer, slots) else {
             candle_core::bail!("layer {layer}: no window rings, or a slot given twice")
         };
-        window_ring::attend(&mut rings, &seqs, q, k, v, heads, window, out)
+        window_ring::attend(&mut rings, &self.ring_seqs, q, k, v, heads, window, out)
             .map_err(|e| candle_core::Error::Msg(format!("layer {layer}: {e}")))
     }
 }

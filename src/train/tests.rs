@@ -108,14 +108,25 @@ fn qwen2_variants_train_like_pytorch() {
         adamw_steps_match_pytorch(&dir);
         trainer_gradients_match_pytorch(&dir);
         let (_tmp, job) = trainer_matches_pytorch(&dir);
-        let base = Checkpoint::open(dir.to_str().unwrap()).unwrap();
-        let back = Checkpoint::open(job.output.to_str().unwrap()).unwrap();
-        assert_eq!(back.config, base.config, "{name}");
-        let config = std::fs::read_to_string(job.output.join("config.json")).unwrap();
-        assert!(config.contains("Qwen2ForCausalLM"), "{config}");
-        back.load_transformer(&Device::Cpu, candle_core::DType::F32)
-            .unwrap();
+        export_is_its_base_again(&dir, &job, "Qwen2ForCausalLM");
     }
+}
+
+/// The trainer's export of the fixture in `dir`: the base's config, written as `class`, and it
+/// loads. Returns the base and the export.
+fn export_is_its_base_again(
+    dir: &std::path::Path,
+    job: &TrainJob,
+    class: &str,
+) -> (Checkpoint, Checkpoint) {
+    let base = Checkpoint::open(dir.to_str().unwrap()).unwrap();
+    let back = Checkpoint::open(job.output.to_str().unwrap()).unwrap();
+    assert_eq!(back.config, base.config, "{}", dir.display());
+    let config = std::fs::read_to_string(job.output.join("config.json")).unwrap();
+    assert!(config.contains(class), "{config}");
+    back.load_transformer(&Device::Cpu, candle_core::DType::F32)
+        .unwrap();
+    (base, back)
 }
 
 /// Llama: every gradient, 8 AdamW steps and the trainer's steps against PyTorch.
@@ -144,11 +155,7 @@ fn gemma3_variants_train_like_pytorch() {
         adamw_steps_match_pytorch(&dir);
         trainer_gradients_match_pytorch(&dir);
         let (_tmp, job) = trainer_matches_pytorch(&dir);
-        let base = Checkpoint::open(dir.to_str().unwrap()).unwrap();
-        let back = Checkpoint::open(job.output.to_str().unwrap()).unwrap();
-        assert_eq!(back.config, base.config, "{name}");
-        let config = std::fs::read_to_string(job.output.join("config.json")).unwrap();
-        assert!(config.contains(class), "{config}");
+        let (base, back) = export_is_its_base_again(&dir, &job, class);
         let all = |ck: &Checkpoint| {
             let mut m = HashMap::new();
             for f in &ck.weights {
@@ -179,8 +186,6 @@ fn gemma3_variants_train_like_pytorch() {
             assert_eq!(old[n].dtype(), new[n].dtype(), "{n}");
             assert_eq!(bytes(&old[n]), bytes(&new[n]), "{n}");
         }
-        back.load_transformer(&Device::Cpu, candle_core::DType::F32)
-            .unwrap();
     }
 }
 

@@ -134,17 +134,10 @@ pub fn gpu_memory_estimate(s: &SampleSettings, config: &crate::model::ModelConfi
     if s.device == "cpu" {
         return Ok(0);
     }
-    let sliding = config
-        .layer_kinds
-        .contains(&crate::model::LayerKind::SlidingAttention);
-    if sliding && s.engine == "selfdistill" {
-        bail!(
-            "sample.device = {}: {:?}'s sliding-window layers run in our CPU sampler only (the GPU \
-             paged kernels have no window ring yet): use device = \"cpu\", or engine = \
-             \"mistralrs\" (whose windows differ from transformers')",
-            s.device,
-            config.family
-        );
+    if s.engine == "selfdistill" {
+        if let Err(e) = crate::sampler::backend::check_gpu_model(config) {
+            bail!("sample.device = {}: {e}", s.device);
+        }
     }
     let params = config.num_params() as u64;
     let weight = if s.dtype == "f32" { 4 } else { 2 };
