@@ -1,8 +1,12 @@
-//! Byte sizes: parsing "40 GiB" / "500MB" from configs and printing sizes for people.
+//! Byte sizes: parsing "40 GiB" / "500MB" from configs and printing sizes for people; and the
+//! one reader of a settings file (a config, a spec, a template) that refuses what is not a regular
+//! file or is larger than any such file can be (`--config /dev/zero` would read forever).
 //!
 //! Parsing is strict on purpose: a typo in a disk size ("40 GiBB", "4O GB") is an error that names
 //! the accepted units, never a silent zero. Knows nothing of where the size came from; callers add
 //! the file and key to the error.
+
+use std::path::Path;
 
 use thiserror::Error;
 
@@ -73,6 +77,55 @@ pub fn parse_bytes(text: &str) -> Result<u64, ByteSizeError> {
     Ok(bytes.round() as u64)
 }
 
+/// The largest settings file read ([`read_settings_file`]): a config, an eval set's definition,
+/// a spec or a chat template. The shipped ones are under 20 KiB.
+pub const MAX_SETTINGS_FILE: u64 = 4 << 20;
+
+/// `path` is a regular file (a directory, pipe, socket or device is refused, naming the path and
+/// what it is): a FIFO or device would block a read forever, a directory reads as an endless
+/// error. Returns its size.
+pub fn regular_file(path: &Path) -> anyhow::Result<u64> {
+    let meta = std::fs::metadata(path)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    if meta.is_file() {
+        return Ok(meta.len());
+    }
+    let what = if meta.is_dir() {
+        "a directory, not a file"
+    } else {
+        "not a regular file (a pipe, socket or device cannot be read whole or twice)"
+    };
+    anyhow::bail!("{}: {what}; give a file", path.display())
+}
+
+/// A settings file's text (`what` names it in errors: "config", "spec"): a regular file of at
+/// most [`MAX_SETTINGS_FILE`] bytes, in UTF-8.
+pub fn read_settings_file(path: &Path, what: &str) -> anyhow::Result<String> {
+    let len = regular_file(path).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+    if len > MAX_SETTINGS_FILE {
+        anyhow::bail!(
+            "{what} {} is {}, larger than any settings file ({} at most): is it the right file?",
+            path.display(),
+            format_bytes(len),
+            format_bytes(MAX_SETTINGS_FILE)
+        );
+    }
+    // read through a limit too: a file that grows after the size check is cut, not read forever
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_SETTINGS_FILE + 1).read_to_string(&mut text))
+        .map_err(|e| anyhow::anyhow!("cannot read {what} {}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_SETTINGS_FILE {
+        anyhow::bail!(
+            "{what} {} grew past {} while read",
+            path.display(),
+            format_bytes(MAX_SETTINGS_FILE)
+        );
+    }
+    Ok(text)
+}
+
 /// "1.5 GiB", "312 KiB", "17 B".
 pub fn format_bytes(n: u64) -> String {
     const STEPS: &[&str] = &["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
@@ -92,6 +145,28 @@ pub fn format_bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_files_are_regular_and_small() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = read_settings_file(dir.path(), "config")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(": a directory, not a file"), "{e}");
+        let e = read_settings_file(Path::new("/dev/zero"), "config")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/dev/zero: not a regular file"), "{e}");
+        let big = dir.path().join("big.toml");
+        std::fs::write(&big, vec![b'#'; MAX_SETTINGS_FILE as usize + 1]).unwrap();
+        let e = read_settings_file(&big, "config").unwrap_err().to_string();
+        assert!(e.contains("larger than any settings file"), "{e}");
+        let ok = dir.path().join("ok.toml");
+        std::fs::write(&ok, "a = 1\n").unwrap();
+        assert_eq!(read_settings_file(&ok, "config").unwrap(), "a = 1\n");
+        let e = read_settings_file(&dir.path().join("none"), "config").unwrap_err();
+        assert!(e.to_string().starts_with("config: cannot read"), "{e}");
+    }
 
     #[test]
     fn parses_units() {

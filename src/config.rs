@@ -163,6 +163,8 @@ struct RawFilter {
     #[serde(default)]
     decontaminate_against: Vec<String>,
     keep_pass_rate: Option<Vec<f64>>,
+    #[serde(default = "yes")]
+    check_arithmetic: bool,
 }
 
 fn yes() -> bool {
@@ -256,6 +258,9 @@ pub struct FilterConfig {
     /// `[min, max]`; left out of the key when unset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keep_pass_rate: Option<(f64, f64)>,
+    /// Drop correct completions that state a false numeric equality on the way
+    /// ([`crate::verify::steps`]: `33 + 8 = 91`); on by default.
+    pub check_arithmetic: bool,
 }
 
 /// The model name that stands for the pretrain stage's model in `[sample]`, `[train]` and
@@ -349,8 +354,8 @@ impl Config {
 
     /// A config file's text, origin, base folder and default name (its stem).
     pub fn file_source(path: &Path) -> Result<(String, String, PathBuf, String), ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("cannot read config {}: {e}", path.display())))?;
+        let text = crate::bytes::read_settings_file(path, "config")
+            .map_err(|e| ConfigError(format!("{e:#}")))?;
         let base = path.parent().unwrap_or(Path::new(".")).to_path_buf();
         let stem = path
             .file_stem()
@@ -509,6 +514,10 @@ impl Config {
     }
 }
 
+/// The most `run.rounds` a config may ask for: a bound, so that a typo of a huge count is an error
+/// instead of a plan that grows without end.
+pub const MAX_ROUNDS: u32 = 100;
+
 /// The `[run]` section, validated.
 struct Run {
     name: String,
@@ -547,6 +556,15 @@ fn validate_run(
     let rounds = raw.rounds.unwrap_or(1);
     if rounds == 0 {
         return Err(err("run.rounds", "must be at least 1".into()));
+    }
+    if rounds > MAX_ROUNDS {
+        return Err(err(
+            "run.rounds",
+            format!(
+                "{rounds} rounds: at most {MAX_ROUNDS} (each round samples, filters and trains \
+                 a whole model; published recipes stop within a handful)"
+            ),
+        ));
     }
     let prices: Vec<(String, f64)> = match &raw.gpu_hour_price {
         None => Vec::new(),
@@ -1048,6 +1066,7 @@ fn validate_filter(
         decontaminate_against: f.decontaminate_against,
         against,
         keep_pass_rate,
+        check_arithmetic: f.check_arithmetic,
     })
 }
 
@@ -1128,7 +1147,7 @@ fn key_position(text: &str, section: &str, key: &str) -> Option<(usize, usize)> 
 /// Rewrites a TOML/serde error as `file:line:col: message`, adding the closest valid key or value.
 fn toml_error(text: &str, origin: &str, e: &toml::de::Error) -> ConfigError {
     let (line, col) = e.span().map(|s| line_col(text, s.start)).unwrap_or((0, 0));
-    let msg = e.message().trim().to_string();
+    let msg = plain_message(e.message().trim());
     let section = e.span().and_then(|s| enclosing_table(text, s.start));
     let mut out = if line > 0 {
         format!("{origin}:{line}:{col}: ")
@@ -1156,6 +1175,21 @@ fn toml_error(text: &str, origin: &str, e: &toml::de::Error) -> ConfigError {
         }
     }
     ConfigError(out)
+}
+
+/// A serde message in a config writer's words: serde names the Rust type it wanted
+/// ("expected struct TrainSettings"), which a config writer never wrote; it wanted a table.
+pub fn plain_message(msg: &str) -> String {
+    const STRUCT: &str = "expected struct ";
+    let mut out = msg.to_string();
+    while let Some(i) = out.find(STRUCT) {
+        let rest = &out[i + STRUCT.len()..];
+        let end = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        out.replace_range(i..i + STRUCT.len() + end, "expected a table of keys");
+    }
+    out
 }
 
 /// From serde's "unknown field `x`, expected one of `a`, `b`" takes `x` and `[a, b]`.

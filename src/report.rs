@@ -135,14 +135,7 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
             Some(StageKind::Sample) => sample_section(&mut md, s, &out, &mut prev_rates)?,
             Some(StageKind::Filter) => {
                 let m = s.manifest.as_ref().expect("done");
-                let _ = writeln!(
-                    md,
-                    "## Filter ({})\n\n| rule or reason | rows |\n| --- | --- |",
-                    s.name
-                );
-                for (k, v) in &m.counts {
-                    let _ = writeln!(md, "| {k} | {v} |");
-                }
+                filter_tables(&mut md, &s.name, &m.counts);
                 match m.counts.iter().find(|(k, _)| k == "kept_rationalized") {
                     Some((_, r)) => {
                         let _ = writeln!(
@@ -530,6 +523,51 @@ fn train_section(md: &mut String, title: &str, name: &str, dir: &Path, out: &Pat
     Ok(())
 }
 
+/// The filter's counts as two tables: what each rule removed (a row counts under the first rule
+/// that removes it), then the verifier's verdict on every graded row (a truncated row without an
+/// answer is removed as truncated and has the verdict no_answer); and the share of the rows graded
+/// correct that stated a false arithmetic step.
+fn filter_tables(md: &mut String, name: &str, counts: &[(String, u64)]) {
+    let _ = writeln!(
+        md,
+        "## Filter ({name})\n\nWhat each rule removed, in order (a row counts under the first \
+         rule that removes it):\n\n| rule | rows |\n| --- | --- |"
+    );
+    let mut verdicts = Vec::new();
+    for (k, v) in counts {
+        if let Some(reason) = k.strip_prefix("reason.") {
+            verdicts.push((reason, *v));
+        } else if let Some(rule) = k.strip_prefix("removed.") {
+            let _ = writeln!(md, "| removed: {rule} | {v} |");
+        } else if !k.starts_with(stages::filter::CONTAMINATED) {
+            let _ = writeln!(md, "| {k} | {v} |");
+        }
+    }
+    if !verdicts.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nThe verifier's verdict on every graded row:\n\n| verdict | rows |\n| --- | --- |"
+        );
+        for (reason, v) in &verdicts {
+            let _ = writeln!(md, "| {reason} | {v} |");
+        }
+    }
+    let correct: u64 = verdicts
+        .iter()
+        .filter(|(r, _)| crate::verify::Reason::parse(r).is_some_and(|r| r.is_correct()))
+        .map(|(_, v)| v)
+        .sum();
+    if let Some((_, f)) = counts.iter().find(|(k, _)| k == "removed.false_step") {
+        let _ = writeln!(
+            md,
+            "\nThe arithmetic-step rule (`check_arithmetic`) dropped {f} rows with a right answer \
+             that state a false numeric equality: {:.1}% of the {correct} rows graded correct.",
+            100.0 * *f as f64 / correct.max(1) as f64
+        );
+    }
+    let _ = writeln!(md);
+}
+
 /// `prev`: the round before's pass rates by problem (samples, correct), replaced by this round's.
 fn sample_section(
     md: &mut String,
@@ -545,17 +583,23 @@ fn sample_section(
         (0, _) => (m.wall_seconds, String::new()),
         (n, secs) => (secs as f64, format!(" of {n} shards' time added up")),
     };
+    // what the output holds (the same after a kill and resume), then what the last process
+    // (or the shards) did in its time
     let _ = writeln!(
         md,
-        "{} problems, {} samples ({} correct), {} prompt and {} generated tokens in {:.1} s{by} \
-         ({:.0} generated tokens/s), {} preemptions, {} samples saved by `target_correct`.\n",
+        "{} problems, {} samples ({} correct), {} prompt and {} generated tokens.\n",
         count("problems"),
         count("samples"),
         count("correct"),
         count("prompt_tokens"),
         count("generated_tokens"),
+    );
+    let _ = writeln!(
+        md,
+        "Sampling took {:.1} s{by} ({:.0} generated tokens/s), {} preemptions, {} samples saved \
+         by `target_correct`.\n",
         seconds,
-        count("generated_tokens") as f64 / seconds.max(1e-9),
+        stages::sample::computed_generated_tokens(m) as f64 / seconds.max(1e-9),
         count("preemptions"),
         count("samples_saved"),
     );

@@ -260,6 +260,40 @@ pub fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<u64> {
     })
 }
 
+/// Checks an output file of a command before any work: not an existing directory, and not one
+/// of its `inputs` (by what the paths name, links and `..` resolved: writing it would replace an
+/// input, read or not yet read). `flag` names the output in the error.
+pub fn check_output_file(output: &Path, inputs: &[&Path], flag: &str) -> Result<()> {
+    if output.is_dir() {
+        bail!(
+            "{flag} {}: an existing directory; give a file name",
+            output.display()
+        );
+    }
+    let named = |p: &Path| -> Option<PathBuf> {
+        if let Ok(c) = p.canonicalize() {
+            return Some(c);
+        }
+        // not there yet: its folder's real path and its name
+        let dir = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(dir.canonicalize().ok()?.join(p.file_name()?))
+    };
+    let Some(out) = named(output) else {
+        return Ok(());
+    };
+    if let Some(i) = inputs.iter().find(|i| named(i).as_ref() == Some(&out)) {
+        bail!(
+            "{flag} {} is the input {}: writing it would replace the input; give another file",
+            output.display(),
+            i.display()
+        );
+    }
+    Ok(())
+}
+
 /// Has `write` fill a temp file beside `path` (`.<name>.tmp`), then renames it over `path` and
 /// fsyncs the folder. Returns the committed size. A write that fails removes its temp file; a
 /// leftover one from a crash is overwritten next time.
@@ -393,6 +427,24 @@ pub fn now_unix() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_output_is_no_input_and_no_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = dir.path().join("in.jsonl");
+        fs::write(&input, "{}\n").unwrap();
+        let same = dir.path().join("sub/../in.jsonl");
+        fs::create_dir(dir.path().join("sub")).unwrap();
+        let e = check_output_file(&same, &[&input], "--output").unwrap_err();
+        assert!(e.to_string().contains("is the input"), "{e}");
+        let e = check_output_file(dir.path(), &[&input], "--output").unwrap_err();
+        assert!(e.to_string().contains("an existing directory"), "{e}");
+        check_output_file(&dir.path().join("out.jsonl"), &[&input], "--output").unwrap();
+        // a link to the input is the input
+        let link = dir.path().join("link.jsonl");
+        std::os::unix::fs::symlink(&input, &link).unwrap();
+        assert!(check_output_file(&link, &[&input], "--output").is_err());
+    }
 
     #[test]
     fn second_lock_names_the_holder() {

@@ -1710,3 +1710,283 @@ fn preflight_plans_gemma3_from_its_card_and_refuses_our_gpu_sampler_for_it() {
         text(&o)
     );
 }
+
+/// `pipeline ARGS` in `cwd`, killed if it runs past `secs` (a hang fails the test instead of
+/// hanging it).
+fn run_within(args: &[&str], cwd: &Path, secs: u64) -> std::process::Output {
+    let mut child = bin()
+        .args(args)
+        .current_dir(cwd)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t.elapsed().as_secs() >= secs {
+            child.kill().unwrap();
+            let o = child.wait_with_output().unwrap();
+            panic!("pipeline {args:?} ran past {secs} s: {}", text(&o));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// A directory or a device where a file is read is refused at once: `data inspect` of a folder
+/// spun forever, `--config /dev/zero` read without end.
+#[test]
+fn a_directory_or_a_device_where_a_file_goes_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_within(&["data", "inspect", "."], dir.path(), 20);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains(": a directory, not a file"),
+        "{}",
+        text(&o)
+    );
+    for cmd in ["preflight", "run", "status"] {
+        let o = run_within(&[cmd, "--config", "/dev/zero"], dir.path(), 20);
+        assert!(!o.status.success(), "{}", text(&o));
+        assert!(
+            text(&o).contains("config: /dev/zero: not a regular file"),
+            "{cmd}: {}",
+            text(&o)
+        );
+    }
+    let big = dir.path().join("big.toml");
+    std::fs::write(&big, "#".repeat(5 << 20)).unwrap();
+    let o = run_within(&["preflight", "--config", "big.toml"], dir.path(), 20);
+    assert!(
+        text(&o).contains("larger than any settings file"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// `data arith` with a huge `per_level` is an error (it aborted on the allocation, exit 134),
+/// and a split named with `..` writes nothing outside `--output`.
+#[test]
+fn arith_specs_are_bounded_and_stay_in_their_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = |name: &str, per_level: &str| {
+        format!(
+            "seed = 1\n[[levels]]\nsteps = 2\nstart_min = 10\nmin = 10\nmax = 99\nmax_change = 9\n\
+             [[splits]]\nname = \"{name}\"\nlevels = [1]\nper_level = {per_level}\n"
+        )
+    };
+    std::fs::create_dir(dir.path().join("out")).unwrap();
+    for (name, per_level, want) in [
+        ("train", "4000000000000000000", "more than 1000000 problems"),
+        ("../escape", "3", "a split name is a file name"),
+    ] {
+        std::fs::write(dir.path().join("spec.toml"), spec(name, per_level)).unwrap();
+        let o = run_within(
+            &["data", "arith", "--spec", "spec.toml", "--output", "out"],
+            dir.path(),
+            60,
+        );
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(text(&o).contains(want), "{}", text(&o));
+    }
+    assert!(!dir.path().join("escape.jsonl").exists());
+    std::fs::write(dir.path().join("spec.toml"), spec("ok", "3")).unwrap();
+    let o = run(
+        &["data", "arith", "--spec", "spec.toml", "--output", "out"],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(dir.path().join("out/ok.jsonl").is_file());
+}
+
+/// `pipeline run` makes preflight's checks before its first stage: a KV cache larger than the
+/// memory is refused before pretraining (it aborted after it), and nothing is marked done.
+#[test]
+fn run_refuses_what_preflight_refuses_before_the_first_stage() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let work = dir.path().join("w");
+    let o = run_within(
+        &[
+            "run",
+            "all",
+            "--workdir",
+            work.to_str().unwrap(),
+            "--set",
+            "sample.kv_cache=\"1 TiB\"",
+        ],
+        root,
+        120,
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("this run would not fit, so no stage was started"),
+        "{t}"
+    );
+    assert!(t.contains("of memory but"), "{t}");
+    assert!(!t.contains("==> "), "a stage started: {t}");
+    assert!(glob_manifests(&work).is_empty());
+    // preflight says the same
+    let o = run_within(
+        &[
+            "preflight",
+            "--workdir",
+            work.to_str().unwrap(),
+            "--set",
+            "sample.kv_cache=\"1 TiB\"",
+        ],
+        root,
+        120,
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("of memory but"), "{}", text(&o));
+}
+
+/// Counts of nothing are refused where they are given: `eval.limit = 0` (it ran every stage and
+/// then failed), a source's `limit = 0`, `--limit 0`, `--stop-after 0` (it trained every step).
+#[test]
+fn a_count_of_zero_is_refused_where_it_is_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let o = run(&["preflight", "--plan-only", "--set", "eval.limit=0"], root);
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("`eval.limit`") && text(&o).contains("0 evaluates no problem"),
+        "{}",
+        text(&o)
+    );
+    let o = run(
+        &[
+            "preflight",
+            "--plan-only",
+            "--set",
+            "data.sources.0.limit=0",
+        ],
+        root,
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("0 reads no problem"), "{}", text(&o));
+    for args in [
+        &[
+            "eval",
+            "--model",
+            "m",
+            "--sets",
+            "gsm8k_test",
+            "--limit",
+            "0",
+            "--output",
+            "o",
+        ][..],
+        &[
+            "sample",
+            "--model",
+            "m",
+            "--input",
+            "p.jsonl",
+            "--limit",
+            "0",
+            "--output",
+            "o.parquet",
+        ],
+        &[
+            "train",
+            "--model",
+            "m",
+            "--data",
+            "d.parquet",
+            "--output",
+            "o",
+            "--stop-after",
+            "0",
+        ],
+    ] {
+        let o = run(args, dir.path());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains("`0`: give 1 or more"), "{}", text(&o));
+    }
+}
+
+/// Outputs are checked before the work: `grade` and `merge` refuse an output that is one of
+/// their inputs (the input was overwritten), `sample` an output that is a directory (found
+/// only after sampling); `grade` of a file without rows says so and fails.
+#[test]
+fn outputs_that_would_replace_an_input_or_are_folders_are_refused_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = gsm_fixture(dir.path());
+    let before = std::fs::read(&data).unwrap();
+    let o = run(
+        &[
+            "grade",
+            "--input",
+            "gsm.jsonl",
+            "--answer-field",
+            "answer",
+            "--completion-field",
+            "answer",
+            "--output",
+            "./gsm.jsonl",
+        ],
+        dir.path(),
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("is the input"), "{}", text(&o));
+    assert_eq!(std::fs::read(&data).unwrap(), before);
+    let o = run(&["merge", "--output", "gsm.jsonl", "gsm.jsonl"], dir.path());
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("is the input"), "{}", text(&o));
+    assert_eq!(std::fs::read(&data).unwrap(), before);
+    std::fs::create_dir(dir.path().join("out")).unwrap();
+    let input = toy_problems(dir.path(), 3);
+    let o = run(
+        &[
+            "sample",
+            "--model",
+            "no-such-model",
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            "out",
+        ],
+        dir.path(),
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("--output out: an existing directory"),
+        "{}",
+        text(&o)
+    );
+    std::fs::write(dir.path().join("empty.jsonl"), "").unwrap();
+    let o = run(
+        &[
+            "grade",
+            "--input",
+            "empty.jsonl",
+            "--answer-field",
+            "a",
+            "--completion-field",
+            "c",
+        ],
+        dir.path(),
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("has no rows: nothing to grade"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// `status` on a folder that no run wrote is an error, not an empty table.
+#[test]
+fn status_of_a_folder_that_is_no_run_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = run(&["status", "--workdir", "."], dir.path());
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("is not the work dir of a run"),
+        "{}",
+        text(&o)
+    );
+}

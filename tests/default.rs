@@ -433,7 +433,8 @@ fn tensorboard_reads_the_runs_events(work: &Path) {
     }
     let s = manifest("sample");
     let rate = got[&dirs[1]]["sample/pass_rate"][0][1].as_f64().unwrap();
-    let want = count(&s, "correct") as f64 / count(&s, "samples") as f64;
+    // in percent, as the report gives it
+    let want = 100.0 * count(&s, "correct") as f64 / count(&s, "samples") as f64;
     assert!((rate - want).abs() < 1e-6, "{rate} vs {want}");
     for set in ["arith_hard", "arith_easy"] {
         let pts = got[&dirs[3]][format!("eval/{set}/pass@1")]
@@ -459,6 +460,9 @@ fn star_rationalizes_the_unsolved_problems_under_their_original_prompts() {
             "[train]",
             "[rationalize]\nhint = \"{problem} (answer: {answer})\"\nn = 8\n\n[train]",
         ),
+        // the rationales' way through the filter: the arithmetic-step rule would drop them
+        // all (given the answer, the pretrained model writes it after false steps)
+        ("[filter]", "[filter]\ncheck_arithmetic = false"),
     ];
     let dir = tempfile::tempdir().unwrap();
     quick_config(dir.path(), &edits);

@@ -496,7 +496,7 @@ fn run_all_drops_training_problems_that_are_eval_problems_and_says_so() {
         "**Training data overlapped leak**: 3 training problems matched its problems",
         "Decontamination (8-word n-grams and exact match) against math500 (0), leak (3): 3 \
          training problems matched, 3 rows dropped",
-        "| removed.contaminated | 3 |",
+        "| removed: contaminated | 3 |",
     ] {
         assert!(report.contains(want), "{want} missing:\n{report}");
     }

@@ -85,7 +85,9 @@ fn pyarrow_reads_every_parquet_file_we_write() {
         assert_eq!(l["compression"], "ZSTD", "{l}");
         let path = l["path"].as_str().unwrap();
         if path.ends_with("sft.parquet") {
-            assert_eq!(l["rows"], 500);
+            // every reference solution but the one that states a false step (the filter's
+            // arithmetic rule: test/algebra/351.json writes `(-4)^2 + 4 \cdot 1 \cdot (-1) = 20`)
+            assert_eq!(l["rows"], 499);
             assert_eq!(l["columns"]["prompt_token_ids"], "list<item: int32>");
             assert_eq!(l["first"]["problem_id"], "set/test/precalculus/807.json");
         } else if path.ends_with("problems.parquet") {

@@ -137,6 +137,43 @@ fn sample_writes_graded_completions_independent_of_batch_size_and_shards() {
     assert_eq!(key(&a), key(&merged));
     let o = merge(&["s0.parquet", "s1.parquet", "a.parquet"]);
     assert!(!o.status.success());
+    // a shard of other problems (here the first 10 only) with the same settings is refused
+    let o = sample(
+        dir.path(),
+        &["--shard", "1/3", "--limit", "10"],
+        "t1.parquet",
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let o = merge(&["s0.parquet", "t1.parquet", "s2.parquet"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("t1.parquet was sampled from other problems than"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// A run that stops before its first committed part (killed in its first problems, or failing
+/// after its settings were recorded) holds nothing: a retry with other settings runs, it is not
+/// refused as a mix.
+#[test]
+fn a_retry_before_any_committed_part_may_change_its_settings() {
+    if shared("fixtures/tiny-qwen3").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kill = Some((selfdistill::fault::ENV, "commit.part-000000.parquet:1"));
+    let o = sample_with_env(dir.path(), &[], "k.parquet", kill);
+    assert_eq!(o.status.signal(), Some(9), "{}", text(&o));
+    assert!(dir.path().join("k.parquet.parts/run.json").is_file());
+    let o = sample(dir.path(), &["--top-k", "5"], "k.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("(0 resumed), 40 samples"), "{}", text(&o));
+    let o = sample(dir.path(), &["--top-k", "5"], "clean.parquet");
+    assert!(o.status.success(), "{}", text(&o));
+    let clean = read_completions(&dir.path().join("clean.parquet")).unwrap();
+    let retried = read_completions(&dir.path().join("k.parquet")).unwrap();
+    assert_eq!(key(&clean), key(&retried));
 }
 
 #[test]
@@ -593,4 +630,28 @@ fn a_resume_with_other_settings_or_problems_is_refused_not_mixed() {
     let hashes: std::collections::HashSet<_> =
         rows.iter().map(|r| r.sampling_hash.clone()).collect();
     assert_eq!((rows.len(), hashes.len()), (40, 1));
+}
+
+/// A `--max-new-tokens` past the model's context is refused naming the context, before a KV
+/// cache is sized for it (the error blamed the KV memory).
+#[test]
+fn a_length_past_the_context_names_the_context() {
+    if shared("fixtures/tiny-qwen3").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let o = bin()
+        .args(toy_args(dir.path(), "o.parquet"))
+        .args(["--max-new-tokens", "1099511627776"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("max_new_tokens = 1099511627776 does not fit the context of")
+            && t.contains("(1024 tokens"),
+        "{t}"
+    );
+    assert!(!t.contains("KV cache"), "{t}");
 }

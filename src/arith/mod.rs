@@ -122,6 +122,49 @@ pub fn make_problem(level: Level, rng: &mut SplitMix) -> (String, String, String
     (problem, solution, count.to_string())
 }
 
+/// The most problems one spec generates, over all its splits: ten times the shipped spec's
+/// largest use; a bound, so that a typo is an error and not an allocation that aborts.
+pub const MAX_PROBLEMS: usize = 1_000_000;
+
+/// Split names that are file names (`<name>.jsonl` in the output folder, never outside it),
+/// each once, and problem counts within [`MAX_PROBLEMS`].
+fn check_splits(splits: &[SplitSpec]) -> Result<()> {
+    let mut names = HashSet::new();
+    let mut total = 0usize;
+    for s in splits {
+        let n = &s.name;
+        let plain = n
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if n.is_empty() || !plain || n.starts_with('.') {
+            bail!(
+                "split `{n}`: a split name is a file name of letters, digits, `_`, `-` and `.` \
+                 (not first): its problems go to <output>/<name>.jsonl"
+            );
+        }
+        if !names.insert(n.as_str()) {
+            bail!("split `{n}` is named twice: its second file would replace the first");
+        }
+        if s.levels.is_empty() {
+            bail!("split `{n}`: `levels` is empty");
+        }
+        total = s
+            .per_level
+            .checked_mul(s.levels.len())
+            .and_then(|k| k.checked_add(total))
+            .filter(|&t| t <= MAX_PROBLEMS)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "split `{n}`: per_level = {} over {} levels makes more than {MAX_PROBLEMS} \
+                     problems in the spec",
+                    s.per_level,
+                    s.levels.len()
+                )
+            })?;
+    }
+    Ok(())
+}
+
 /// Fills every split from `seed`; no problem text appears twice across all splits. A split's
 /// rows interleave its levels.
 pub fn generate(
@@ -132,6 +175,7 @@ pub fn generate(
     for (i, l) in levels.iter().enumerate() {
         l.check(&format!("level {}", i + 1))?;
     }
+    check_splits(splits)?;
     let mut seen = HashSet::new();
     let mut out = Vec::with_capacity(splits.len());
     for (si, split) in splits.iter().enumerate() {
@@ -204,8 +248,7 @@ pub struct ArithSpec {
 
 impl ArithSpec {
     pub fn load(path: &Path) -> Result<ArithSpec> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let text = crate::bytes::read_settings_file(path, "arithmetic spec")?;
         toml::from_str(&text).with_context(|| format!("{}: not an arithmetic spec", path.display()))
     }
 
@@ -346,6 +389,37 @@ mod tests {
         }];
         let err = generate(&narrow, &bad[..0], 1).unwrap_err().to_string();
         assert!(err.contains("max - min"), "{err}");
+    }
+
+    /// A huge count is an error before anything is allocated (it aborted), and a split name is
+    /// a file name in the output folder: `..`, a slash, a hidden name or a repeat are refused.
+    #[test]
+    fn splits_are_bounded_and_named_as_files() {
+        let levels = [level(1, 10, 19), level(2, 10, 99)];
+        let split = |name: &str, per_level| SplitSpec {
+            name: name.into(),
+            levels: vec![1, 2],
+            per_level,
+        };
+        let err = generate(&levels, &[split("a", usize::MAX / 2)], 1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("more than 1000000 problems"), "{err}");
+        let err = generate(&levels, &[split("a", 400_000), split("b", 200_000)], 1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("split `b`"), "{err}");
+        for name in ["../x", "a/b", ".hidden", "", "a b"] {
+            let err = generate(&levels, &[split(name, 1)], 1)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("a split name is a file name"), "{name}: {err}");
+        }
+        let err = generate(&levels, &[split("a", 1), split("a", 1)], 1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("named twice"), "{err}");
+        assert!(generate(&levels, &[split("eval.v2-b_1", 1)], 1).is_ok());
     }
 
     /// The shipped data is what the shipped spec generates, byte for byte.

@@ -1,6 +1,9 @@
 //! `pipeline bench verify`: the verifier's figures on published data. Prints agreement on
 //! reference solutions (MATH-500: last `\boxed{}` vs `answer`; GSM8K: solution vs `####`), the
-//! false-accept rate on mismatched MATH-500 pairs, and single-core checks per second.
+//! false-accept rate on mismatched MATH-500 pairs, single-core checks per second, and the
+//! filter's arithmetic-step rule ([`crate::verify::steps`]) on human-written solutions (MATH-500
+//! and GSM8K train): how many it flags, each one listed (row, the step it found), to be read as a
+//! real error in the reference or a false alarm.
 //!
 //! A benchmark that prints, never a timed test. Knows nothing of stages.
 
@@ -20,6 +23,9 @@ pub struct VerifyBenchArgs {
     /// GSM8K JSONL (`answer` ends in `#### N`); skipped when missing.
     #[arg(long, default_value = "../shared/data/gsm8k_test.jsonl")]
     pub gsm8k: PathBuf,
+    /// GSM8K train JSONL, for the arithmetic-step rule; skipped when missing.
+    #[arg(long, default_value = "../shared/data/gsm8k_train.jsonl")]
+    pub gsm8k_train: PathBuf,
     /// Mismatched pairs are also counted over shifts 1..SHIFTS (500: every pair).
     #[arg(long, default_value_t = 500)]
     pub shifts: usize,
@@ -59,6 +65,20 @@ pub fn verify(args: &VerifyBenchArgs) -> Result<()> {
         report_reference("GSM8K reference", &gsm, &opts);
     } else {
         crate::outln!("GSM8K: {} missing, skipped", args.gsm8k.display());
+    }
+
+    report_steps("MATH-500 reference solutions", &math);
+    if args.gsm8k_train.exists() {
+        let train: Vec<(String, String)> = read_all_records(&args.gsm8k_train)?
+            .into_iter()
+            .filter_map(|r| Some((field_text(&r.fields, "answer")?, String::new())))
+            .collect();
+        report_steps("GSM8K train reference solutions", &train);
+    } else {
+        crate::outln!(
+            "GSM8K train: {} missing, skipped",
+            args.gsm8k_train.display()
+        );
     }
 
     // Mismatched pairs: solution i against answer i+1, where the answers differ.
@@ -131,6 +151,28 @@ pub fn verify(args: &VerifyBenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The arithmetic-step rule over solutions (the first of each pair): every one it flags, with
+/// its 1-based row and the false step, and the time it took.
+fn report_steps(name: &str, rows: &[(String, String)]) {
+    let t0 = Instant::now();
+    let flagged: Vec<(usize, String)> = rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, (sol, _))| Some((i + 1, crate::verify::steps::false_step(sol)?)))
+        .collect();
+    let secs = t0.elapsed().as_secs_f64();
+    crate::outln!(
+        "{name}: the arithmetic-step rule flags {}/{} = {:.2}% ({:.0} solutions/s)",
+        flagged.len(),
+        rows.len(),
+        100.0 * flagged.len() as f64 / rows.len().max(1) as f64,
+        rows.len() as f64 / secs.max(1e-9)
+    );
+    for (row, step) in &flagged {
+        crate::outln!("  row {row}: {step}");
+    }
 }
 
 fn report_reference(name: &str, rows: &[(String, String)], opts: &GradeOptions) {

@@ -39,6 +39,17 @@ struct Run {
 
 fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
     match v {
+        // an enum's variant (`{"Local": "data/x.jsonl"}`) is not a key a config writes: the
+        // value stands under the key itself
+        serde_json::Value::Object(m)
+            if m.len() == 1
+                && m.keys()
+                    .all(|k| k.starts_with(|c: char| c.is_ascii_uppercase())) =>
+        {
+            for x in m.values() {
+                flatten(prefix, x, out);
+            }
+        }
         serde_json::Value::Object(m) => {
             for (k, x) in m {
                 flatten(&format!("{prefix}.{k}"), x, out);
@@ -52,6 +63,41 @@ fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, Strin
         }
         other => {
             out.insert(prefix.to_string(), other.to_string());
+        }
+    }
+}
+
+/// A label per run: its folder's name, with as many parent folders as it takes to tell runs of
+/// the same name apart (`a/runs/x` and `b/runs/x`).
+fn labels(dirs: &[std::path::PathBuf]) -> Vec<String> {
+    let parts: Vec<Vec<String>> = dirs
+        .iter()
+        .map(|d| {
+            let d = d.canonicalize().unwrap_or_else(|_| d.clone());
+            d.components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .filter(|c| c != "/")
+                .collect()
+        })
+        .collect();
+    let label = |p: &Vec<String>, k: usize| p[p.len().saturating_sub(k)..].join("/");
+    let mut depth = vec![1usize; dirs.len()];
+    loop {
+        let now: Vec<String> = parts
+            .iter()
+            .zip(&depth)
+            .map(|(p, &k)| label(p, k))
+            .collect();
+        let mut grew = false;
+        for i in 0..now.len() {
+            let same = now.iter().filter(|l| **l == now[i]).count() > 1;
+            if same && depth[i] < parts[i].len() {
+                depth[i] += 1;
+                grew = true;
+            }
+        }
+        if !grew {
+            return now;
         }
     }
 }
@@ -99,11 +145,14 @@ fn read_run(dir: &Path) -> Result<Run> {
 }
 
 pub fn run(a: &CompareArgs) -> Result<()> {
-    let runs = a
+    let mut runs = a
         .workdirs
         .iter()
         .map(|d| read_run(d))
         .collect::<Result<Vec<_>>>()?;
+    for (run, label) in runs.iter_mut().zip(labels(&a.workdirs)) {
+        run.label = label;
+    }
     let md = markdown(&runs);
     std::fs::create_dir_all(&a.output)
         .with_context(|| format!("cannot create {}", a.output.display()))?;
@@ -246,4 +295,30 @@ fn markdown(runs: &[Run]) -> String {
         row(&|r| r.cost.map_or("-".into(), |c| format!("{c:.2}")))
     );
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs in folders of the same name get the parent folders that tell them apart.
+    #[test]
+    fn labels_tell_runs_of_the_same_name_apart() {
+        let dirs: Vec<std::path::PathBuf> = ["/w/a/runs/x", "/w/b/runs/x", "/w/c/y"]
+            .iter()
+            .map(Into::into)
+            .collect();
+        assert_eq!(labels(&dirs), ["a/runs/x", "b/runs/x", "y"]);
+    }
+
+    /// A source's location reads as the key a config writes, not the enum's variant.
+    #[test]
+    fn enum_variants_are_not_keys() {
+        let mut out = BTreeMap::new();
+        let v = serde_json::json!({"sources": [{"location": {"Local": "d.jsonl"}, "limit": 3}]});
+        flatten("data", &v, &mut out);
+        assert_eq!(out["data.sources.0.location"], "\"d.jsonl\"");
+        assert_eq!(out["data.sources.0.limit"], "3");
+        assert!(out.keys().all(|k| !k.contains("Local")));
+    }
 }

@@ -42,6 +42,11 @@ pub struct DecontaminateArgs {
 }
 
 pub fn run(a: &DecontaminateArgs) -> Result<()> {
+    for (o, flag) in [(&a.output, "--output"), (&a.matches, "--matches")] {
+        if let Some(o) = o {
+            crate::store::check_output_file(o, &[&a.train], flag)?;
+        }
+    }
     let against = Against::resolve(&a.against, Path::new("."))?;
     let t = Instant::now();
     let refs = against

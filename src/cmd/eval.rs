@@ -20,7 +20,7 @@ pub struct EvalArgs {
     #[arg(long, value_delimiter = ',', required = true)]
     pub sets: Vec<String>,
     /// Only the first N problems of each set.
-    #[arg(long)]
+    #[arg(long, value_parser = super::at_least_one::<usize>)]
     pub limit: Option<usize>,
     /// The sampling parameters: each one given here is set over every set's own (the rest
     /// keep the set's values, not these defaults).

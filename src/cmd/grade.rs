@@ -83,6 +83,10 @@ pub fn run(args: &GradeArgs) -> Result<()> {
         ..GradeOptions::default()
     };
     let out_kind = args.output.as_deref().map(output_kind).transpose()?;
+    if let Some(o) = &args.output {
+        crate::store::check_output_file(o, &[&args.input], "--output")?;
+    }
+    crate::bytes::regular_file(&args.input)?;
     let tally = match FileKind::of(&args.input)? {
         FileKind::Jsonl => grade_jsonl(args, &opts, out_kind)?,
         FileKind::Parquet => grade_parquet(args, &opts, out_kind)?,
@@ -90,6 +94,14 @@ pub fn run(args: &GradeArgs) -> Result<()> {
     tally.print();
     if let Some(o) = &args.output {
         crate::outln!("wrote {}", o.display());
+    }
+    Ok(())
+}
+
+/// An input without rows is an error, not an accuracy of 0/0 (and nothing is written).
+fn no_rows(input: &Path, tally: &Tally) -> Result<()> {
+    if tally.rows == 0 {
+        bail!("{} has no rows: nothing to grade", input.display());
     }
     Ok(())
 }
@@ -151,6 +163,7 @@ fn grade_jsonl(args: &GradeArgs, opts: &GradeOptions, out: Option<FileKind>) -> 
             rows.push(rec.fields);
         }
     }
+    no_rows(&args.input, &tally)?;
     match (out, &args.output) {
         (Some(FileKind::Jsonl), Some(path)) => write_jsonl(path, &rows)?,
         (Some(FileKind::Parquet), Some(path)) => write_json_rows_as_parquet(path, &rows)?,
@@ -257,6 +270,7 @@ fn grade_parquet(args: &GradeArgs, opts: &GradeOptions, out: Option<FileKind>) -
             )?);
         }
     }
+    no_rows(&args.input, &tally)?;
     if let (Some(kind), Some(path)) = (out, &args.output) {
         write_batches(path, kind, &graded)?;
     }

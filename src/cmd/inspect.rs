@@ -18,9 +18,7 @@ const MAX_CHARS: usize = 160;
 const MAX_ITEMS: usize = 12;
 
 pub fn run(path: &Path, rows: usize) -> Result<()> {
-    let bytes = std::fs::metadata(path)
-        .with_context(|| format!("cannot read {}", path.display()))?
-        .len();
+    let bytes = crate::bytes::regular_file(path)?;
     let kind = FileKind::of(path)?;
     crate::outln!(
         "file: {} ({:?}, {})",

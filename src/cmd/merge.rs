@@ -14,6 +14,8 @@ pub struct MergeArgs {
 }
 
 pub fn run(a: &MergeArgs) -> Result<()> {
+    let inputs: Vec<&std::path::Path> = a.inputs.iter().map(PathBuf::as_path).collect();
+    crate::store::check_output_file(&a.output, &inputs, "--output")?;
     let n = crate::jobs::sample::shard::merge(&a.inputs, &a.output)?;
     crate::outln!(
         "merged {} shards, {n} rows -> {}",

@@ -31,6 +31,19 @@ use anyhow::Result;
 
 use crate::config::Config;
 
+/// A count flag that must be 1 or more (`--limit`, `--stop-after`): 0 would do nothing, or
+/// (read as "no limit") everything, and neither is what was asked.
+pub fn at_least_one<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, String> {
+    let v: T = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a whole number"))?;
+    if v < T::from(1) {
+        return Err(format!("`{s}`: give 1 or more"));
+    }
+    Ok(v)
+}
+
 /// The config at `path`, or the embedded default without one, with the `--set` overrides;
 /// `workdir` overrides its `run.workdir` (without it, a run with overrides gets a work dir of
 /// its own: see [`crate::config::overrides::workdir_with`]).

@@ -2,7 +2,8 @@
 //! memory, and checks them against free disk, available RAM and `run.disk_budget`, exiting
 //! non-zero with the reason when a run would not fit.
 //!
-//! Prints each stage's time and cost estimate (`stages::cost`). Cached stages need nothing new. Estimates come from input sizes (see each stage's `plan`), so
+//! The checks themselves are `stages::fit`'s, which `pipeline run` makes too before its first
+//! stage. Prints each stage's time and cost estimate (`stages::cost`). Cached stages need nothing new. Estimates come from input sizes (see each stage's `plan`), so
 //! they are coarse; the check exists to catch the run that cannot fit, hours before it fails.
 
 use std::path::{Path, PathBuf};
@@ -13,7 +14,8 @@ use crate::bytes::format_bytes;
 use crate::config::Config;
 use crate::machine::{available_memory_bytes, free_disk_bytes};
 use crate::model::Checkpoint;
-use crate::stages::{stage_state, Plan, Resolve, StageState};
+use crate::stages::fit::{self, Needs};
+use crate::stages::{Plan, Resolve};
 
 #[derive(Debug, clap::Args)]
 pub struct PreflightArgs {
@@ -76,9 +78,7 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
         "inputs: all {} resolved",
         plan.stages.iter().map(|s| s.inputs.len()).sum::<usize>()
     );
-    let mut disk = 0u64;
-    let mut peak_mem = 0u64;
-    let mut gpu_stages: Vec<(String, u64, crate::stages::StageKind)> = Vec::new();
+    let needs = Needs::not_done(&plan);
     crate::outln!(
         "{:<11} {:<12} {:<12} {:>12} {:>12} {:>12}",
         "stage",
@@ -88,87 +88,43 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
         "memory",
         "GPU memory"
     );
-    for s in &plan.stages {
-        let done = matches!(stage_state(&s.dir)?, StageState::Done(_));
-        let (d, m) = if done {
-            (0, 0)
-        } else {
-            (s.estimate.disk_bytes, s.estimate.memory_bytes)
-        };
-        disk += d;
-        peak_mem = peak_mem.max(m);
-        let g = if done { 0 } else { s.estimate.gpu_bytes };
-        if g > 0 {
-            gpu_stages.push((s.name.clone(), g, s.kind));
-        }
+    for s in &needs.stages {
         crate::outln!(
             "{:<11} {:<12} {:<12} {:>12} {:>12} {:>12}",
             s.name,
             s.key.get(..12).unwrap_or(&s.key),
-            if done { "cached" } else { "to run" },
-            format_bytes(d),
-            format_bytes(m),
-            if g > 0 { format_bytes(g) } else { "-".into() }
+            if s.to_run { "to run" } else { "cached" },
+            format_bytes(s.disk),
+            format_bytes(s.memory),
+            if s.gpu > 0 {
+                format_bytes(s.gpu)
+            } else {
+                "-".into()
+            }
         );
-    }
-    // the report's markdown and charts, written after the last stage
-    if plan
-        .stages
-        .iter()
-        .any(|s| !matches!(stage_state(&s.dir), Ok(StageState::Done(_))))
-    {
-        disk += REPORT_BYTES;
     }
     let free_disk = free_disk_bytes(&cfg.workdir)?;
     let avail_mem = available_memory_bytes();
     crate::outln!(
         "needs {} of disk (free at {}: {}) and {} of memory (available: {})",
-        format_bytes(disk),
+        format_bytes(needs.disk),
         cfg.workdir.display(),
         format_bytes(free_disk),
-        format_bytes(peak_mem),
+        format_bytes(needs.memory),
         avail_mem.map(format_bytes).unwrap_or("unknown".into())
     );
-    let mut problems = Vec::new();
-    problems.extend(check_models(cfg, &plan));
-    if !plan_only {
-        problems.extend(check_writable(&cfg.workdir));
-    }
-    if disk > free_disk && !plan_only {
-        problems.push(format!(
-            "the run needs about {} of disk but {} has {} free",
-            format_bytes(disk),
-            cfg.workdir.display(),
-            format_bytes(free_disk)
-        ));
-    }
-    if let Some(budget) = cfg.disk_budget_bytes {
-        if disk > budget {
-            problems.push(format!(
-                "the run needs about {} of disk, over run.disk_budget = {}",
-                format_bytes(disk),
-                format_bytes(budget)
-            ));
-        }
-    }
-    if let Some(avail) = avail_mem.filter(|_| !plan_only) {
-        if peak_mem > avail {
-            problems.push(format!(
-                "a stage needs about {} of memory but {} is available",
-                format_bytes(peak_mem),
-                format_bytes(avail)
-            ));
-        }
-    }
+    let mut problems = check_models(cfg, &plan);
+    problems.extend(fit::machine_problems(cfg, &needs, plan_only)?);
     // several GPUs named: which of them the GPU stages fit on (the comparison says), failing
     // only when none does
     let mut fits: Vec<Option<String>> = Vec::new();
-    if gpus.len() > 1 && !gpu_stages.is_empty() {
+    let gpu_stages = needs.gpu_stages().count() > 0;
+    if gpus.len() > 1 && gpu_stages {
         for g in &gpus {
-            let over: Vec<String> = gpu_stages
-                .iter()
-                .filter(|(_, need, _)| *need > g.memory)
-                .map(|(name, need, _)| format!("{name} needs {}", format_bytes(*need)))
+            let over: Vec<String> = needs
+                .gpu_stages()
+                .filter(|s| s.gpu > g.memory)
+                .map(|s| format!("{} needs {}", s.name, format_bytes(s.gpu)))
                 .collect();
             crate::outln!(
                 "GPU memory: {}: {}: {}",
@@ -188,34 +144,11 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
                 gpus.iter().map(|g| g.name).collect::<Vec<_>>().join(", ")
             ));
         }
-    } else if !gpu_stages.is_empty() {
+    } else if gpu_stages {
         match gpu_memory(plan_only, gpu)? {
             Some((what, have)) => {
                 crate::outln!("GPU memory: {what}: {}", format_bytes(have));
-                for (name, need, kind) in &gpu_stages {
-                    if *need > have {
-                        use crate::stages::StageKind;
-                        let hint = match kind {
-                            StageKind::Train | StageKind::Pretrain => {
-                                "see its budget: `pipeline train` prints it line by line; \
-                                 recompute = true, a smaller micro_batch_tokens or \
-                                 loss_chunk_tokens, optimizer_offload = true, or a larger GPU"
-                            }
-                            _ => {
-                                "the weights in bf16, the CUDA context and the least KV cache \
-                                 that runs max_num_seqs sequences of max_new_tokens; lower \
-                                 max_num_seqs or max_new_tokens, kv_cache_dtype = \"fp8\", or a \
-                                 larger GPU"
-                            }
-                        };
-                        problems.push(format!(
-                            "the {name} stage needs about {} of GPU memory but {what} has {} \
-                             ({hint})",
-                            format_bytes(*need),
-                            format_bytes(have)
-                        ));
-                    }
-                }
+                problems.extend(fit::gpu_problems(&needs, &what, have));
             }
             None => crate::outln!(
                 "GPU memory: not checked (name the GPU with --plan-only --gpu h100|h200|b200, \
@@ -264,9 +197,6 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-/// Disk planned for the report (report.md and its PNG charts: ~600 KiB for the shipped configs).
-const REPORT_BYTES: u64 = 768 << 10;
-
 /// What would make loading each input model fail at a stage's start ([`Checkpoint::verify`]:
 /// whole weight files, tensors of the config's shapes, a tokenizer that parses) and, where the
 /// config samples with `chat`, a chat template that parses. Models that are a stage's output,
@@ -299,27 +229,6 @@ fn check_models(cfg: &Config, plan: &Plan) -> Vec<String> {
     problems
 }
 
-/// A test write where the work dir is (or, not yet made, in its nearest existing folder): a
-/// read-only file system or an unwritable parent fails here rather than at the first stage.
-fn check_writable(workdir: &Path) -> Option<String> {
-    let mut at = workdir;
-    while !at.exists() {
-        at = at.parent()?;
-    }
-    let probe = at.join(format!(".preflight-write-{}", std::process::id()));
-    match std::fs::write(&probe, b"x") {
-        Ok(()) => {
-            let _ = std::fs::remove_file(&probe);
-            None
-        }
-        Err(e) => Some(format!(
-            "the work dir {} cannot be written (a test file in {}: {e})",
-            workdir.display(),
-            at.display()
-        )),
-    }
-}
-
 /// The GPU memory GPU stages are checked against, and what it is: the named GPU, or (not
 /// planning for another machine) the first device's total memory when this binary opens it.
 fn gpu_memory(
@@ -332,14 +241,7 @@ fn gpu_memory(
     if plan_only {
         return Ok(None);
     }
-    #[cfg(feature = "cuda")]
-    {
-        if let Ok(dev) = crate::cuda::sampler_device(0) {
-            let (_, total) = crate::cuda::memory_info(&dev)?;
-            return Ok(Some((crate::train::memory::device_name(&dev), total)));
-        }
-    }
-    Ok(None)
+    fit::local_gpu_memory()
 }
 
 /// The GPU the time estimate is for: the named one, else this machine's first device when this

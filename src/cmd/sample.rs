@@ -40,7 +40,7 @@ pub struct SampleArgs {
     #[arg(long)]
     pub num_shards: Option<usize>,
     /// Only the first N problems.
-    #[arg(long)]
+    #[arg(long, value_parser = super::at_least_one::<usize>)]
     pub limit: Option<usize>,
     /// Skip malformed rows of the input (counted and said) instead of stopping at the first.
     #[arg(long)]
@@ -94,6 +94,12 @@ pub fn run(a: &SampleArgs) -> Result<()> {
         .validate()
         .map_err(|e| anyhow::anyhow!("--{}", e.replacen('_', "-", 3)))?;
     let spec = source_spec(a)?;
+    // before the model loads and hours of sampling: the output can be written
+    if let crate::data::source::Location::Local(input) = &spec.location {
+        crate::store::check_output_file(&a.output, &[input], "--output")?;
+    } else {
+        crate::store::check_output_file(&a.output, &[], "--output")?;
+    }
     let files = hub::resolve(&spec.location)?;
     // Without an answer field a mapped source has no gold: load it with a stand-in, then clear.
     let mut spec_for_load = spec.clone();
@@ -114,6 +120,7 @@ pub fn run(a: &SampleArgs) -> Result<()> {
         }
     }
     let shard = resolve_shard(a.shard.as_deref(), a.num_shards)?;
+    let set = crate::jobs::sample::parts::problems_digest(&problems);
     if let Some(shard) = shard {
         problems.retain(|p| in_shard(&p.problem_id, shard));
         tracing::info!("shard {}/{}: {} problems", shard.0, shard.1, problems.len());
@@ -138,6 +145,7 @@ pub fn run(a: &SampleArgs) -> Result<()> {
         settings,
         &problems,
         shard.unwrap_or((0, 1)),
+        Some(&set),
         &a.output,
         &progress,
     )?;

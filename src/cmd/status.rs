@@ -99,6 +99,16 @@ fn show(a: &StatusArgs, cfg: Option<&Config>) -> Result<()> {
             root.display()
         );
     }
+    // a run writes its plan before its first stage; a folder without it or a stage is another
+    // folder (a typo, the repository, a model), and an empty table would say "nothing wrong"
+    if !root.join(crate::store::PLAN).is_file() && !root.join("stages").is_dir() {
+        bail!(
+            "{} is not the work dir of a run (no {} and no stages/ in it): give the folder a \
+             `pipeline run` wrote, its --workdir or run.workdir",
+            root.display(),
+            crate::store::PLAN
+        );
+    }
     loop {
         let st = status(&root, a.stall_after)?;
         if a.json {

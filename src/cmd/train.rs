@@ -36,8 +36,9 @@ pub struct TrainArgs {
     /// Overrides `lr`.
     #[arg(long)]
     pub lr: Option<f64>,
-    /// Stop after this step with a checkpoint; the same command later continues from it.
-    #[arg(long)]
+    /// Stop after this step (1 or more) with a checkpoint; the same command later continues
+    /// from it.
+    #[arg(long, value_parser = super::at_least_one::<u64>)]
     pub stop_after: Option<u64>,
     /// Overrides `device`: cpu, cuda or cuda:N.
     #[arg(long)]
@@ -52,8 +53,7 @@ pub struct TrainArgs {
 
 /// Reads train settings from `path`: its `[train]` table, or the whole file.
 pub fn read_settings(path: &Path) -> Result<TrainSettings> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let text = crate::bytes::read_settings_file(path, "train settings")?;
     let value: toml::Table =
         toml::from_str(&text).with_context(|| format!("{} is not valid TOML", path.display()))?;
     let table = match value.get("train") {
@@ -61,9 +61,13 @@ pub fn read_settings(path: &Path) -> Result<TrainSettings> {
         Some(_) => anyhow::bail!("{}: `train` is not a table", path.display()),
         None => value,
     };
-    let s: TrainSettings = table
-        .try_into()
-        .map_err(|e: toml::de::Error| anyhow::anyhow!("{}: [train]: {}", path.display(), e))?;
+    let s: TrainSettings = table.try_into().map_err(|e: toml::de::Error| {
+        anyhow::anyhow!(
+            "{}: [train]: {}",
+            path.display(),
+            crate::config::plain_message(e.message().trim())
+        )
+    })?;
     s.validate()
         .map_err(|e| anyhow::anyhow!("{}: `train.{e}", path.display()))?;
     Ok(s)

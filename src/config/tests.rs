@@ -202,6 +202,20 @@ fn pretrain_and_rounds_are_validated() {
         "differs from `pretrain.prompt_template`",
     );
     bad("\nrounds = 2\n", "\nrounds = 0\n", "`run.rounds`");
+    // a section given as a value names what was wanted, not a Rust type
+    let e = parse(&format!("train = 5\n{OK}")).unwrap_err().to_string();
+    assert!(
+        e.contains("expected a table of keys") && !e.contains("struct"),
+        "{e}"
+    );
+    // a huge count is refused at once (it planned without end, memory growing)
+    let t = std::time::Instant::now();
+    bad(
+        "\nrounds = 2\n",
+        "\nrounds = 1000000000\n",
+        "1000000000 rounds: at most 100",
+    );
+    assert!(t.elapsed().as_secs() < 5);
     bad(
         "[pretrain.train]\n",
         "[pretrain.train]\nmodel = \"x\"\n",

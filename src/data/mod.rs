@@ -86,6 +86,9 @@ pub fn load_source_with(
     let mut rep = LoadReport::default();
     let mut seen = HashSet::new();
     'files: for file in files {
+        if records::FileKind::of(file)? == records::FileKind::Parquet {
+            check_column_types(spec, file)?;
+        }
         for rec in read_records(file)? {
             if spec.limit.is_some_and(|l| out.len() >= l) {
                 break 'files;
@@ -139,6 +142,73 @@ pub fn load_source_with(
         );
     }
     Ok((out, rep))
+}
+
+/// A Parquet source's mapped columns hold what they are read as: text for the problem and the
+/// solution; text or integers (or lists of them: OlympiadBench's several answers) for the answer,
+/// an id, a subject and a level. A binary column (bytes) or a floating-point answer (0.1 read
+/// back as 0.1000000000000000055...) would be coerced to text silently: refused, naming the file,
+/// column and type. AMC's answers are published as floats (27.0): the `amc` format takes them.
+fn check_column_types(spec: &SourceSpec, file: &std::path::Path) -> Result<()> {
+    use arrow_schema::DataType as T;
+    let f = std::fs::File::open(file)?;
+    let builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(f)
+        .map_err(|e| anyhow::anyhow!("{} is not a readable Parquet file: {e}", file.display()))?;
+    let schema = builder.schema().clone();
+    fn text(t: &T) -> bool {
+        match t {
+            T::Utf8 | T::LargeUtf8 | T::Utf8View => true,
+            T::Dictionary(_, v) => text(v),
+            _ => false,
+        }
+    }
+    fn integer(t: &T) -> bool {
+        t.is_integer() || matches!(t, T::Dictionary(_, v) if v.is_integer())
+    }
+    let f = &spec.fields;
+    let float_answer = spec.format == SourceFormat::Amc;
+    let mut wanted: Vec<(&str, &str, Box<dyn Fn(&T) -> bool>)> = Vec::new();
+    for p in &f.problem {
+        wanted.push((p, "text", Box::new(text)));
+    }
+    if let Some(s) = &f.solution {
+        wanted.push((s, "text", Box::new(text)));
+    }
+    let scalar = move |t: &T| text(t) || integer(t) || (float_answer && t.is_floating());
+    let answer_ok = move |t: &T| match t {
+        T::List(item) | T::LargeList(item) => scalar(item.data_type()),
+        t => scalar(t),
+    };
+    if let Some(a) = &f.answer {
+        let what = if float_answer {
+            "text or numbers"
+        } else {
+            "text or integers"
+        };
+        wanted.push((a, what, Box::new(answer_ok)));
+    }
+    for k in [&f.id, &f.subject, &f.level].into_iter().flatten() {
+        wanted.push((
+            k,
+            "text or integers",
+            Box::new(|t: &T| text(t) || integer(t)),
+        ));
+    }
+    for (name, what, ok) in wanted {
+        let Ok(field) = schema.field_with_name(name) else {
+            continue;
+        };
+        if !ok(field.data_type()) {
+            bail!(
+                "source `{}`: {}: column `{name}` is {}, not {what}; convert the column (a \
+                 number as text keeps its exact digits)",
+                spec.name,
+                file.display(),
+                field.data_type()
+            );
+        }
+    }
+    Ok(())
 }
 
 fn problem_from_record(spec: &SourceSpec, rec: &Record) -> Result<Problem, String> {
@@ -325,5 +395,71 @@ mod tests {
         assert_eq!(rows.len(), 1);
         assert_eq!(rep.bad_rows, 2);
         assert!(rep.bad_examples[1].contains(":3: the answer field has no `####"));
+    }
+
+    /// A Parquet column of the wrong type (a binary solution, a float answer) is refused naming
+    /// the file, column and type; integers and AMC's float answers are read.
+    #[test]
+    fn parquet_columns_of_the_wrong_type_are_refused() {
+        use arrow_array::{ArrayRef, BinaryArray, Float64Array, Int64Array, StringArray};
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, answer: ArrayRef, solution: ArrayRef| {
+            let p = dir.path().join(name);
+            let problem: ArrayRef = Arc::new(StringArray::from(vec!["What is 1+1?"]));
+            let batch = arrow_array::RecordBatch::try_from_iter([
+                ("problem", problem),
+                ("answer", answer),
+                ("solution", solution),
+            ])
+            .unwrap();
+            let mut w = parquet::arrow::ArrowWriter::try_new(
+                std::fs::File::create(&p).unwrap(),
+                batch.schema(),
+                None,
+            )
+            .unwrap();
+            w.write(&batch).unwrap();
+            w.close().unwrap();
+            p
+        };
+        let text = |s: &str| -> ArrayRef { Arc::new(StringArray::from(vec![s])) };
+        let load_as = |p: &PathBuf, format| {
+            let mut s = spec("x", format, p);
+            s.fields.solution = Some("solution".into());
+            load_source(&s, std::slice::from_ref(p), BadRows::config(false))
+        };
+        let binary = write(
+            "binary.parquet",
+            text("2"),
+            Arc::new(BinaryArray::from(vec![b"1+1=2".as_slice()])),
+        );
+        let e = load_as(&binary, SourceFormat::Math)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("binary.parquet: column `solution` is Binary, not text"),
+            "{e}"
+        );
+        let float = write(
+            "float.parquet",
+            Arc::new(Float64Array::from(vec![2.0])),
+            text("1+1=2"),
+        );
+        let e = load_as(&float, SourceFormat::Math).unwrap_err().to_string();
+        assert!(
+            e.contains("float.parquet: column `answer` is Float64, not text or integers"),
+            "{e}"
+        );
+        // AMC publishes its answers as floats
+        let (rows, _) = load_as(&float, SourceFormat::Amc).unwrap();
+        assert_eq!(rows[0].gold_answer, "2.0");
+        let int = write(
+            "int.parquet",
+            Arc::new(Int64Array::from(vec![2])),
+            text("1+1=2"),
+        );
+        let (rows, _) = load_as(&int, SourceFormat::Math).unwrap();
+        assert_eq!(rows[0].gold_answer, "2");
     }
 }

@@ -61,8 +61,9 @@ pub struct RowError {
 
 pub type Records = Box<dyn Iterator<Item = Result<Record, RowError>>>;
 
-/// Opens `path` and streams its records.
+/// Opens `path` (a regular file: a directory or a pipe is refused) and streams its records.
 pub fn read_records(path: &Path) -> Result<Records> {
+    crate::bytes::regular_file(path)?;
     match FileKind::of(path)? {
         FileKind::Jsonl => jsonl_records(path),
         FileKind::Parquet => parquet_records(path),
@@ -72,7 +73,12 @@ pub fn read_records(path: &Path) -> Result<Records> {
 fn jsonl_records(path: &Path) -> Result<Records> {
     let f = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let path = path.to_path_buf();
-    let lines = BufReader::new(f).split(b'\n').enumerate();
+    // a read error ends the stream after it is reported (a failing read may fail forever)
+    let mut failed = false;
+    let lines = BufReader::new(f)
+        .split(b'\n')
+        .take_while(move |l| !std::mem::replace(&mut failed, l.is_err()))
+        .enumerate();
     Ok(Box::new(lines.filter_map(move |(i, line)| {
         let row = i + 1;
         let err = |message: String, fatal: bool| RowError {

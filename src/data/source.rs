@@ -246,6 +246,12 @@ impl RawSource {
                 "{origin}: `{key}`: format = \"mapped\" needs `problem_field` and `answer_field`"
             ));
         }
+        if s.limit == Some(0) {
+            return Err(format!(
+                "{origin}: `{key}.limit`: 0 reads no problem: give 1 or more, or leave it out for \
+                 every row"
+            ));
+        }
         let location = Location::parse(&s.path, base, s.split.as_deref())
             .map_err(|e| format!("{origin}: `{key}.path`: {e}"))?;
         Ok(SourceSpec {

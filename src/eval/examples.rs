@@ -248,8 +248,13 @@ fn verdict(e: &Example) -> String {
     } else {
         ""
     };
+    // a right answer reached through a false step is not an example of correct work
+    let step = match crate::verify::steps::false_step(&e.completion) {
+        Some(s) if e.correct => format!(", but it states a false step: `{s}`"),
+        _ => String::new(),
+    };
     format!(
-        "answer {ans}, gold `{}`: {}{len}{cut}",
+        "answer {ans}, gold `{}`: {}{len}{cut}{step}",
         e.gold,
         if e.correct { "correct" } else { "wrong" }
     )
@@ -438,6 +443,20 @@ mod tests {
         let b = completions_batch(rows, true, false).unwrap();
         write_parquet_atomic(&p, completions_schema(true, false), &[b]).unwrap();
         p
+    }
+
+    /// A shown correct sample says when it reached its answer through a false step.
+    #[test]
+    fn a_correct_example_with_a_false_step_says_so() {
+        let mut c = row("p", 0, "4", "stop", 9);
+        let problems = HashMap::new();
+        assert!(!verdict(&example("s", "m", "correct", &c, &problems)).contains("false step"));
+        c.completion = "2 + 3 = 6, so \\boxed{4}".into();
+        let v = verdict(&example("s", "m", "correct", &c, &problems));
+        assert!(
+            v.ends_with("but it states a false step: `2 + 3 = 6`"),
+            "{v}"
+        );
     }
 
     #[test]

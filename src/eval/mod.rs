@@ -72,8 +72,7 @@ impl EvalSet {
     /// A definition file.
     pub fn load(file: &Path) -> Result<EvalSet> {
         let origin = file.display().to_string();
-        let text =
-            std::fs::read_to_string(file).with_context(|| format!("cannot read {origin}"))?;
+        let text = crate::bytes::read_settings_file(file, "eval set definition")?;
         let mut table: toml::Table =
             toml::from_str(&text).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
         for key in table.keys() {
@@ -212,6 +211,14 @@ impl EvalConfig {
         })?;
         let model: Option<String> = own(t, "model")?;
         let limit: Option<usize> = own(t, "limit")?;
+        if limit == Some(0) {
+            return Err(KeyError::Value {
+                key: Some("limit".into()),
+                message: "0 evaluates no problem: give 1 or more, or leave it out for every \
+                          problem of each set"
+                    .into(),
+            });
+        }
         let rest: toml::Table = t
             .iter()
             .filter(|(k, _)| !EVAL_KEYS.contains(&k.as_str()))
@@ -399,7 +406,7 @@ pub fn evaluate(
                 format!("eval {} {}", set.name, model_slug(model)),
                 progress_file.map(Path::to_path_buf),
             );
-            let summary = run_settings(&s, &problems, (0, 1), &samples, &target)?;
+            let summary = run_settings(&s, &problems, (0, 1), None, &samples, &target)?;
             let outcomes = outcomes(&samples, &levels)?;
             let m = metrics::compute(&outcomes, s.params.seed);
             let r = EvalResult {

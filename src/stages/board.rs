@@ -1,7 +1,8 @@
 //! What each stage puts on TensorBoard, under `<workdir>/tensorboard/<stage name>/`: the train
 //! and pretrain stages every logged step (their trainer writes it, see `train::trainer`), a
 //! sample stage its round's throughput and pass rate (step = the round), the eval stage each
-//! set's pass@1 per model (step = 0 for the base, then the round that trained the model).
+//! set's pass@1 per model (step = 0 for the base, then the round that trained the model). Pass
+//! rates are in percent, as the report gives them.
 //!
 //! Written from the finished stage's counts and files, so a rerun writes the same scalars.
 //! Knows the stages' outputs, not how they are computed.
@@ -49,12 +50,12 @@ pub fn write(stage: &PlannedStage, m: &Manifest) -> Result<()> {
                 scalar(
                     "sample/generated_tokens_per_second".into(),
                     step,
-                    count("generated_tokens") as f64 / m.wall_seconds.max(1e-9),
+                    super::sample::computed_generated_tokens(m) as f64 / m.wall_seconds.max(1e-9),
                 ),
                 scalar(
                     "sample/pass_rate".into(),
                     step,
-                    count("correct") as f64 / count("samples").max(1) as f64,
+                    100.0 * count("correct") as f64 / count("samples").max(1) as f64,
                 ),
             ]
         }
@@ -77,7 +78,7 @@ pub fn write(stage: &PlannedStage, m: &Manifest) -> Result<()> {
                     scalar(
                         format!("eval/{}/pass@1", r.set),
                         step,
-                        r.metrics.pass_at_1.value,
+                        100.0 * r.metrics.pass_at_1.value,
                     )
                 })
                 .collect()

@@ -474,6 +474,7 @@ pub fn apply_rules(
         "truncated",
         "no_answer",
         "incorrect",
+        "false_step",
         "too_short",
         "too_long",
         "duplicate",
@@ -558,6 +559,9 @@ fn drop_rule(
     }
     if !g.correct {
         return Some("incorrect");
+    }
+    if cfg.check_arithmetic && crate::verify::steps::false_step(&row.completion).is_some() {
+        return Some("false_step");
     }
     let chars = row.completion.chars().count() as u64;
     let tokens = completion_tokens(row);
@@ -667,6 +671,7 @@ mod tests {
             decontaminate_against: Vec::new(),
             against: Vec::new(),
             keep_pass_rate: None,
+            check_arithmetic: true,
         }
     }
 
@@ -743,7 +748,18 @@ mod tests {
             row("c", "\\boxed{4}", UNKNOWN_PROBLEM, false, "stop"),
             row("d", "so \\boxed{4}", "exact", true, "stop"),
             row("d", "no idea", "no_answer", false, "stop"),
+            row("e", "3 + 4 = 8, so \\boxed{4}", "exact", true, "stop"),
         ];
+        // with the arithmetic check off, the false step is kept
+        let (kept, _) = apply_rules(
+            &FilterConfig {
+                check_arithmetic: false,
+                ..cfg()
+            },
+            rows.clone(),
+            &HashSet::from(["d", "c"]),
+        );
+        assert!(kept.iter().any(|r| r.problem_id == "e"));
         let (kept, counts) = apply_rules(&cfg(), rows, &HashSet::from(["d", "c"]));
         let get = |k: &str| counts.iter().find(|(n, _)| n == k).unwrap().1;
         assert_eq!(kept.len(), 2);
@@ -756,7 +772,8 @@ mod tests {
         assert_eq!(get("removed.too_long"), 1);
         assert_eq!(get("removed.unknown_problem"), 1);
         assert_eq!(get("removed.contaminated"), 2);
-        assert_eq!(get("input_rows"), 12);
-        assert_eq!(get("reason.exact"), 8);
+        assert_eq!(get("removed.false_step"), 1);
+        assert_eq!(get("input_rows"), 13);
+        assert_eq!(get("reason.exact"), 9);
     }
 }

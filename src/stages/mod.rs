@@ -16,6 +16,7 @@ pub mod cost;
 pub mod data;
 pub mod eval;
 pub mod filter;
+pub mod fit;
 pub mod mix;
 pub mod plan;
 pub mod pretrain;

@@ -6,18 +6,23 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::store::{self, InputRef};
 
 /// The verifier's source, compiled in: stages whose output depends on it take this as an input,
-/// so any change to the verifier re-runs them.
-const VERIFIER_SOURCES: [&str; 5] = [
+/// so any change to the verifier re-runs them. Every file of `verify/` but its tests (a test
+/// checks it: units, exact evaluation and the arithmetic-step rule decide verdicts too).
+const VERIFIER_SOURCES: [&str; 9] = [
     include_str!("../verify/mod.rs"),
     include_str!("../verify/extract.rs"),
     include_str!("../verify/normalize.rs"),
     include_str!("../verify/equiv.rs"),
     include_str!("../verify/expr.rs"),
+    include_str!("../verify/eval.rs"),
+    include_str!("../verify/units.rs"),
+    include_str!("../verify/types.rs"),
+    include_str!("../verify/steps.rs"),
 ];
 
 /// The verifier as a stage input.
@@ -142,17 +147,8 @@ fn checkpoint_input(ck: &crate::model::Checkpoint) -> Result<InputRef> {
 /// A file input: its content hash and size.
 pub fn file_input(name: &str, path: &Path) -> Result<(InputRef, u64)> {
     // a FIFO or device would block the hash (and the read) forever
-    let meta =
-        std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
-    if !meta.is_file() {
-        anyhow::bail!(
-            "{}: not a regular file (a pipe, socket or device cannot be hashed or read twice); \
-             give a data file",
-            path.display()
-        );
-    }
+    let bytes = crate::bytes::regular_file(path)?;
     let hash = store::hash_file(path)?;
-    let bytes = std::fs::metadata(path)?.len();
     Ok((
         InputRef {
             name: name.to_string(),
@@ -183,4 +179,26 @@ pub fn eval_set_input(set: &crate::eval::EvalSet, resolve: &Resolve) -> Result<I
         location,
         hash: store::hash_json(&serde_json::json!(parts)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every source file of the verifier is part of its stage input: a verdict decided by a
+    /// file left out would not re-run the stages it changes.
+    #[test]
+    fn the_verifier_input_covers_every_verifier_file() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/verify");
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.file_name().is_some_and(|n| n == "tests.rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&p).unwrap();
+            assert!(
+                super::VERIFIER_SOURCES.contains(&text.as_str()),
+                "{} is not in VERIFIER_SOURCES",
+                p.display()
+            );
+        }
+    }
 }

@@ -159,6 +159,12 @@ pub fn run(
             crate::outln!("  {l}");
         }
     }
+    // preflight's checks of disk, memory and GPU memory, before the first stage
+    super::fit::check_run(cfg, &plan, |i, s| {
+        i < last
+            && (first_forced.is_some_and(|f| i >= f)
+                || !matches!(stage_state(&s.dir), Ok(StageState::Done(_))))
+    })?;
     let total = Instant::now();
     for (i, stage) in plan.stages.iter().enumerate().take(last) {
         let forced = first_forced.is_some_and(|f| i >= f);

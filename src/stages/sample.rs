@@ -193,14 +193,36 @@ pub fn shard_dir(stage: &PlannedStage, (i, n): (usize, usize)) -> PathBuf {
     stage.dir.join(SHARDS).join(format!("{i}-of-{n}"))
 }
 
+/// The manifest count of the tokens the stage's last process generated (its throughput with
+/// its wall time); `generated_tokens` counts the output's.
+pub const COMPUTED_GENERATED_TOKENS: &str = "generated_tokens_this_process";
+
+/// The tokens a done sample stage's last process (or its shards) generated in its wall time:
+/// [`COMPUTED_GENERATED_TOKENS`], or `generated_tokens` in manifests of older versions.
+pub fn computed_generated_tokens(m: &store::Manifest) -> u64 {
+    let count = |k: &str| m.counts.iter().find(|c| c.0 == k).map(|c| c.1);
+    count(COMPUTED_GENERATED_TOKENS)
+        .or_else(|| count("generated_tokens"))
+        .unwrap_or(0)
+}
+
 fn counts(summary: &JobSummary) -> Counts {
     let mut counts = vec![
         ("problems".to_string(), summary.problems as u64),
         // the output's, resumed parts included (the tokens are this process's compute)
-        ("samples".to_string(), summary.output_rows),
-        ("correct".to_string(), summary.output_correct),
-        ("prompt_tokens".to_string(), summary.prompt_tokens),
-        ("generated_tokens".to_string(), summary.generated_tokens),
+        ("samples".to_string(), summary.output.rows),
+        ("correct".to_string(), summary.output.correct),
+        // the output's tokens (a resumed run's earlier processes included), and this process's
+        // compute, which its wall time is the time of
+        ("prompt_tokens".to_string(), summary.output.prompt_tokens),
+        (
+            "generated_tokens".to_string(),
+            summary.output.generated_tokens,
+        ),
+        (
+            COMPUTED_GENERATED_TOKENS.to_string(),
+            summary.generated_tokens,
+        ),
     ];
     // mistral.rs does not say how often it preempted: no count rather than a zero.
     if let Some(p) = summary.preemptions {
@@ -263,6 +285,7 @@ pub fn run_shard(
         return Ok(());
     }
     let (mut problems, _) = stage_problems(plan, stage)?;
+    let set = crate::jobs::sample::parts::problems_digest(&problems);
     problems.retain(|p| in_shard(&p.problem_id, shard));
     tracing::info!(
         "==> {} shard {}/{}: {} problems -> {} (pid {} on {})",
@@ -281,7 +304,7 @@ pub fn run_shard(
     );
     let t0 = std::time::Instant::now();
     let settings = settings_for(s, stage);
-    let summary = run_settings(&settings, &problems, shard, &out, &target)?;
+    let summary = run_settings(&settings, &problems, shard, Some(&set), &out, &target)?;
     summary.print(&out);
     let mut counts = counts(&summary);
     if let Some(r) = rationalize_of(stage)? {
@@ -295,7 +318,7 @@ pub fn run_shard(
             shard,
             key: stage.key.clone(),
             counts,
-            rows: summary.output_rows,
+            rows: summary.output.rows,
             wall_seconds: t0.elapsed().as_secs_f64(),
             host: crate::machine::hostname(),
         },
@@ -369,13 +392,13 @@ pub fn run(s: &SampleSettings, plan: &Plan, stage: &PlannedStage) -> Result<Stag
     let target =
         crate::progress::Target::new(stage.name.clone(), Some(stage.dir.join(store::PROGRESS)));
     let settings = settings_for(s, stage);
-    let summary = run_settings(&settings, &problems, (0, 1), &out, &target)?;
+    let summary = run_settings(&settings, &problems, (0, 1), None, &out, &target)?;
     summary.print(&out);
     let mut counts = counts(&summary);
     if resampled {
         counts.push(("problems_skipped".into(), skipped));
     }
-    let mut outputs = vec![output_file(&stage.dir, &out, summary.output_rows)?];
+    let mut outputs = vec![output_file(&stage.dir, &out, summary.output.rows)?];
     if let Some(r) = rationalize_of(stage)? {
         let rs = rationalize::run(&settings, &r, &problems, &out, &stage.dir, (0, 1), &target)?;
         counts.extend(rs.counts());
@@ -393,7 +416,7 @@ pub fn run(s: &SampleSettings, plan: &Plan, stage: &PlannedStage) -> Result<Stag
     Ok(StageOutput {
         outputs,
         counts,
-        rows: summary.output_rows,
+        rows: summary.output.rows,
     })
 }
 

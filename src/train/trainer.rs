@@ -259,6 +259,21 @@ pub fn run(job: &TrainJob) -> Result<TrainSummary> {
         .with_file(job.progress_file.clone())
         .resumed(r.start);
     let mut checkpointed = r.from;
+    // a stop at or before the checkpoint resumed from: nothing to train now (the loop below
+    // would pass the stop and train to the end)
+    if let Some(k) = job
+        .stop_after
+        .filter(|&k| k <= r.start && r.start < p.total)
+    {
+        tracker.finish();
+        tracing::info!(
+            "--stop-after {k}: the run is already at step {} of {}; nothing trained (rerun \
+             without it, or with a later step, to continue)",
+            r.start,
+            p.total
+        );
+        return Ok(summary(&totals, r.start, true));
+    }
     for step in r.start..p.total {
         let m = p.step(&mut r, step, loop_start)?;
         writeln!(r.metrics, "{}", serde_json::to_string(&m)?)?;

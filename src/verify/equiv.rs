@@ -1,16 +1,21 @@
 //! Equivalence of a predicted answer and a gold answer.
 //!
-//! The ladder: identical strings (`exact`), identical normalised strings (`normalized`),
-//! then the shape of the normalised answers: matrices (`matrix`), unions of intervals and
-//! intervals (`interval`, bracket kinds must agree), tuples (`tuple`, ordered), sets and
-//! bare answer lists (`set`, unordered), equations up to a nonzero factor and
-//! inequalities against intervals (`equation`), multiple-choice letters (`choice`), words
-//! (case-insensitive string comparison), and scalars: exact rationals (`rational`),
-//! evaluation at points (`symbolic`) and written-precision decimals (`numeric`).
+//! The ladder: identical strings (`exact`), answers whose units differ (`mismatch`, see
+//! [`super::units::units_differ`]), identical normalised strings (`normalized`), then the
+//! shape of the normalised answers: matrices (`matrix`), unions of intervals and
+//! intervals (`interval`, bracket kinds must agree), tuples (`tuple`, ordered; `(1;4;-3)`
+//! is `(1,4,-3)`), sets and bare answer lists (`set`, unordered; a `\{…\}` set, or a
+//! `{…}` in plain braces with a comma, ignores repeated elements), equations up to a
+//! nonzero factor, a label and its value (`(a,b)=(5,1)` is `(5,1)`, see
+//! [`super::normalize::is_label`]) and inequalities against intervals (`equation`:
+//! `-t>-3` is `t<3`, `0<g(t)<2` is `(0,2)`, `2\le|w|\le5` is `[-5,-2]\cup[2,5]`),
+//! multiple-choice letters (`choice`), words (case-insensitive string comparison), and
+//! scalars: exact rationals (`rational`), evaluation at points (`symbolic`) and
+//! written-precision decimals (`numeric`).
 //! See the module documentation of [`super`] for the decisions on percent, decimals and
 //! mixed numbers.
 //!
-//! It does not know units or domains, and answers longer than [`MAX_COMPARE_LEN`] bytes
+//! It does not know domains, and answers longer than [`MAX_COMPARE_LEN`] bytes
 //! are compared as whitespace-free strings only. Recursion over shapes is limited to
 //! [`MAX_SHAPE_DEPTH`], lists to [`MAX_ITEMS`] elements, and every step ticks the budget.
 
@@ -21,7 +26,7 @@ use num_traits::Signed;
 
 use super::eval;
 use super::expr::{self, Node};
-use super::normalize::{normalize_answer, strip_commands, strip_outer};
+use super::normalize::{is_label, normalize_answer, strip_commands, strip_outer};
 use super::types::{Budget, GradeOptions, Reason};
 
 /// Longest answer (bytes) that gets more than a string comparison.
@@ -45,15 +50,11 @@ pub fn is_equivalent(pred: &str, gold: &str, opts: &GradeOptions) -> Reason {
         return Reason::Exact;
     }
     // both with units: the same unit, or not equal (never a silent strip of both)
-    if pred.len() <= MAX_COMPARE_LEN && gold.len() <= MAX_COMPARE_LEN {
-        if let (Some(pu), Some(gu)) = (
-            super::units::unit_of(strip_outer(pred)),
-            super::units::unit_of(gold_bare),
-        ) {
-            if pu != gu {
-                return Reason::Mismatch;
-            }
-        }
+    if pred.len() <= MAX_COMPARE_LEN
+        && gold.len() <= MAX_COMPARE_LEN
+        && super::units::units_differ(strip_outer(pred), gold_bare)
+    {
+        return Reason::Mismatch;
     }
     if pred.len() > MAX_COMPARE_LEN || gold.len() > MAX_COMPARE_LEN {
         let squash = |s: &str| s.split_whitespace().collect::<String>();
@@ -76,6 +77,20 @@ pub fn is_equivalent(pred: &str, gold: &str, opts: &GradeOptions) -> Reason {
         Some(r) => r,
         None if budget.expired() => Reason::Timeout,
         None => Reason::Mismatch,
+    }
+}
+
+/// Whether `gold` is a list or a set of at least two answers (`4, 9`, `\{1,2\}`,
+/// `(1,2),(3,4)`): then [`super::grade`] also tries the boxes that end a completion
+/// joined as one list.
+pub fn is_list_answer(gold: &str) -> bool {
+    if gold.len() > MAX_COMPARE_LEN {
+        return false;
+    }
+    let g = normalize_answer(gold);
+    match shape(&g) {
+        Shape::Set(v) | Shape::List(v) => v.len() >= 2,
+        _ => false,
     }
 }
 
@@ -157,6 +172,12 @@ fn shape(s: &str) -> Shape {
             return Shape::Set(items(inner));
         }
     }
+    // `{-7,7}`: a set written with plain braces (a single `{5}` is only TeX grouping)
+    if let Some(inner) = s.strip_prefix('{').and_then(|x| x.strip_suffix('}')) {
+        if encloses(s) && split_top(inner, ",").len() > 1 {
+            return Shape::Set(items(inner));
+        }
+    }
     if s == "\\emptyset" {
         return Shape::Set(Vec::new());
     }
@@ -165,7 +186,8 @@ fn shape(s: &str) -> Shape {
         (bytes.first(), bytes.last())
     {
         let inner = s.get(1..s.len().saturating_sub(1)).unwrap_or("");
-        if encloses(s) && split_top(inner, ",").len() > 1 {
+        // `(1;4;-3)`: semicolons separate a tuple's entries too
+        if encloses(s) && (split_top(inner, ",").len() > 1 || split_top(inner, ";").len() > 1) {
             return Shape::Bracket {
                 open,
                 close,
@@ -215,7 +237,21 @@ fn compare_shapes(ps: &Shape, gs: &Shape, depth: usize, b: &mut Budget) -> Optio
             (vector && ordered(&flat, items, d, b)).then_some(Reason::Matrix)
         }
         (Union(a), Union(c)) => unordered(a, c, d, b).then_some(Reason::Interval),
-        (Set(a) | List(a), Set(c) | List(c)) => unordered(a, c, d, b).then_some(Reason::Set),
+        (Set(a) | List(a), Set(c) | List(c)) => {
+            if unordered(a, c, d, b) {
+                return Some(Reason::Set);
+            }
+            // a set ignores repeated elements: `\{1,1,2\}` is `\{1,2\}` (only when one is
+            // written twice: otherwise the lists of the same length were compared above)
+            let is_set = matches!(ps, Set(_)) || matches!(gs, Set(_));
+            let repeats = |v: &[String]| {
+                v.iter()
+                    .enumerate()
+                    .any(|(i, x)| v.iter().skip(i + 1).any(|y| x == y))
+            };
+            let may_repeat = a.len() != c.len() || repeats(a) || repeats(c);
+            (is_set && may_repeat && same_elements(a, c, d, b)).then_some(Reason::Set)
+        }
         (Set(a), Scalar(_)) | (Scalar(_), Set(a)) if a.len() == 1 => {
             let (x, y) = match (ps, gs) {
                 (Set(_), Scalar(s)) => (a.first()?.as_str(), s.as_str()),
@@ -300,6 +336,22 @@ fn unordered(a: &[String], c: &[String], depth: usize, b: &mut Budget) -> bool {
         }
     }
     true
+}
+
+/// Every element of each side equals some element of the other (sets with repeats).
+fn same_elements(a: &[String], c: &[String], depth: usize, b: &mut Budget) -> bool {
+    !a.is_empty()
+        && !c.is_empty()
+        && a.len() <= MAX_ITEMS
+        && c.len() <= MAX_ITEMS
+        && covers(a, c, depth, b)
+        && covers(c, a, depth, b)
+}
+
+/// Every element of `x` equals some element of `y`.
+fn covers(x: &[String], y: &[String], depth: usize, b: &mut Budget) -> bool {
+    x.iter()
+        .all(|u| y.iter().any(|v| compare(u, v, depth, b).is_some()))
 }
 
 /// Whether the first character's bracket closes at the last character.
@@ -407,9 +459,10 @@ fn matrix(s: &str) -> Option<Vec<Vec<String>>> {
     (!rows.is_empty() && rows.len() <= MAX_ITEMS).then_some(rows)
 }
 
-/// `(first, last)` sides when `s` has top-level `=` (a chain `a=b=c` gives `(a, c)`).
+/// `(first, last)` sides when `s` has top-level `=` (a chain `a=b=c` gives `(a, c)`) and no
+/// top-level comma (`x=1,y=2` is a list; `(a,b)=(5,1)` is one equation).
 fn split_equation(s: &str) -> Option<(&str, &str)> {
-    if s.contains(',') {
+    if !s.contains('=') || (s.contains(',') && split_top(s, ",").len() > 1) {
         return None;
     }
     let parts = split_top(s, "=");
@@ -428,57 +481,145 @@ fn is_constant(s: &str, b: &mut Budget) -> bool {
     })
 }
 
-/// A left-hand side that only names the answer: `x`, `a_1`, `\theta`, `f(x)`, `f'(x)`,
-/// `f^{-1}(x)`.
+/// A left-hand side that only names the answer (see [`is_label`]): `x`, `a_1`, `\theta`,
+/// `f(x)`, `f'(x)`, `f^{-1}(x)`, `(a,b)`, `|PQ|`, `AB:CD`.
 fn simple_lhs(l: &str) -> bool {
-    let bare = l.split('(').next().unwrap_or(l);
-    let bare = bare.trim_end_matches('\'');
-    let bare = bare
-        .strip_suffix("^{-1}")
-        .or_else(|| bare.strip_suffix("^-1"))
-        .unwrap_or(bare);
-    let head = bare.strip_prefix('\\').unwrap_or(bare);
-    let name_ok = head.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
-        && head
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '{' || c == '}')
-        && (head.len() <= 3 || bare.starts_with('\\'));
-    let args_ok = match l.find('(') {
-        Some(p) => {
-            l.ends_with(')')
-                && l.get(p + 1..l.len().saturating_sub(1))
-                    .is_some_and(|a| a.len() <= 3)
-        }
-        None => true,
-    };
-    name_ok && args_ok
+    is_label(l)
 }
 
-/// `x<2` → `(-\infty,2)`, `a\le x<b` → `[a,b)`, for a single-letter variable.
+/// The set of values an inequality allows, as an interval or a union of two:
+/// `x<2` → `(-\infty,2)`, `a\le x<b` → `[a,b)`, `-t>-3` → `(-\infty,3)`, `0<g(t)<2` →
+/// `(0,2)`, `2\le|w|\le5` → `[-5,-2]\cup[2,5]`. The bounded quantity is a variable (see
+/// [`is_var`]), its negation or its absolute value (whose bounds must not start with `-`).
 fn inequality_interval(s: &str) -> Option<String> {
     let (parts, ops) = split_relations(s)?;
-    let var = |x: &str| x.len() == 1 && x.chars().all(|c| c.is_ascii_alphabetic());
-    let lower = |op: &str| if op == "<" || op == ">" { "(" } else { "[" };
-    let upper = |op: &str| if op == "<" || op == ">" { ")" } else { "]" };
     let less = |op: &str| op == "<" || op == "\\le";
-    match (parts.as_slice(), ops.as_slice()) {
-        ([a, x], [op]) if var(x) && !var(a) => Some(if less(op) {
-            format!("{}{a},\\infty)", lower(op))
-        } else {
-            format!("(-\\infty,{a}{}", upper(op))
-        }),
-        ([x, a], [op]) if var(x) => Some(if less(op) {
-            format!("(-\\infty,{a}{}", upper(op))
-        } else {
-            format!("{}{a},\\infty)", lower(op))
-        }),
-        ([a, x, c], [o1, o2]) if var(x) && less(o1) == less(o2) => Some(if less(o1) {
-            format!("{}{a},{c}{}", lower(o1), upper(o2))
-        } else {
-            format!("{}{c},{a}{}", lower(o2), upper(o1))
-        }),
-        _ => None,
+    let incl = |op: &str| op == "\\le" || op == "\\ge";
+    type Bound = Option<(String, bool)>;
+    let bound = |v: &str, op: &str| -> Bound { Some((v.to_string(), incl(op))) };
+    let (term, lower, upper): (&str, Bound, Bound) = match (parts.as_slice(), ops.as_slice()) {
+        ([a, x], [op]) if is_term(x) && !is_term(a) => {
+            if less(op) {
+                (*x, bound(a, op), None)
+            } else {
+                (*x, None, bound(a, op))
+            }
+        }
+        ([x, a], [op]) if is_term(x) => {
+            if less(op) {
+                (*x, None, bound(a, op))
+            } else {
+                (*x, bound(a, op), None)
+            }
+        }
+        ([a, x, c], [o1, o2]) if is_term(x) && less(o1) == less(o2) => {
+            if less(o1) {
+                (*x, bound(a, o1), bound(c, o2))
+            } else {
+                (*x, bound(c, o2), bound(a, o1))
+            }
+        }
+        _ => return None,
+    };
+    let neg = |bd: &Bound| -> Bound { bd.as_ref().map(|(v, i)| (negate(v), *i)) };
+    if is_var(term) {
+        return Some(interval_text(&lower, &upper));
     }
+    if let Some(v) = term.strip_prefix('-') {
+        // `-t>-3`: `t<3`
+        return is_var(v).then(|| interval_text(&neg(&upper), &neg(&lower)));
+    }
+    let v = term.strip_prefix('|').and_then(|x| x.strip_suffix('|'))?;
+    let nonnegative = |bd: &Bound| bd.as_ref().is_none_or(|(x, _)| !x.starts_with('-'));
+    if !is_var(v) || !nonnegative(&lower) || !nonnegative(&upper) {
+        return None;
+    }
+    match (&lower, &upper) {
+        (None, Some(_)) => Some(interval_text(&neg(&upper), &upper)),
+        (Some(_), None) => Some(format!(
+            "{}\\cup{}",
+            interval_text(&None, &neg(&lower)),
+            interval_text(&lower, &None)
+        )),
+        (Some(_), Some(_)) => Some(format!(
+            "{}\\cup{}",
+            interval_text(&neg(&upper), &neg(&lower)),
+            interval_text(&lower, &upper)
+        )),
+        (None, None) => None,
+    }
+}
+
+/// `(a,b]`, `(-\infty,b)`, ... from two bounds `(value, inclusive)`; `None` is infinite.
+fn interval_text(lower: &Option<(String, bool)>, upper: &Option<(String, bool)>) -> String {
+    let left = match lower {
+        Some((v, true)) => format!("[{v}"),
+        Some((v, false)) => format!("({v}"),
+        None => "(-\\infty".to_string(),
+    };
+    let right = match upper {
+        Some((v, true)) => format!("{v}]"),
+        Some((v, false)) => format!("{v})"),
+        None => "\\infty)".to_string(),
+    };
+    format!("{left},{right}")
+}
+
+/// `-a` as text: `3` for `-3`, `-x` for `x`, `-(1-x)` for `1-x`.
+fn negate(a: &str) -> String {
+    let signed = |t: &str| split_top(t, "+").len() > 1 || split_top(t, "-").len() > 1;
+    if let Some(r) = a.strip_prefix('-') {
+        if !r.is_empty() && !signed(r) {
+            return r.to_string();
+        }
+    }
+    if signed(a) {
+        format!("-({a})")
+    } else {
+        format!("-{a}")
+    }
+}
+
+/// What an inequality may bound: a variable, `-` a variable or `|`a variable`|`.
+fn is_term(x: &str) -> bool {
+    is_var(x)
+        || x.strip_prefix('-').is_some_and(is_var)
+        || x.strip_prefix('|')
+            .and_then(|v| v.strip_suffix('|'))
+            .is_some_and(is_var)
+}
+
+/// A quantity an inequality bounds: a letter or a Greek letter, optionally subscripted
+/// (`x`, `x_1`, `t_{10}`, `\theta`), or its value at a short argument (`g(t)`, `f(x_1)`).
+fn is_var(x: &str) -> bool {
+    let (head, args) = match x.find('(') {
+        Some(p) => match x.get(p + 1..).and_then(|a| a.strip_suffix(')')) {
+            Some(args) => (x.get(..p).unwrap_or(""), Some(args)),
+            None => return false,
+        },
+        None => (x, None),
+    };
+    if let Some(a) = args {
+        if a.is_empty() || a.len() > 4 || !a.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            return false;
+        }
+    }
+    let (name, sub) = match head.split_once('_') {
+        Some((n, sub)) => (n, Some(sub)),
+        None => (head, None),
+    };
+    if let Some(sub) = sub {
+        let sub = sub
+            .strip_prefix('{')
+            .and_then(|t| t.strip_suffix('}'))
+            .unwrap_or(sub);
+        if sub.is_empty() || sub.len() > 3 || !sub.chars().all(|c| c.is_ascii_alphanumeric()) {
+            return false;
+        }
+    }
+    let letter = name.len() == 1 && name.chars().all(|c| c.is_ascii_alphabetic());
+    letter || name.strip_prefix('\\').is_some_and(expr::is_greek)
 }
 
 /// Split at top-level `<`, `>`, `\le`, `\ge`.

@@ -167,6 +167,11 @@ pub fn is_function_name(name: &str) -> bool {
     FUNCTIONS.iter().any(|(n, _)| *n == name) || name == "sqrt"
 }
 
+/// Whether `name` (without its backslash) is a Greek letter the parser reads as a variable.
+pub fn is_greek(name: &str) -> bool {
+    GREEK.contains(&name)
+}
+
 /// Parse a normalised scalar expression. `None` when it is not a supported expression.
 pub fn parse(s: &str, budget: &mut Budget) -> Option<Node> {
     let toks = tokenize(s)?;

@@ -3,12 +3,16 @@
 //! Removes presentation that never changes the value: `$`/`\(`/`\[` delimiters, one
 //! wrapping `\boxed{}`, `\left`/`\right`/`\big`, spacing commands, `\dfrac`/`\tfrac`,
 //! `\text{}`/`\mbox{}`/`\textbf{}`/`\mathrm{}` wrappers, trailing unit words, `^\circ`,
-//! `\$`, thousands separators, `x \in` prefixes, trailing periods and spacing; writes
-//! `\%` as `%`, `\frac12` as `\frac{1}{2}`, `x^{2}` as `x^2`, `.5` as `0.5`, `(C)` as `C`,
+//! `\$`, thousands separators (`2,310`; never when some comma of the answer is followed by
+//! a space: `300, 400` is a list), `x \in` prefixes, trailing periods and stray trailing
+//! backslashes (`42.`, `42\`, `42\\`, `\boxed{B}.`) and spacing; writes
+//! `\%` and `percent` / `per cent` as `%`, `\frac12` as `\frac{1}{2}`, `x^{2}` as `x^2`,
+//! `.5` as `0.5`, `(C)` as `C`,
 //! ` or ` / ` and ` between answers as `,`, unicode math symbols as LaTeX, a wrapped
 //! name before a parenthesis (`\mathrm{Var}(X)`) as `\operatorname{Var}(X)`, and a whole
 //! answer that is a time of day as `4:30\text{ p.m.}` (a.m./p.m. are never dropped as
-//! units; see `clock_time`).
+//! units; see `clock_time`). `a \approx b` keeps `a`, unless `a` is a label ([`is_label`]
+//! with a letter: `y \approx 7` is written `y=7`).
 //!
 //! It does not evaluate anything and keeps `x =` prefixes (the comparison decides what
 //! an equation means). Inputs longer than [`MAX_NORMALIZE_LEN`] bytes only lose their
@@ -112,6 +116,7 @@ pub fn normalize_answer(s: &str) -> String {
             t = t.replace(from, to);
         }
     }
+    let list_commas = has_list_comma(&t);
     if let Some(time) = clock_time(&t) {
         return time;
     }
@@ -126,8 +131,16 @@ pub fn normalize_answer(s: &str) -> String {
     t = unwrap_wrappers(&t);
     t = strip_bare_unit(&t);
     t = collapse_spaces(&t);
-    t = canonical_forms(t);
+    t = canonical_forms(t, list_commas);
     t
+}
+
+/// Whether a comma is followed by whitespace (`300, 400`): then the commas separate
+/// items and are never thousands separators (`2,310` and `32,\!348` have none).
+fn has_list_comma(s: &str) -> bool {
+    s.as_bytes()
+        .windows(2)
+        .any(|w| w.first() == Some(&b',') && w.get(1).is_some_and(u8::is_ascii_whitespace))
 }
 
 /// Strip whitespace, `$…$`, `\(…\)`, `\[…\]` and one `\boxed{…}` spanning the input.
@@ -135,6 +148,7 @@ pub fn strip_outer(s: &str) -> &str {
     let mut t = s.trim();
     for _ in 0..4 {
         let before = t.len();
+        t = trim_trailing_junk(t);
         for (open, close) in [("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")] {
             if let Some(inner) = t.strip_prefix(open).and_then(|x| x.strip_suffix(close)) {
                 t = inner.trim();
@@ -159,6 +173,85 @@ pub fn strip_outer(s: &str) -> &str {
         }
     }
     t
+}
+
+/// `s` without trailing periods and stray trailing backslashes (`42.`, `42\`, `42\\`,
+/// `\boxed{B}.`). A trailing backslash never ends a value (`\}` and `\%` end in their
+/// character).
+fn trim_trailing_junk(s: &str) -> &str {
+    let mut t = s;
+    loop {
+        let before = t.len();
+        t = t.trim_end_matches('.').trim_end();
+        t = t.trim_end_matches('\\').trim_end();
+        if t.len() == before {
+            return t;
+        }
+    }
+}
+
+/// Whether `l` (a normalised left-hand side) only names the value on the other side of
+/// its `=` (or `\approx`): a name (`x`, `a_1`, `\theta`, `AB`, `\overline{AB}`), a
+/// function value (`f(x)`, `f'(x)`, `f^{-1}(x)`, short arguments), a tuple of names
+/// (`(a,b)`), a length (`|PQ|`), a ratio of names (`AB:CD`), an angle (`\angle ABC`) or
+/// an area (`[ABC]`). `2x`, `x^2` and `5x-7y` are not labels.
+pub fn is_label(l: &str) -> bool {
+    if l.is_empty() || l.len() > 64 {
+        return false;
+    }
+    if is_named_value(l) {
+        return true;
+    }
+    let all_names = |parts: Vec<&str>| parts.len() >= 2 && parts.iter().all(|n| is_name(n));
+    if let Some(inner) = l.strip_prefix('(').and_then(|x| x.strip_suffix(')')) {
+        return all_names(inner.split(',').collect());
+    }
+    if let Some(inner) = l.strip_prefix('|').and_then(|x| x.strip_suffix('|')) {
+        return is_name(inner);
+    }
+    if l.contains(':') {
+        return all_names(l.split(':').collect());
+    }
+    if let Some(inner) = l.strip_prefix('[').and_then(|x| x.strip_suffix(']')) {
+        return (2..=4).contains(&inner.len()) && inner.bytes().all(|b| b.is_ascii_uppercase());
+    }
+    for angle in ["m\\angle", "\\angle", "\\measuredangle"] {
+        if let Some(rest) = l.strip_prefix(angle) {
+            return is_name(rest.trim_start());
+        }
+    }
+    false
+}
+
+/// A name: a letter, or a `\command`, then letters, digits, `_` and braces (`x`, `a_1`,
+/// `x_{10}`, `\theta`, `\overline{AB}`); at most three characters without a backslash.
+fn is_name(s: &str) -> bool {
+    let head = s.strip_prefix('\\').unwrap_or(s);
+    head.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+        && head
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '{' || c == '}')
+        && (head.len() <= 3 || s.starts_with('\\'))
+}
+
+/// A name, primed or inverted (`f'`, `f^{-1}`), optionally applied to an argument of at
+/// most three bytes (`f(x)`, `P(A)`).
+fn is_named_value(l: &str) -> bool {
+    let bare = l.split('(').next().unwrap_or(l);
+    let bare = bare.trim_end_matches('\'');
+    let bare = bare
+        .strip_suffix("^{-1}")
+        .or_else(|| bare.strip_suffix("^-1"))
+        .unwrap_or(bare);
+    let args_ok = match l.find('(') {
+        Some(p) => {
+            l.ends_with(')')
+                && l.get(p + 1..l.len().saturating_sub(1))
+                    .is_some_and(|a| a.len() <= 3)
+        }
+        None => true,
+    };
+    is_name(bare) && args_ok
 }
 
 /// A time of day in canonical form: `4:30\text{ p.m.}` for `\text{4:30 p.m.}`,
@@ -298,7 +391,14 @@ fn strip_decorations(mut t: String) -> String {
     if t.contains("{,}") {
         t = t.replace("{,}", ",");
     }
-    for w in ["\\text{ percent}", "\\text{percent}", " percent"] {
+    for w in [
+        "\\text{ per cent}",
+        "\\text{per cent}",
+        " per cent",
+        "\\text{ percent}",
+        "\\text{percent}",
+        " percent",
+    ] {
         if t.contains(w) {
             t = t.replace(w, "%");
         }
@@ -562,22 +662,39 @@ fn ends_with_command(s: &str) -> bool {
     trimmed.len() < s.len() && trimmed.ends_with('\\')
 }
 
-/// Thousands separators, shorthand fractions, script braces, leading dots, prefixes,
-/// trailing punctuation, choice letters.
-fn canonical_forms(mut t: String) -> String {
-    if let Some((before, _)) = t.split_once("\\approx") {
+/// Thousands separators (unless `list_commas`: see [`has_list_comma`]), shorthand
+/// fractions, script braces, leading dots, prefixes, trailing punctuation and
+/// backslashes, choice letters, `\approx`.
+fn canonical_forms(mut t: String, list_commas: bool) -> String {
+    if let Some((before, after)) = t.split_once("\\approx") {
         if !before.is_empty() {
-            t = before.to_string();
+            // `y\approx 7` names its value; `6\sqrt{2}\approx 8.49` is the exact value first
+            let value = after.split("\\approx").next().unwrap_or("");
+            let label = is_label(before)
+                && strip_commands(before)
+                    .chars()
+                    .any(|c| c.is_ascii_alphabetic());
+            t = if label && !value.is_empty() {
+                format!("{before}={value}")
+            } else {
+                before.to_string()
+            };
         }
     }
-    t = t.trim_end_matches(['.', ',', ';', ':']).to_string();
+    loop {
+        let before = t.len();
+        t = t
+            .trim_end_matches(['.', ',', ';', ':'])
+            .trim_end_matches('\\')
+            .to_string();
+        if t.len() == before {
+            break;
+        }
+    }
     if t.contains("\\overline") {
         t = repeating_decimals(&t);
     }
-    while let Some(x) = t.strip_suffix("\\\\") {
-        t = x.to_string();
-    }
-    if t.contains(',') && THOUSANDS_RE.as_ref().is_some_and(|re| re.is_match(&t)) {
+    if !list_commas && t.contains(',') && THOUSANDS_RE.as_ref().is_some_and(|re| re.is_match(&t)) {
         t = t.replace(',', "");
     }
     if t.contains("\\frac") {

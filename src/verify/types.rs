@@ -34,6 +34,9 @@ pub enum ExtractMethod {
     Hash,
     AnswerIs,
     FinalAnswer,
+    /// The value stated by the closing sentence of a completion without a box
+    /// (`So the smallest $k$ is 12.`).
+    Statement,
     LastNumber,
 }
 
@@ -45,6 +48,7 @@ impl ExtractMethod {
             ExtractMethod::Hash => "hash",
             ExtractMethod::AnswerIs => "answer_is",
             ExtractMethod::FinalAnswer => "final_answer",
+            ExtractMethod::Statement => "statement",
             ExtractMethod::LastNumber => "last_number",
         }
     }
@@ -55,6 +59,10 @@ impl ExtractMethod {
 pub struct Extracted {
     pub answer: String,
     pub method: ExtractMethod,
+    /// When the completion ends with several boxes separated only by commas, `and`, `or`,
+    /// spacing or `$` (`\boxed{4}, \boxed{9}`): their contents joined by `, `, in order.
+    /// [`super::grade`] reads it instead of `answer` when the gold is a list or a set.
+    pub list_alternative: Option<String>,
 }
 
 /// Why a verdict came out the way it did. The correct reasons say how the answers

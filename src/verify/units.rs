@@ -4,8 +4,16 @@
 //! [`split_unit`] separates a value from the unit it ends with and names the unit canonically
 //! (wrappers, `~`, `\,` and spaces dropped; spellings and plurals mapped to symbols: `meters`
 //! and `m` are `m`, `hours` and `hr` are `h`). Only known units count, so a letter that is a
-//! variable or a constant (`2\mathrm{e}`, `x\text{ and }y`) is never read as one. No
-//! conversions: `100 cm` and `1 m` are different units.
+//! variable or a constant (`2\mathrm{e}`, `x\text{ and }y`) is never read as one. A degree
+//! sign followed by a scale is a temperature (`20^\circ\text{C}`, `20 °F`, `20 degrees
+//! Celsius` are `°C` / `°F`); a bare `20^\circ` carries no unit. No conversions: `100 cm` and
+//! `1 m` are different units, and so are `\$7` and `7 cents`.
+//!
+//! [`units_differ`] decides whether two answers carry different units: two known units
+//! (including a leading `\$`, the unit `$`) that differ, where `deg` goes with either
+//! temperature scale and `C` with `°C`; or two unknown words after a number
+//! (`3 pears`, `3 plums`: lower case, singular) that differ. A unit on one side only, or
+//! a known unit against an unknown word, is no difference.
 //!
 //! Knows nothing of extraction or equivalence; used by `normalize` (a value with a unit
 //! equals the bare value) and `equiv` (two answers with different units are not equal).
@@ -98,6 +106,70 @@ const SPELLINGS: &[(&str, &str)] = &[
     ("mu m", "µm"),
     ("mum", "µm"),
     ("aa", "Å"),
+    ("centimetre", "cm"),
+    ("centimetres", "cm"),
+    ("millimetre", "mm"),
+    ("millimetres", "mm"),
+    ("kilometre", "km"),
+    ("kilometres", "km"),
+    ("celsius", "°C"),
+    ("centigrade", "°C"),
+    ("fahrenheit", "°F"),
+];
+
+/// Degree marks, longest first, as they end a value (`20^\circ`) or open a scale
+/// (`\text{°C}`, `degrees Celsius`).
+const DEGREE_MARKS: &[&str] = &[
+    "{}^{\\circ}",
+    "{}^\\circ",
+    "^{\\circ}",
+    "^{\\circ }",
+    "^\\circ",
+    "^{\\degree}",
+    "^\\degree",
+    "\\circ",
+    "\\degree",
+    "°",
+    "degrees",
+    "degree",
+    "deg",
+];
+
+/// Words after a number that are not units (`3 or 5`, `7 pm`, `15 percent`, `2 \pi`).
+const NOT_UNITS: &[&str] = &[
+    "and",
+    "or",
+    "to",
+    "of",
+    "the",
+    "per",
+    "percent",
+    "pct",
+    "am",
+    "pm",
+    "pi",
+    "infty",
+    "inf",
+    "sin",
+    "cos",
+    "tan",
+    "cot",
+    "sec",
+    "csc",
+    "log",
+    "ln",
+    "exp",
+    "sqrt",
+    "only",
+    "total",
+    "exactly",
+    "approximately",
+    "approx",
+    "about",
+    "roughly",
+    "each",
+    "in",
+    "is",
 ];
 
 /// One unit factor as written (`cm`, `meters`, `km/s`, `s^{-1}`, `\mu m`), canonical, or `None`
@@ -197,6 +269,9 @@ fn trailing_group(s: &str) -> Option<(usize, &str)> {
 
 /// `(value, unit)` when `s` is a value followed by known units; the unit canonical.
 pub fn split_unit(s: &str) -> Option<(String, String)> {
+    if let Some(found) = degree_scale(s) {
+        return Some(found);
+    }
     let mut rest = s.trim().trim_end_matches('.').trim_end().to_string();
     let mut parts: Vec<String> = Vec::new();
     for _ in 0..8 {
@@ -279,6 +354,11 @@ pub fn split_unit(s: &str) -> Option<(String, String)> {
         .map(|p| canonical(p))
         .collect::<Option<Vec<_>>>()?
         .join("·");
+    // `degrees Celsius` is the scale
+    let unit = match unit.strip_prefix("deg·") {
+        Some(t) if t == "°C" || t == "°F" => t.to_string(),
+        _ => unit,
+    };
     let ends_like_a_value = value
         .trim_end()
         .ends_with(|c: char| c.is_ascii_digit() || c == '}' || c == ')' || c == '%');
@@ -323,4 +403,205 @@ fn is_power(p: &str) -> bool {
 /// The canonical unit `s` ends with, if any (see [`split_unit`]).
 pub fn unit_of(s: &str) -> Option<String> {
     split_unit(s).map(|(_, u)| u)
+}
+
+/// `20^\circ\text{C}`, `20^{\circ} F`, `20 °C`, `20\,^\circ\mathrm{C}`, `20\text{ °F}`,
+/// `20 degrees Celsius`: `(value, "°C" | "°F")`. A scale needs a degree mark before it (or,
+/// spelled out, is a unit by itself: see [`SPELLINGS`]); `20 C` stays coulombs.
+fn degree_scale(s: &str) -> Option<(String, String)> {
+    if !(s.contains("circ") || s.contains('°') || s.contains("deg")) {
+        return None;
+    }
+    let t = s.trim().trim_end_matches('.').trim_end();
+    let (head, scale) = match trailing_group(t) {
+        Some((start, content)) => (t.get(..start)?, content.trim().trim_start_matches('~')),
+        None => {
+            let head = t.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+            (head, t.get(head.len()..)?)
+        }
+    };
+    let scale = scale.trim();
+    let (scale, marked) = match DEGREE_MARKS.iter().find_map(|m| scale.strip_prefix(*m)) {
+        Some(rest) => (rest.trim_start_matches('~').trim(), true),
+        None => (scale, false),
+    };
+    let unit = match scale.to_ascii_lowercase().as_str() {
+        "c" | "celsius" | "centigrade" => "°C",
+        "f" | "fahrenheit" => "°F",
+        _ => return None,
+    };
+    let mut value = trim_spacing(head);
+    if !marked {
+        let marked_value = value;
+        let bare = DEGREE_MARKS
+            .iter()
+            .find_map(|m| marked_value.strip_suffix(*m))?;
+        value = trim_spacing(bare);
+    }
+    let ends_like_a_value = value.ends_with(|c: char| c.is_ascii_digit() || c == '}' || c == ')');
+    if value.is_empty() || !ends_like_a_value || has_free_letters(value) {
+        return None;
+    }
+    Some((value.to_string(), unit.to_string()))
+}
+
+/// `s` without trailing spacing commands, `~`, `\text{ }` and empty groups `{}`.
+fn trim_spacing(s: &str) -> &str {
+    let mut v = s.trim_end();
+    loop {
+        let before = v.len();
+        for sp in [
+            "\\,",
+            "\\;",
+            "\\:",
+            "\\!",
+            "\\ ",
+            "~",
+            "\\text{ }",
+            "\\mbox{ }",
+            "{}",
+            "\\",
+        ] {
+            if let Some(x) = v.strip_suffix(sp) {
+                v = x.trim_end();
+            }
+        }
+        if v.len() == before {
+            return v;
+        }
+    }
+}
+
+/// `\$7`, `-\$7`, `\$ 18.90`: a dollar amount written with a leading sign (the unit `$`).
+fn currency(s: &str) -> Option<String> {
+    let t = s.trim();
+    let t = t.strip_prefix('-').unwrap_or(t).trim_start();
+    let rest = t
+        .strip_prefix("\\$")
+        .or_else(|| t.strip_prefix("\\textdollar"))?;
+    let v = trim_spacing(rest.trim());
+    let number = v.bytes().any(|b| b.is_ascii_digit())
+        && v.ends_with(|c: char| c.is_ascii_digit() || c == '}')
+        && !has_free_letters(v);
+    number.then(|| "$".to_string())
+}
+
+/// Unknown unit words after a number (`3 pears`, `3\text{ pears}`, `\text{3 pears}`):
+/// lower case, the last word singular (`pear`). One to three words of letters, none of
+/// them in [`NOT_UNITS`]; outside a `\text{}` the first word has at least three letters
+/// and all of them at least four, so `2 xy` (a product) is no unit.
+fn word_unit(s: &str) -> Option<String> {
+    let mut t = s.trim().trim_end_matches('.').trim_end();
+    if let Some((0, content)) = trailing_group(t) {
+        t = content.trim();
+    }
+    let (value, words, wrapped) = match trailing_group(t) {
+        Some((start, content)) => (t.get(..start)?, content, true),
+        None => {
+            let run = t
+                .bytes()
+                .rev()
+                .take_while(|b| b.is_ascii_alphabetic() || *b == b' ')
+                .count();
+            let run_start = t.len() - run;
+            let split = run_start + t.get(run_start..)?.find(' ')?;
+            (t.get(..split)?, t.get(split..)?, false)
+        }
+    };
+    let ws: Vec<&str> = words.split_whitespace().collect();
+    if ws.is_empty()
+        || ws.len() > 3
+        || !ws
+            .iter()
+            .all(|w| w.len() >= 2 && w.bytes().all(|b| b.is_ascii_alphabetic()))
+    {
+        return None;
+    }
+    let letters: usize = ws.iter().map(|w| w.len()).sum();
+    if !wrapped && (ws.first().is_some_and(|w| w.len() < 3) || letters < 4) {
+        return None;
+    }
+    let mut lower: Vec<String> = ws.iter().map(|w| w.to_ascii_lowercase()).collect();
+    if lower.iter().any(|w| NOT_UNITS.contains(&w.as_str())) {
+        return None;
+    }
+    let v = trim_spacing(value);
+    let number = v.bytes().any(|b| b.is_ascii_digit())
+        && v.ends_with(|c: char| c.is_ascii_digit() || c == '}' || c == ')' || c == '%')
+        && !has_free_letters(v);
+    if !number {
+        return None;
+    }
+    if let Some(last) = lower.last_mut() {
+        *last = singular(last);
+    }
+    Some(lower.join(" "))
+}
+
+/// `pears` → `pear`, `boxes` → `box`, `pennies` → `penny`, `glasses` → `glass`.
+fn singular(w: &str) -> String {
+    if let Some(stem) = w.strip_suffix("ies").filter(|s| s.len() >= 2) {
+        return format!("{stem}y");
+    }
+    for es in ["sses", "xes", "ches", "shes"] {
+        if w.ends_with(es) {
+            return w.get(..w.len() - 2).unwrap_or(w).to_string();
+        }
+    }
+    match w.strip_suffix('s') {
+        Some(stem) if !stem.ends_with('s') && stem.len() >= 2 => stem.to_string(),
+        _ => w.to_string(),
+    }
+}
+
+/// What an answer says about its unit, for [`units_differ`].
+enum UnitTag {
+    /// A known unit, canonical (`cm`, `°C`, `$`).
+    Known(String),
+    /// Unknown words after a number (`pear`).
+    Word(String),
+}
+
+fn unit_tag(s: &str) -> Option<UnitTag> {
+    if !s
+        .bytes()
+        .any(|b| b.is_ascii_alphabetic() || b == b'$' || !b.is_ascii())
+    {
+        return None;
+    }
+    if let Some(u) = unit_of(s) {
+        return Some(UnitTag::Known(u));
+    }
+    if let Some(u) = currency(s) {
+        return Some(UnitTag::Known(u));
+    }
+    word_unit(s).map(UnitTag::Word)
+}
+
+/// Whether two known units name the same thing: equal, or `deg` against a temperature, or
+/// coulombs' `C` against `°C` (a bare `C` after a temperature is Celsius).
+fn compatible(x: &str, y: &str) -> bool {
+    let temperature = |u: &str| u == "°C" || u == "°F";
+    x == y
+        || (x == "deg" && temperature(y))
+        || (y == "deg" && temperature(x))
+        || (x == "C" && y == "°C")
+        || (y == "C" && x == "°C")
+}
+
+/// Whether `a` and `b` carry units that differ (see the module documentation): two known
+/// units that are not compatible (equal, or `deg` against a temperature, or `C` against
+/// `°C`), or two unknown unit words that differ.
+pub fn units_differ(a: &str, b: &str) -> bool {
+    let Some(ua) = unit_tag(a) else {
+        return false;
+    };
+    let Some(ub) = unit_tag(b) else {
+        return false;
+    };
+    match (ua, ub) {
+        (UnitTag::Known(x), UnitTag::Known(y)) => !compatible(&x, &y),
+        (UnitTag::Word(x), UnitTag::Word(y)) => x != y,
+        _ => false,
+    }
 }

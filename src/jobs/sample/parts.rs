@@ -22,6 +22,9 @@ use crate::data::schema::{
 pub const META_SHARD: &str = "selfdistill.shard";
 pub const META_SAMPLING_HASH: &str = "selfdistill.sampling_hash";
 pub const META_PROBLEMS: &str = "selfdistill.problems";
+/// The digest of the problem set a file's shard was cut from (absent in files of older
+/// versions).
+pub const META_PROBLEM_SET: &str = "selfdistill.problem_set";
 
 /// What defines the samples of a run's parts, as `run.json` beside them: the model (as named,
 /// and its files' digest), the problems (a digest of their ids, texts and gold answers, in
@@ -58,11 +61,17 @@ pub fn problems_digest(problems: &[Problem]) -> String {
 }
 
 /// Makes sure the parts in `parts` were committed under `key`: writes `run.json` for a new
-/// run; for a resumed one, refuses a key that differs and names the fields. Parts of an older
-/// version (no `run.json`) are kept when their rows carry `sampling_hash`.
+/// run; for a resumed one, refuses a key that differs and names the fields. A `run.json` with no
+/// part beside it (a run that stopped before committing any: a failed check, a kill during its
+/// first problems) holds nothing to mix with, and is replaced. Parts of an older version (no
+/// `run.json`) are kept when their rows carry `sampling_hash`.
 pub(super) fn check_key(parts: &Path, key: &PartsKey, sampling_hash: &str) -> Result<()> {
     let file = parts.join(PARTS_KEY);
     let new = serde_json::to_value(key)?;
+    if part_files(parts)?.is_empty() {
+        crate::store::write_json_atomic(&file, &new)?;
+        return Ok(());
+    }
     let old: serde_json::Value = match std::fs::read(&file) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .with_context(|| format!("{} is not a run record", file.display()))?,
@@ -146,18 +155,49 @@ pub fn parts_dir(output: &Path) -> PathBuf {
     PathBuf::from(s)
 }
 
-/// Joins the committed parts, in input order (then sample index), into `output` (atomically),
-/// with the shard, sampling hash and problem count as file metadata.
-/// Joins the committed parts into `output` in the problems' order; returns the rows written and
-/// how many of them are correct (the whole output's, resumed parts included).
+/// What a joined output holds: every committed part's rows, resumed ones included.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct OutputCounts {
+    pub rows: u64,
+    pub correct: u64,
+    /// The prompt tokens of its problems, each problem's prompt once (its samples share it).
+    pub prompt_tokens: u64,
+    /// The tokens of its completions.
+    pub generated_tokens: u64,
+}
+
+impl OutputCounts {
+    /// The counts of `rows`.
+    pub fn of(rows: &[Completion]) -> OutputCounts {
+        let mut problems = HashSet::new();
+        let mut c = OutputCounts::default();
+        for r in rows {
+            c.rows += 1;
+            c.correct += r.grade.as_ref().is_some_and(|g| g.correct) as u64;
+            c.generated_tokens += match (&r.completion_token_ids, r.num_completion_tokens) {
+                (Some(ids), _) => ids.len() as u64,
+                (None, Some(n)) => n.max(0) as u64,
+                (None, None) => 0,
+            };
+            if problems.insert(r.problem_id.as_str()) {
+                c.prompt_tokens += r.prompt_token_ids.as_ref().map_or(0, |p| p.len() as u64);
+            }
+        }
+        c
+    }
+}
+
+/// Joins the committed parts into `output` (atomically) in the problems' order (then sample
+/// index), with the shard, sampling hash, problem count and problem set as file metadata;
+/// returns what the output holds.
 pub(super) fn join_parts(
     parts: &Path,
     problems: &[Problem],
-    shard: (usize, usize),
+    (shard, set): ((usize, usize), &str),
     logprobs: bool,
     shash: &str,
     output: &Path,
-) -> Result<(u64, u64)> {
+) -> Result<OutputCounts> {
     let order: HashMap<&str, usize> = problems
         .iter()
         .enumerate()
@@ -177,13 +217,10 @@ pub(super) fn join_parts(
         (META_SHARD.to_string(), format!("{}/{}", shard.0, shard.1)),
         (META_SAMPLING_HASH.to_string(), shash.to_string()),
         (META_PROBLEMS.to_string(), problems.len().to_string()),
+        (META_PROBLEM_SET.to_string(), set.to_string()),
     ];
     write_parquet_atomic_kv(output, completions_schema(graded, logprobs), &batches, &kv)?;
-    let correct = rows
-        .iter()
-        .filter(|r| r.grade.as_ref().is_some_and(|g| g.correct))
-        .count();
-    Ok((rows.len() as u64, correct as u64))
+    Ok(OutputCounts::of(&rows))
 }
 
 pub(super) fn part_files(parts: &Path) -> Result<Vec<PathBuf>> {

@@ -39,9 +39,11 @@ impl PromptTemplate {
             },
             "raw" => PromptTemplate::Raw,
             path => {
-                let src = std::fs::read_to_string(path).with_context(|| {
-                    format!("prompt_template `{path}`: not chat, raw or a readable file")
-                })?;
+                let src =
+                    crate::bytes::read_settings_file(std::path::Path::new(path), "prompt_template")
+                        .with_context(|| {
+                            format!("prompt_template `{path}`: not chat, raw or a readable file")
+                        })?;
                 let env = bounded_env();
                 let template = env
                     .template_from_str(&src)

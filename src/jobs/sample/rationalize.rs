@@ -153,7 +153,8 @@ pub fn run(
         }
         return Ok(Summary::default());
     }
-    let summary: JobSummary = run_settings(&settings, &hinted, shard, &dir.join(HINTED), progress)?;
+    let summary: JobSummary =
+        run_settings(&settings, &hinted, shard, None, &dir.join(HINTED), progress)?;
     // the same rows under the prompts without the hint
     let ck = crate::model::Checkpoint::open(&s.model)?;
     let tok = ck.tokenizer()?;
@@ -191,7 +192,7 @@ pub fn run(
         problems: unsolved.len() as u64,
         samples: rows.len() as u64,
         correct,
-        generated_tokens: summary.generated_tokens,
+        generated_tokens: summary.output.generated_tokens,
     })
 }
 

@@ -52,6 +52,10 @@ pub struct JobConfig {
     pub thinking: Option<ThinkingBudget>,
     /// This run's shard `(i, n)`; `(0, 1)` for an unsharded run.
     pub shard: (usize, usize),
+    /// The digest ([`problems_digest`]) of the whole problem set the shard was cut from, as
+    /// file metadata: `pipeline merge` refuses shards of different sets. `None`: the run's own
+    /// problems are the set.
+    pub problem_set: Option<String>,
     /// Where progress goes (bar or lines, and a `progress.json`).
     pub progress: crate::progress::Target,
 }
@@ -89,6 +93,7 @@ pub fn run_settings(
     s: &SampleSettings,
     problems: &[Problem],
     shard: (usize, usize),
+    problem_set: Option<&str>,
     output: &Path,
     progress: &crate::progress::Target,
 ) -> Result<JobSummary> {
@@ -101,6 +106,17 @@ pub fn run_settings(
     let dtype = crate::model::parse_dtype(&s.dtype, &device)?;
     let kv_fp8 = s.kv_cache_dtype == "fp8";
     let vocab = ck.config.vocab_size;
+    // before the KV cache is sized for it: a length past the context is the model's limit
+    let context = ck.config.max_position_embeddings;
+    if s.params.max_new_tokens >= context {
+        bail!(
+            "max_new_tokens = {} does not fit the context of {} ({context} tokens, prompt \
+             included): give at most {}",
+            s.params.max_new_tokens,
+            s.model,
+            context.saturating_sub(1)
+        );
+    }
     if let Some(id) = s
         .params
         .stop_token_ids
@@ -140,6 +156,7 @@ pub fn run_settings(
         },
         thinking,
         shard,
+        problem_set: problem_set.map(str::to_string),
         progress: progress.clone(),
     };
     let eos = ck.eos_token_ids()?;
@@ -229,9 +246,10 @@ pub struct JobSummary {
     /// Samples drawn and correct ones in this process (a resumed run's earlier ones not counted).
     pub samples: u64,
     pub correct: u64,
-    /// Rows and correct rows of the output: every committed part, resumed ones included.
-    pub output_rows: u64,
-    pub output_correct: u64,
+    /// What the output holds: every committed part, resumed ones included.
+    pub output: super::parts::OutputCounts,
+    /// The tokens this process's engine computed (prompt tokens recomputed after a preemption
+    /// counted again; a resumed run's earlier ones not counted): its throughput.
     pub prompt_tokens: u64,
     pub generated_tokens: u64,
     /// `None` where the engine does not say (mistral.rs).
@@ -260,8 +278,8 @@ impl JobSummary {
             s.samples_saved,
             s.seconds,
             output.display(),
-            s.output_rows,
-            s.output_correct
+            s.output.rows,
+            s.output.correct
         );
     }
 }
@@ -394,10 +412,14 @@ pub fn run(
     commit_part(&parts, &mut next_part, &mut finished_problems, &mut pending)?;
     tracker.detail(detail(engine, problems.len(), &remaining, t0));
     tracker.finish();
-    (summary.output_rows, summary.output_correct) = join_parts(
+    let set = cfg
+        .problem_set
+        .clone()
+        .unwrap_or_else(|| problems_digest(problems));
+    summary.output = join_parts(
         &parts,
         problems,
-        cfg.shard,
+        (cfg.shard, &set),
         cfg.params.logprobs.is_some(),
         &shash,
         output,

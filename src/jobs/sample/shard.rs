@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::parts::{META_PROBLEMS, META_SAMPLING_HASH, META_SHARD};
+use super::parts::{META_PROBLEMS, META_PROBLEM_SET, META_SAMPLING_HASH, META_SHARD};
 use crate::data::schema::{
     completions_batch, completions_schema, has_logprobs, read_completions, write_parquet_atomic_kv,
 };
@@ -106,6 +106,7 @@ pub fn merge_ordered(
 ) -> Result<usize> {
     let mut seen: Vec<Option<PathBuf>> = Vec::new();
     let mut hash: Option<String> = None;
+    let mut set: Option<(String, &Path)> = None;
     let mut rows = Vec::new();
     let mut problems = 0usize;
     for p in inputs {
@@ -127,6 +128,22 @@ pub fn merge_ordered(
                 p.display()
             ),
             _ => {}
+        }
+        // shards of other problems (another input file, or another `--limit`) are another set,
+        // whatever their settings; files of older versions do not say, and pass
+        if let Some(s) = kv.get(META_PROBLEM_SET) {
+            match &set {
+                None => set = Some((s.clone(), p)),
+                Some((x, first)) if x != s => bail!(
+                    "{} was sampled from other problems than {} (problem set {}, not {}): the \
+                     shards of one run sample one input file with the same --limit",
+                    p.display(),
+                    first.display(),
+                    s.get(..12).unwrap_or(s),
+                    x.get(..12).unwrap_or(x)
+                ),
+                _ => {}
+            }
         }
         if seen.is_empty() {
             seen = vec![None; n];
@@ -197,6 +214,10 @@ pub fn merge_ordered(
         (META_SAMPLING_HASH.to_string(), hash.unwrap_or_default()),
         (META_PROBLEMS.to_string(), problems.to_string()),
     ];
+    let kv = kv
+        .into_iter()
+        .chain(set.map(|(s, _)| (META_PROBLEM_SET.to_string(), s)))
+        .collect::<Vec<_>>();
     write_parquet_atomic_kv(output, completions_schema(graded, logprobs), &batches, &kv)?;
     Ok(rows.len())
 }
