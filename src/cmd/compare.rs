@@ -89,10 +89,10 @@ fn labels(dirs: &[std::path::PathBuf]) -> Vec<String> {
             .map(|(p, &k)| label(p, k))
             .collect();
         let mut grew = false;
-        for i in 0..now.len() {
-            let same = now.iter().filter(|l| **l == now[i]).count() > 1;
-            if same && depth[i] < parts[i].len() {
-                depth[i] += 1;
+        for ((mine, d), p) in now.iter().zip(depth.iter_mut()).zip(&parts) {
+            let same = now.iter().filter(|l| *l == mine).count() > 1;
+            if same && *d < p.len() {
+                *d += 1;
                 grew = true;
             }
         }

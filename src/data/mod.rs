@@ -167,7 +167,8 @@ fn check_column_types(spec: &SourceSpec, file: &std::path::Path) -> Result<()> {
     }
     let f = &spec.fields;
     let float_answer = spec.format == SourceFormat::Amc;
-    let mut wanted: Vec<(&str, &str, Box<dyn Fn(&T) -> bool>)> = Vec::new();
+    type Check = Box<dyn Fn(&T) -> bool>;
+    let mut wanted: Vec<(&str, &str, Check)> = Vec::new();
     for p in &f.problem {
         wanted.push((p, "text", Box::new(text)));
     }
