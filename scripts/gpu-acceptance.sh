@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The GPU acceptance run (issue 35): the parts a lent GPU runs, in one device call, each step
-# under a timeout, every log and figure under $OUT (one file per part, at most 8 files).
+# under a timeout, every log and figure under $OUT (one file per part; a device call brings back 8).
 #
-#   scripts/gpu-acceptance.sh PART...      PART: env | correctness | speed | job | all
+#   scripts/gpu-acceptance.sh PART...      PART: env | correctness | attention | speed | job |
+#                                                probe | all
 #
 #   env          the driver, the GPU, the binary's libraries (ldd) and where they were found
 #   correctness  tests/cuda.rs's executable (kernels, greedy = CPU incl. Qwen3.5, seeded samples,
 #                the trainer's 8 steps = CPU, a killed GPU run resumed)
+#   attention    bench attention: decode attention alone, every kernel version, bf16 and fp8 KV
+#                (Qwen3-4B heads, batch 128 at context 2,176; batch 16 at 8,192)
 #   speed        bench sample (Qwen3-4B shapes, batch 1..256; Qwen3.5-0.8B shapes) and bench
 #                train (Qwen3-4B, one 4,096-token row, recompute), GPU memory sampled throughout
 #   job          whole `pipeline run all` jobs on random-weight checkpoints (`bench checkpoint`):
@@ -15,6 +18,9 @@
 #                reference solutions (a random model verifies nothing), SIGKILLed after its first
 #                checkpoint and resumed, then evaluates base and trained. Per run: wall time,
 #                GPU memory peak beside preflight's estimate, `pipeline status`.
+#   probe        scripts/gpu-probe.py: the PyTorch peer on the same GPU (ceilings, cuBLAS at the
+#                decode shapes, a Qwen3-4B decode step eager and as a CUDA graph, a Gated DeltaNet
+#                layer, the Qwen3-4B fine-tune step); needs python3 with torch (skipped without)
 #
 # Environment (defaults in brackets):
 #   OUT       where logs go [runs/acceptance]          DEVICE  cuda | cpu [cuda]
@@ -24,7 +30,9 @@
 #   SHARED    fixtures/ and data/ [.gpu/shared, else ../shared]
 #   SMALL=1   tiny shapes and sizes: the script's own test on a CPU (tests/acceptance.rs)
 #   JOBS      which jobs the job part runs ["a b"]
-#   T_*       per-step timeouts in seconds (T_TESTS, T_BENCH, T_TRAIN, T_JOB)
+#   T_*       per-step timeouts in seconds (T_TESTS, T_BENCH, T_HYB, T_TRAIN, T_JOB, T_PROBE)
+#   SPEED     which benchmarks the speed part runs ["sample hybrid train"]; SHYB, BATCH, HYB_BATCH,
+#             NEW, HYB_NEW: its shapes and sizes
 # A step that fails or times out is logged as FAILED with its exit code; the script goes on to
 # the next step and exits non-zero at the end if any failed.
 set -uo pipefail
@@ -60,15 +68,16 @@ JOBS=${JOBS:-a b}
 
 if [ "$SMALL" = 1 ]; then
   S4B=tiny; SHYB=hybrid-20m; STRAIN=tiny; BATCH=1,4; HYB_BATCH=1,4; PROMPT=16; NEW=8; HYB_NEW=8
-  REPEAT=1
+  REPEAT=1; ATTN=("--shape tiny --batch 4 --context 64 --iters 2")
   TRAIN_BENCH="--rows 1 --seq-len 64 --steps 1"
   JA_PROBLEMS=4; JA_N=2; JA_NEW=8; EVAL_LIMIT=2; EVAL_NEW=8
   JB_STEPS=4; JB_MICRO=512; JB_TOKENS=1024; JB_EVERY=2
 else
-  # Qwen3.5 keeps its recurrent state on the host for now (2.2 MB x 24 layers per sequence
-  # crossing each step): small batches and few tokens, or it alone would take the call
-  S4B=qwen3-4b; SHYB=qwen3.5-0.8b; STRAIN=qwen3-0.6b; BATCH=1,32,128,256; HYB_BATCH=1,32
-  PROMPT=128; NEW=512; HYB_NEW=128; REPEAT=1; TRAIN_BENCH="--rows 1 --seq-len 4096 --steps 2"
+  S4B=qwen3-4b; SHYB=${SHYB:-qwen3.5-4b}; STRAIN=qwen3-0.6b; BATCH=${BATCH:-1,32,128,256}
+  HYB_BATCH=${HYB_BATCH:-1,32,128}; PROMPT=128; NEW=${NEW:-512}; HYB_NEW=${HYB_NEW:-256}; REPEAT=1
+  TRAIN_BENCH="--rows 1 --seq-len 4096 --steps 2"
+  ATTN=("--batch 128 --context 2176" "--batch 128 --context 2176 --kv-fp8"
+    "--batch 16 --context 8192")
   JA_PROBLEMS=64; JA_N=4; JA_NEW=512; EVAL_LIMIT=32; EVAL_NEW=256
   JB_STEPS=20; JB_MICRO=4096; JB_TOKENS=8192; JB_EVERY=4
 fi
@@ -76,6 +85,8 @@ T_TESTS=${T_TESTS:-150}
 T_BENCH=${T_BENCH:-100}
 T_TRAIN=${T_TRAIN:-80}
 T_JOB=${T_JOB:-120}
+T_PROBE=${T_PROBE:-200}
+SPEED=${SPEED:-sample hybrid train}
 
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
 has_gpu() { [ "$DEVICE" != cpu ] && command -v nvidia-smi >/dev/null; }
@@ -140,13 +151,34 @@ part_correctness() {
     "$CUDA_TESTS" --test-threads 1 --nocapture
 }
 
+part_attention() {
+  local args
+  for args in "${ATTN[@]}"; do
+    # shellcheck disable=SC2086
+    step "bench attention $args" 60 "$PIPELINE" bench attention --device "$DEVICE" $args
+  done
+}
+
 part_speed() {
-  step "bench sample $S4B" "$T_BENCH" "$PIPELINE" bench sample --device "$DEVICE" --shape "$S4B" \
-    --batch "$BATCH" --prompt-len "$PROMPT" --new-tokens "$NEW" --repeat "$REPEAT"
-  step "bench sample $SHYB" 60 "$PIPELINE" bench sample --device "$DEVICE" \
-    --shape "$SHYB" --batch "$HYB_BATCH" --prompt-len "$PROMPT" --new-tokens "$HYB_NEW" --repeat "$REPEAT"
-  step "bench train $S4B" "$T_TRAIN" "$PIPELINE" bench train --device "$DEVICE" --shape "$S4B" \
-    $TRAIN_BENCH --recompute-only
+  [[ " $SPEED " == *" sample "* ]] && step "bench sample $S4B" "$T_BENCH" "$PIPELINE" bench sample \
+    --device "$DEVICE" --shape "$S4B" --batch "$BATCH" --prompt-len "$PROMPT" --new-tokens "$NEW" \
+    --repeat "$REPEAT"
+  [[ " $SPEED " == *" hybrid "* ]] && step "bench sample $SHYB" "${T_HYB:-90}" "$PIPELINE" bench sample \
+    --device "$DEVICE" --shape "$SHYB" --batch "$HYB_BATCH" --prompt-len "$PROMPT" \
+    --new-tokens "$HYB_NEW" --repeat "$REPEAT"
+  [[ " $SPEED " == *" train "* ]] && step "bench train $S4B" "$T_TRAIN" "$PIPELINE" bench train \
+    --device "$DEVICE" --shape "$S4B" $TRAIN_BENCH --recompute-only
+  return 0
+}
+
+part_probe() {
+  if ! python3 -c 'import torch' 2>/dev/null; then
+    log "probe: skipped: python3 has no torch"
+    return
+  fi
+  local small=()
+  [ "$SMALL" = 1 ] && small=(--small)
+  PYTHONUNBUFFERED=1 step "gpu-probe.py" "$T_PROBE" python3 scripts/gpu-probe.py "${small[@]}" --out "$OUT"
 }
 
 # A local eval set over MATH-500 (the shipped ones read the hub; the GPU machine is offline),
@@ -265,17 +297,17 @@ EOF
   fi
 }
 
-[ $# -gt 0 ] || { sed -n '2,27p' "$0"; exit 2; }
+[ $# -gt 0 ] || { sed -n '2,37p' "$0"; exit 2; }
 parts=("$@")
-[ "${parts[*]}" = all ] && parts=(env correctness speed job)
+[ "${parts[*]}" = all ] && parts=(env correctness attention speed job probe)
 if [ "$DEVICE" != cpu ] && [ -f scripts/gpu-env.sh ]; then
   # shellcheck disable=SC1091
   source scripts/gpu-env.sh >"$OUT/gpu-env.log" 2>&1
 fi
 for p in "${parts[@]}"; do
   case $p in
-    env | correctness | speed | job) "part_$p" 2>&1 | tee "$OUT/$p.log" ;;
-    *) echo "unknown part $p (env | correctness | speed | job | all)" >&2; exit 2 ;;
+    env | correctness | attention | speed | job | probe) "part_$p" 2>&1 | tee "$OUT/$p.log" ;;
+    *) echo "unknown part $p (env | correctness | attention | speed | job | probe | all)" >&2; exit 2 ;;
   esac
   # a part runs in a pipeline's subshell: its failures are read back from its log
   grep -q ': FAILED' "$OUT/$p.log" && FAILED=1

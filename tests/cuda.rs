@@ -69,9 +69,24 @@ fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
 /// them) and then two decode steps through both caches, with the same random inputs, and
 /// returns the worst relative error of the GPU outputs.
 fn compare(hq: usize, hkv: usize, d: usize, dtype: DType, fp8: bool, lens: &[usize]) -> f64 {
+    compare_with(hq, hkv, d, dtype, fp8, lens, 16, None)
+}
+
+/// [`compare`] in blocks of `bs` tokens, with a kernel variant (`_v4`, `_v5r1`, ...) or the
+/// cache's default kernel.
+#[allow(clippy::too_many_arguments)]
+fn compare_with(
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    dtype: DType,
+    fp8: bool,
+    lens: &[usize],
+    bs: usize,
+    variant: Option<&'static str>,
+) -> f64 {
     let cfg = config(hq, hkv, d);
     let dev = gpu();
-    let bs = 16;
     let num_blocks = lens.iter().map(|l| (l + 3).div_ceil(bs)).sum::<usize>() + 4;
     let mut cpu = KvCache::new(&cfg, bs, num_blocks);
     let mut gcache = GpuKvCache::new(&cfg, bs, num_blocks, &dev, dtype, fp8).unwrap();
@@ -128,8 +143,9 @@ fn compare(hq: usize, hkv: usize, d: usize, dtype: DType, fp8: bool, lens: &[usi
                 cache: &mut gcache,
                 step: &gstep,
                 sync_timing: false,
-                variant: None,
+                variant,
                 seconds: 0.0,
+                events: Vec::new(),
             };
             let got = g
                 .attend(
@@ -143,9 +159,10 @@ fn compare(hq: usize, hkv: usize, d: usize, dtype: DType, fp8: bool, lens: &[usi
             assert_eq!(got.dtype(), dtype);
             let e = rel_err(&got.to_device(&Device::Cpu).unwrap(), &want);
             println!(
-                "  hq {hq} hkv {hkv} d {d} {dtype:?}{} step {si} layer {layer}: {} tokens, {} \
-                 partitions, rel err {e:.2e}",
+                "  hq {hq} hkv {hkv} d {d} {dtype:?}{} bs {bs} {} step {si} layer {layer}: {} \
+                 tokens, {} partitions, rel err {e:.2e}",
                 if fp8 { " fp8" } else { "" },
+                variant.map_or(gcache.attn_kernel(), |v| v),
                 t,
                 gstep.num_parts()
             );
@@ -184,6 +201,31 @@ fn paged_attention_matches_the_cpu_reference() {
 }
 
 #[test]
+fn every_attention_kernel_version_matches_the_cpu_reference() {
+    // v4 (the f32 kernels, and bf16 caches in blocks that are not a power of two) and the
+    // benchmark's variants of v5, at Qwen3-4B's grouping
+    let lens = [1, 37, 300, 1500];
+    for (variant, fp8) in [
+        (Some("_v4"), false),
+        (Some("_v4"), true),
+        (Some("_v5r1"), false),
+        (Some("_v5r2"), false),
+        (Some("_v5r1"), true),
+        (Some("_v5r2"), true),
+    ] {
+        let e = compare_with(32, 8, 128, DType::BF16, fp8, &lens, 16, variant);
+        let tol = if fp8 { 8e-2 } else { 1e-2 };
+        assert!(e < tol, "{variant:?} fp8 {fp8}: rel err {e}");
+    }
+    // blocks of 12 run v4 by default; blocks of 1 split a 3,000-key context into partitions of
+    // at most 2,048 table entries (v5's shared-memory table)
+    for bs in [12, 1] {
+        let e = compare_with(8, 2, 64, DType::BF16, false, &[1, 37, 3000], bs, None);
+        assert!(e < 1e-2, "blocks of {bs}: rel err {e}");
+    }
+}
+
+#[test]
 fn block_copies_move_every_layer() {
     let cfg = config(4, 2, 16);
     let dev = gpu();
@@ -215,6 +257,7 @@ fn block_copies_move_every_layer() {
             sync_timing: false,
             variant: None,
             seconds: 0.0,
+            events: Vec::new(),
         };
         outs.push(a.attend(layer, &q, &k, &v, None).unwrap());
     }
@@ -242,6 +285,7 @@ fn block_copies_move_every_layer() {
             sync_timing: false,
             variant: None,
             seconds: 0.0,
+            events: Vec::new(),
         };
         let last = |t: &Tensor| t.narrow(0, bs - 1, 1).unwrap();
         let got = a
@@ -411,6 +455,16 @@ fn run_fixture_at(
     let ck = selfdistill::model::Checkpoint::open(dir.to_str().unwrap()).unwrap();
     let mut model = ck.load_transformer(dev, dtype).unwrap();
     model.set_fused_inference(true).unwrap();
+    run_model(&model, prompts, n, params)
+}
+
+/// Every sample of `prompts` (n each) from `model` through the engine, in request order.
+fn run_model(
+    model: &selfdistill::model::Transformer,
+    prompts: &[Vec<u32>],
+    n: u32,
+    params: SamplingParams,
+) -> Vec<Sample> {
     let cfg = EngineConfig {
         scheduler: SchedulerConfig {
             block_size: 16,
@@ -423,7 +477,7 @@ fn run_fixture_at(
         kv_fp8: false,
         thinking: None,
     };
-    let mut e = Engine::new(&model, cfg).unwrap();
+    let mut e = Engine::new(model, cfg).unwrap();
     for (i, p) in prompts.iter().enumerate() {
         e.add(Request {
             problem_id: format!("p{i}"),
@@ -480,6 +534,52 @@ fn qwen3_5_greedy_decode_on_the_gpu_matches_the_cpu_sampler() {
     let gpu = greedy_of(dir, &gpu(), DType::F32, &prompts, 2);
     assert_eq!(cpu.len(), 4);
     assert_same_samples(&cpu, &gpu, "Qwen3.5 greedy f32 on the GPU");
+}
+
+/// The Gated DeltaNet decode kernels (`kernels/gated_deltanet.cu`, sampling only) in bf16
+/// against the candle path they replace (the model with fused inference off), on the GPU: the
+/// same greedy tokens. The f32 test above holds them to the CPU's tokens exactly.
+#[test]
+fn qwen3_5_bf16_decode_kernels_follow_the_candle_path() {
+    let prompts = vec![vec![41, 273, 317, 435, 295, 82, 220, 16, 21], vec![87]];
+    let dir = fixture_named("tiny-qwen3_5");
+    let run = |fused: bool| {
+        let ck = selfdistill::model::Checkpoint::open(dir.to_str().unwrap()).unwrap();
+        let mut model = ck.load_transformer(&gpu(), DType::BF16).unwrap();
+        model.set_fused_inference(true).unwrap();
+        if !fused {
+            model.set_fused_inference(false).unwrap();
+        }
+        let params = SamplingParams {
+            temperature: 0.0,
+            max_new_tokens: 8,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        };
+        run_model(&model, &prompts, 2, params)
+    };
+    let (kernels, candle) = (run(true), run(false));
+    assert_eq!(kernels.len(), 4);
+    for (a, b) in kernels.iter().zip(&candle) {
+        println!(
+            "  kernels {:?} {:.4}\n  candle  {:?} {:.4}",
+            a.tokens, a.cumulative_logprob, b.tokens, b.cumulative_logprob
+        );
+        assert_eq!(
+            a.tokens, b.tokens,
+            "Qwen3.5 greedy bf16, kernels against candle"
+        );
+        // the two paths round to bf16 at different points (2^-8 relative each): their summed
+        // logprobs agree to a percent, not to f32's 1e-3 of the f32 tests
+        let rel = (a.cumulative_logprob - b.cumulative_logprob).abs()
+            / b.cumulative_logprob.abs().max(1.0);
+        assert!(
+            rel < 1e-2,
+            "logprob {} vs {}",
+            a.cumulative_logprob,
+            b.cumulative_logprob
+        );
+    }
 }
 
 /// A `[train]` config over the fixture's SFT reference rows (data + filter of 40 GSM8K problems,

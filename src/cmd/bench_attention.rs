@@ -226,15 +226,13 @@ fn run_gpu(a: &AttentionBenchArgs) -> Result<()> {
         step.num_parts(),
         bw / 1e9
     );
-    let variants: &[Option<&'static str>] = if (hq / hkv, d) == (4, 128) {
-        if a.kv_fp8 {
-            &[None, Some("_r4"), Some("_r8")]
-        } else {
-            &[None, Some("_r1"), Some("_r4"), Some("_r8")]
-        }
+    // the default (v5), v4, and v5 with one or two rounds per stage
+    let variants: &[Option<&'static str>] = if (hq / hkv, d) == (4, 128) && bs.is_power_of_two() {
+        &[None, Some("_v4"), Some("_v5r1"), Some("_v5r2")]
     } else {
-        &[None]
+        &[None, Some("_v4")]
     };
+    crate::outln!("default kernel: {}", cache.attn_kernel());
     crate::outln!(
         "{:>10} {:>10} {:>10} {:>12}",
         "variant",
@@ -251,6 +249,7 @@ fn run_gpu(a: &AttentionBenchArgs) -> Result<()> {
             sync_timing: false,
             variant,
             seconds: 0.0,
+            events: Vec::new(),
         };
         for _ in 0..3 {
             att.attend(0, &q, &k, &v, None)?;

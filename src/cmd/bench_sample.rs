@@ -28,7 +28,7 @@ use crate::sampler::state_slots::StateSlots;
 pub struct SampleBenchArgs {
     /// `tiny` (the fixture's shapes), `20m` (a ~20M-parameter Qwen3), `qwen3-0.6b`, `qwen3-4b`,
     /// `qwen2.5-1.5b` (Qwen2: q/k/v biases), `hybrid-20m` (a ~20M-parameter Qwen3.5: Gated
-    /// DeltaNet and gated attention) or `qwen3.5-0.8b`; `qwen2:NAME` is a Qwen3 shape as Qwen2,
+    /// DeltaNet and gated attention), `qwen3.5-0.8b` or `qwen3.5-4b`; `qwen2:NAME` is a Qwen3 shape as Qwen2,
     /// `gemma3:NAME` as Gemma 3 (and `gemma3-1b`).
     #[arg(long, default_value = "20m")]
     pub shape: String,
@@ -390,6 +390,22 @@ fn run_gpu(
         "of roofline"
     );
     for &b in batches {
+        // as timed_run sizes the cache: blocks of 16 tokens, one spare per sequence
+        let blocks = ((a.prompt_len + a.new_tokens + 1).div_ceil(16) + 1) * b;
+        let kv_bytes = blocks as f64 * 16.0 * kv_tok;
+        let states = (b * StateSlots::bytes_per_seq(cfg)) as f64;
+        // the step's activations and logits besides: a GiB is ample at these batches
+        let (free, _) = crate::cuda::memory_info(dev)?;
+        if kv_bytes + states + (1u64 << 30) as f64 > free as f64 {
+            crate::outln!(
+                "{b:>6} skipped: its KV cache ({:.1} GiB) and recurrent state ({:.1} GiB) do not fit \
+                 the {:.1} GiB the GPU has free",
+                kv_bytes / (1u64 << 30) as f64,
+                states / (1u64 << 30) as f64,
+                free as f64 / (1u64 << 30) as f64
+            );
+            continue;
+        }
         let (prefill, decode, _) = timed_run(&model, b, a.prompt_len, a.new_tokens + 1, a, false)?;
         // Decode step s (0-based) computes token prompt+1+s of every sequence and reads that
         // many keys and values per sequence, plus every weight once.
@@ -397,9 +413,7 @@ fn run_gpu(
         let ctx_sum = b as f64 * (n * (p + 1.0) + n * (n - 1.0) / 2.0);
         let bytes = n * weight_bytes + kv_tok * ctx_sum;
         let roofline = b as f64 * n / (bytes / bw);
-        // as timed_run sizes the cache: blocks of 16 tokens, one spare per sequence
-        let blocks = ((a.prompt_len + a.new_tokens + 1).div_ceil(16) + 1) * b;
-        let kv_gib = blocks as f64 * 16.0 * kv_tok / (1u64 << 30) as f64;
+        let kv_gib = kv_bytes / (1u64 << 30) as f64;
         crate::outln!(
             "{b:>6} {blocks:>9} {kv_gib:>8.1} {prefill:>14.0} {decode:>14.0} {roofline:>16.0} \
              {:>11.1}%",
@@ -408,7 +422,10 @@ fn run_gpu(
         remember(a, &crate::train::memory::device_name(dev), cfg, b, decode);
         let short = a.new_tokens.min(256);
         let (_, _, split) = timed_run(&model, b, a.prompt_len, short + 1, a, true)?;
-        crate::outln!("       time (synchronised run of {short} new tokens): {split}");
+        crate::outln!(
+            "       time (run of {short} new tokens, synchronised between the parts of a step, \
+             attention by CUDA events): {split}"
+        );
     }
     Ok(())
 }

@@ -13,6 +13,12 @@ pub const PAGED_ATTENTION_PTX: &str =
 /// `kernels/sampling.cu`, likewise.
 pub const SAMPLING_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sampling.ptx"));
 
+/// `kernels/gated_deltanet.cu`, likewise.
+pub const GATED_DELTANET_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gated_deltanet.ptx"));
+
+/// `kernels/state_slots.cu`, likewise.
+pub const STATE_SLOTS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/state_slots.ptx"));
+
 /// Loads `name` from the paged-attention module (the module is loaded once per device).
 pub fn paged_fn(dev: &CudaDevice, name: &str) -> Result<CudaFunction> {
     module_fn(

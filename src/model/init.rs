@@ -244,6 +244,8 @@ fn hybrid_shape(name: &str) -> Option<String> {
     let (h, i, l, q, kv, d, nk, nv, ld, v) = match name {
         "hybrid-20m" => (256, 768, 8, 4, 1, 64, 2, 4, 32, 32000),
         "qwen3.5-0.8b" => (1024, 3584, 24, 8, 2, 256, 16, 16, 128, 248320),
+        // Qwen3.5-4B's text model as published (check against its config.json when at hand)
+        "qwen3.5-4b" => (2560, 9216, 32, 16, 4, 256, 16, 32, 128, 248320),
         _ => return None,
     };
     Some(format!(

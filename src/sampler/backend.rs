@@ -181,11 +181,13 @@ impl Backend {
                     sync_timing: step.sync_timing,
                     variant: None,
                     seconds: 0.0,
+                    events: Vec::new(),
                     seq_lens,
                     states: step.states,
                 };
                 let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
-                Ok((h, attn.seconds))
+                let seconds = attn.device_seconds()?;
+                Ok((h, seconds))
             }
         }
     }

@@ -29,7 +29,7 @@ use super::kv_cache::SeqStep;
 use super::params::SamplingParams;
 use super::sampling::{sample, stop_string_hit, SampleRng, Sampled, Scratch};
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, SeqState};
-use super::state_slots::StateSlots;
+use super::state_slots::{SavedState, StateSlots};
 use crate::model::Transformer;
 
 /// Why a sample ended.
@@ -242,7 +242,7 @@ pub struct Engine<'m> {
     slot_of: Vec<Option<usize>>,
     /// Per request whose samples wait to start: the prompt's state before its last token (the
     /// point the samples fork at) and how many samples have yet to copy it.
-    prompt_states: HashMap<usize, (Vec<f32>, u32)>,
+    prompt_states: HashMap<usize, (SavedState, u32)>,
     pub stats: EngineStats,
     /// On a GPU, wait for the device at each part of a step so that [`StepTimes`] holds device
     /// time (slower: for the benchmark's split only). Without it, GPU parts are launch times.
@@ -254,7 +254,8 @@ impl<'m> Engine<'m> {
         if let Err(e) = cfg.params.validate() {
             bail!("sampling parameters: {e}");
         }
-        let states = StateSlots::new(model.config(), cfg.scheduler.max_num_seqs);
+        let states =
+            StateSlots::new_on(model.config(), cfg.scheduler.max_num_seqs, model.device())?;
         let backend = Backend::new(model, cfg.scheduler.block_size, cfg.num_blocks, cfg.kv_fp8)?;
         let sched = Scheduler::new(cfg.scheduler, cfg.num_blocks);
         Ok(Engine {
@@ -307,7 +308,7 @@ impl<'m> Engine<'m> {
             let id = self.new_seq(r, 0, &prompt, n - 1, state);
             self.sched.add(id);
             if limit == Some(0) {
-                self.fork_siblings(id);
+                self.fork_siblings(id)?;
             }
         }
         Ok(r)
@@ -446,7 +447,7 @@ impl<'m> Engine<'m> {
                 samplers.push(id);
             } else if s.limit == Some(s.num_computed) {
                 // a recurrent model's leader at its prompt's last token: the samples fork
-                self.fork_siblings(id);
+                self.fork_siblings(id)?;
             }
         }
         if samplers.is_empty() {
@@ -539,7 +540,7 @@ impl<'m> Engine<'m> {
         let mut tops = tops.into_iter();
         let mut finished = Vec::new();
         for (id, (s, rng)) in samplers.into_iter().zip(drawn) {
-            self.fork_siblings(id);
+            self.fork_siblings(id)?;
             self.meta[id.0].rng = rng;
             if self.cfg.params.logprobs.is_some() {
                 self.meta[id.0].token_logprobs.push(TokenLogprob {
@@ -640,7 +641,7 @@ impl<'m> Engine<'m> {
     }
 
     /// Forks the leader's waiting siblings once its prompt is cached.
-    fn fork_siblings(&mut self, leader: SeqId) {
+    fn fork_siblings(&mut self, leader: SeqId) -> Result<()> {
         let (request, pending, prompt_len) = {
             let m = &self.meta[leader.0];
             (m.request, m.pending_forks, m.prompt_len)
@@ -652,15 +653,15 @@ impl<'m> Engine<'m> {
             prompt_len
         };
         if pending == 0 || self.seqs[leader.0].num_computed < at {
-            return;
+            return Ok(());
         }
         self.meta[leader.0].pending_forks = 0;
         if self.states.is_used() {
             self.seqs[leader.0].limit = None;
             if at > 0 {
                 let slot = self.slot_of[leader.0].expect("a leader past its first token runs");
-                self.prompt_states
-                    .insert(request, (self.states.read(slot), pending));
+                let state = self.states.read(slot)?;
+                self.prompt_states.insert(request, (state, pending));
             }
         }
         let prompt = self.meta[leader.0].tokens[..prompt_len].to_vec();
@@ -675,6 +676,7 @@ impl<'m> Engine<'m> {
             let id = self.new_seq(request, k, &prompt, 0, state);
             self.sched.add_front(id);
         }
+        Ok(())
     }
 
     /// Appends the drawn token to `id`; returns the sample when it ended.
@@ -764,7 +766,7 @@ impl<'m> Engine<'m> {
                 slots.push(slot);
                 continue;
             }
-            let Some(slot) = self.states.alloc() else {
+            let Some(slot) = self.states.alloc()? else {
                 bail!("no free state slot: more sequences run than max_num_seqs");
             };
             self.slot_of[id.0] = Some(slot);
@@ -776,7 +778,7 @@ impl<'m> Engine<'m> {
                         id.0
                     );
                 };
-                self.states.write(slot, state);
+                self.states.write(slot, state)?;
                 *waiting -= 1;
                 if *waiting == 0 {
                     self.prompt_states.remove(&request);

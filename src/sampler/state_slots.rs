@@ -7,9 +7,10 @@
 //! Unlike blocks, a state cannot be shared copy-on-write: the n samples of a prompt each copy
 //! the prompt's state into a slot of their own ([`StateSlots::read`], [`StateSlots::write`]).
 //! A sequence preempted by recompute gives its slot back and starts from zeros when it is
-//! scheduled again. The slots live on the host; a step's states cross to the model's device and
-//! back (a device-resident store with a decode kernel is the GPU work still to come). Knows
-//! nothing of scheduling.
+//! scheduled again. The slots live where the model runs: on the host for the CPU sampler, in GPU
+//! memory for the CUDA sampler (one `[slots][values]` f32 tensor per layer; a step gathers its
+//! sequences' rows with one kernel and scatters the new states back with another, and only the
+//! free list stays on the host, as vLLM keeps its state slots). Knows nothing of scheduling.
 
 use candle_core::{DType, Device, Tensor};
 
@@ -20,10 +21,35 @@ use crate::model::ModelConfig;
 pub struct StateSlots {
     /// Values per sequence in each model layer (0 for a layer without state).
     values: Vec<usize>,
-    /// Each recurrent layer's slots, `slots x values` (empty for other layers).
+    /// Each recurrent layer's slots, `slots x values` (empty for other layers), on the host.
     layers: Vec<Vec<f32>>,
+    /// The same on a GPU: each layer's `(slots, values)` f32 tensor (none for other layers);
+    /// `layers` then stays empty.
+    #[cfg(feature = "cuda")]
+    device: Option<DeviceSlots>,
     free: Vec<usize>,
     num_slots: usize,
+}
+
+/// A slot's state saved for the samples that fork from it ([`StateSlots::read`]): values on the
+/// host, or one row per layer in GPU memory.
+#[derive(Debug)]
+pub enum SavedState {
+    Host(Vec<f32>),
+    #[cfg(feature = "cuda")]
+    Device(Vec<Option<Tensor>>),
+}
+
+/// The GPU store: per layer the pool tensor, a row of zeros for new slots, and the step's slot
+/// ids uploaded once for all its layers.
+#[cfg(feature = "cuda")]
+#[derive(Debug)]
+struct DeviceSlots {
+    pools: Vec<Option<Tensor>>,
+    zeros: Vec<Option<Tensor>>,
+    rows: Option<(Vec<usize>, Tensor)>,
+    gather: candle_core::cuda_backend::cudarc::driver::CudaFunction,
+    scatter: candle_core::cuda_backend::cudarc::driver::CudaFunction,
 }
 
 impl StateSlots {
@@ -40,9 +66,69 @@ impl StateSlots {
         StateSlots {
             layers: values.iter().map(|v| vec![0f32; v * num_slots]).collect(),
             values,
+            #[cfg(feature = "cuda")]
+            device: None,
             free: (0..num_slots).rev().collect(),
             num_slots,
         }
+    }
+
+    /// [`Self::new`] on the model's device: the slots in GPU memory on a CUDA device.
+    pub fn new_on(
+        cfg: &ModelConfig,
+        num_slots: usize,
+        device: &Device,
+    ) -> candle_core::Result<StateSlots> {
+        #[cfg(feature = "cuda")]
+        if device.is_cuda() {
+            return Self::new_cuda(cfg, num_slots, device);
+        }
+        let _ = device;
+        Ok(Self::new(cfg, num_slots))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn new_cuda(
+        cfg: &ModelConfig,
+        num_slots: usize,
+        device: &Device,
+    ) -> candle_core::Result<StateSlots> {
+        use crate::cuda::kernels::{module_fn, STATE_SLOTS_PTX};
+        // the host's layers stay empty
+        let mut s = Self::new(cfg, 0);
+        let num_slots = if s.values.iter().any(|&v| v > 0) {
+            num_slots
+        } else {
+            0
+        };
+        let tensor = |v: usize, rows: usize| -> candle_core::Result<Option<Tensor>> {
+            if v == 0 || rows == 0 {
+                return Ok(None);
+            }
+            Tensor::zeros((rows, v), DType::F32, device).map(Some)
+        };
+        let pools = s
+            .values
+            .iter()
+            .map(|&v| tensor(v, num_slots))
+            .collect::<candle_core::Result<_>>()?;
+        let zeros = s
+            .values
+            .iter()
+            .map(|&v| tensor(v, 1))
+            .collect::<candle_core::Result<_>>()?;
+        let dev = device.as_cuda_device()?;
+        let load = |name| module_fn(dev, name, "selfdistill_state_slots", STATE_SLOTS_PTX);
+        s.device = Some(DeviceSlots {
+            pools,
+            zeros,
+            rows: None,
+            gather: load("gather_rows_f32")?,
+            scatter: load("scatter_rows_f32")?,
+        });
+        s.free = (0..num_slots).rev().collect();
+        s.num_slots = num_slots;
+        Ok(s)
     }
 
     /// Whether the model has recurrent layers.
@@ -56,10 +142,12 @@ impl StateSlots {
     }
 
     /// A free slot, zeroed; `None` when all are taken.
-    pub fn alloc(&mut self) -> Option<usize> {
-        let s = self.free.pop()?;
-        self.zero(s);
-        Some(s)
+    pub fn alloc(&mut self) -> candle_core::Result<Option<usize>> {
+        let Some(s) = self.free.pop() else {
+            return Ok(None);
+        };
+        self.zero(s)?;
+        Ok(Some(s))
     }
 
     pub fn release(&mut self, slot: usize) {
@@ -68,27 +156,70 @@ impl StateSlots {
     }
 
     /// Sets every layer's state of `slot` to zeros (a sequence that starts over).
-    pub fn zero(&mut self, slot: usize) {
+    pub fn zero(&mut self, slot: usize) -> candle_core::Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(d) = &self.device {
+            for (pool, zero) in d.pools.iter().zip(&d.zeros) {
+                if let (Some(pool), Some(zero)) = (pool, zero) {
+                    pool.slice_set(zero, 0, slot)?;
+                }
+            }
+            return Ok(());
+        }
         for (layer, &v) in self.layers.iter_mut().zip(&self.values) {
             layer[slot * v..(slot + 1) * v].fill(0.0);
         }
+        Ok(())
     }
 
-    /// `slot`'s state over all layers, end to end.
-    pub fn read(&self, slot: usize) -> Vec<f32> {
+    /// `slot`'s state over all layers, kept for [`Self::write`] (on the GPU, a copy of each
+    /// layer's row in GPU memory).
+    pub fn read(&self, slot: usize) -> candle_core::Result<SavedState> {
+        #[cfg(feature = "cuda")]
+        if let Some(d) = &self.device {
+            let rows = d
+                .pools
+                .iter()
+                .map(|p| p.as_ref().map(|p| p.narrow(0, slot, 1)?.copy()).transpose())
+                .collect::<candle_core::Result<_>>()?;
+            return Ok(SavedState::Device(rows));
+        }
         let mut out = Vec::new();
         for (layer, &v) in self.layers.iter().zip(&self.values) {
             out.extend_from_slice(&layer[slot * v..(slot + 1) * v]);
         }
-        out
+        Ok(SavedState::Host(out))
     }
 
-    /// Sets `slot`'s state from [`Self::read`]'s layout.
-    pub fn write(&mut self, slot: usize, state: &[f32]) {
-        let mut at = 0;
-        for (layer, &v) in self.layers.iter_mut().zip(&self.values) {
-            layer[slot * v..(slot + 1) * v].copy_from_slice(&state[at..at + v]);
-            at += v;
+    /// Sets `slot`'s state from what [`Self::read`] kept.
+    pub fn write(&mut self, slot: usize, state: &SavedState) -> candle_core::Result<()> {
+        match state {
+            SavedState::Host(values) => {
+                let mut at = 0;
+                for (layer, &v) in self.layers.iter_mut().zip(&self.values) {
+                    if v == 0 {
+                        continue;
+                    }
+                    let Some(dst) = layer.get_mut(slot * v..(slot + 1) * v) else {
+                        candle_core::bail!("a host state written to the GPU's state slots")
+                    };
+                    dst.copy_from_slice(&values[at..at + v]);
+                    at += v;
+                }
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
+            SavedState::Device(rows) => {
+                let Some(d) = &self.device else {
+                    candle_core::bail!("a GPU state written to the host's state slots")
+                };
+                for (pool, row) in d.pools.iter().zip(rows) {
+                    if let (Some(pool), Some(row)) = (pool, row) {
+                        pool.slice_set(row, 0, slot)?;
+                    }
+                }
+                Ok(())
+            }
         }
     }
 
@@ -97,6 +228,9 @@ impl StateSlots {
     pub fn gather(&self, layer: usize, slots: &[usize]) -> Option<Vec<f32>> {
         let v = *self.values.get(layer).filter(|&&v| v > 0)?;
         let l = &self.layers[layer];
+        if slots.iter().any(|&s| (s + 1) * v > l.len()) {
+            return None;
+        }
         Some(
             slots
                 .iter()
@@ -125,6 +259,9 @@ impl StateSlots {
             ));
         }
         let l = &mut self.layers[layer];
+        if slots.iter().any(|&s| (s + 1) * v > l.len()) {
+            return Err(format!("layer {layer}: a slot outside the host's slots"));
+        }
         for (&s, st) in slots.iter().zip(states.chunks(v)) {
             l[s * v..(s + 1) * v].copy_from_slice(st);
         }
@@ -135,13 +272,17 @@ impl StateSlots {
     /// `slots`: their states as a (sequences, `values`) f32 tensor on `device`. The attention
     /// backends of the CPU and the GPU both hand it out.
     pub fn step_state(
-        &self,
+        &mut self,
         layer: usize,
         values: usize,
         slots: &[usize],
         seq_lens: &[usize],
         device: &Device,
     ) -> candle_core::Result<RecurrentStep> {
+        #[cfg(feature = "cuda")]
+        if self.device.is_some() {
+            return self.step_state_cuda(layer, values, slots, seq_lens);
+        }
         let Some(rows) = self.gather(layer, slots) else {
             candle_core::bail!("layer {layer} has no state slots")
         };
@@ -162,6 +303,11 @@ impl StateSlots {
         slots: &[usize],
         state: &Tensor,
     ) -> candle_core::Result<()> {
+        #[cfg(feature = "cuda")]
+        if self.device.is_some() {
+            let state = state.to_dtype(DType::F32)?;
+            return self.copy_rows_cuda(layer, slots, &state, false);
+        }
         let values = state
             .flatten_all()?
             .to_dtype(DType::F32)?
@@ -169,6 +315,97 @@ impl StateSlots {
             .to_vec1::<f32>()?;
         self.scatter(layer, slots, &values)
             .map_err(candle_core::Error::Msg)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl StateSlots {
+    /// The step's rows of layer `layer`'s pool, gathered on the GPU.
+    fn step_state_cuda(
+        &mut self,
+        layer: usize,
+        values: usize,
+        slots: &[usize],
+        seq_lens: &[usize],
+    ) -> candle_core::Result<RecurrentStep> {
+        if self.values.get(layer) != Some(&values) {
+            candle_core::bail!("layer {layer}: state slots of another size than {values} values")
+        }
+        let dev = self
+            .device
+            .as_ref()
+            .and_then(|d| d.pools[layer].as_ref())
+            .map(|p| p.device().clone());
+        let Some(dev) = dev else {
+            candle_core::bail!("layer {layer} has no state slots")
+        };
+        let out = Tensor::zeros((slots.len(), values), DType::F32, &dev)?;
+        self.copy_rows_cuda(layer, slots, &out, true)?;
+        Ok(RecurrentStep {
+            seq_lens: seq_lens.to_vec(),
+            state: Some(out),
+        })
+    }
+
+    /// One launch: `rows` (slots.len(), values) f32 from layer `layer`'s pool rows `slots`
+    /// (`gather`), or into them.
+    fn copy_rows_cuda(
+        &mut self,
+        layer: usize,
+        slots: &[usize],
+        rows: &Tensor,
+        gather: bool,
+    ) -> candle_core::Result<()> {
+        use crate::cuda::kernels::{checked, tensor_ptr};
+        use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+        let v = self.values.get(layer).copied().unwrap_or(0);
+        let Some(d) = self.device.as_mut() else {
+            candle_core::bail!("no GPU state slots")
+        };
+        let Some(pool) = d.pools.get(layer).and_then(|p| p.as_ref()) else {
+            candle_core::bail!("layer {layer} has no state slots")
+        };
+        if rows.dims() != [slots.len(), v] || rows.dtype() != DType::F32 {
+            candle_core::bail!(
+                "layer {layer}: states {:?} {:?} for {} sequences of {v} f32 values",
+                rows.dims(),
+                rows.dtype(),
+                slots.len()
+            )
+        }
+        if slots.is_empty() {
+            return Ok(());
+        }
+        // the step's slot ids go up once for all its layers
+        if d.rows.as_ref().is_none_or(|(s, _)| s != slots) {
+            let ids: Vec<u32> = slots.iter().map(|&s| s as u32).collect();
+            d.rows = Some((slots.to_vec(), Tensor::new(ids.as_slice(), pool.device())?));
+        }
+        let ids = &d.rows.as_ref().expect("set above").1;
+        let rows = rows.contiguous()?;
+        let (pool_p, rows_p, ids_p) = (tensor_ptr(pool)?, tensor_ptr(&rows)?, tensor_ptr(ids)?);
+        let cuda = pool.device().as_cuda_device()?;
+        let f = if gather { &d.gather } else { &d.scatter };
+        let stream = cuda.cuda_stream();
+        let mut b = stream.launch_builder(f);
+        let values = v as i64;
+        if gather {
+            b.arg(&rows_p).arg(&pool_p);
+        } else {
+            b.arg(&pool_p).arg(&rows_p);
+        }
+        b.arg(&ids_p).arg(&values);
+        let chunks = (v / 4).div_ceil(256).clamp(1, 64) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (slots.len() as u32, chunks, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match `gather_rows_f32` / `scatter_rows_f32` in
+        // kernels/state_slots.cu; every slot id is below the pool's rows (the free list hands
+        // out no other), `rows` holds slots.len() x values, and the tensors outlive the launch
+        // (stream order). The ids are the u32 bit patterns the kernel reads as int.
+        checked(unsafe { b.launch(cfg) })
     }
 }
 

@@ -180,7 +180,16 @@ pub fn run_settings(
         Some(text) => {
             crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
         }
-        None => (need.default_blocks as u64 * block_bytes).min(kv_cache_memory(&device)?),
+        None => {
+            // on a GPU the recurrent layers' state slots take their memory beside the cache
+            let states = if device.is_cuda() {
+                (s.max_num_seqs * StateSlots::bytes_per_seq(model.config())) as u64
+            } else {
+                0
+            };
+            (need.default_blocks as u64 * block_bytes)
+                .min(kv_cache_memory(&device)?.saturating_sub(states))
+        }
     };
     need.check(cfg.kv_cache_bytes / block_bytes.max(1), block_bytes, s)?;
     let mut engine = Engine::new(&model, engine_config(&model, &eos, &prompts, &cfg))?;

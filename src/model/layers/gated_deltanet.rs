@@ -116,6 +116,14 @@ impl GatedDeltaNet {
                 step.seq_lens
             )
         }
+        // decode steps on a GPU, for sampling only: the kernels record no backward pass
+        #[cfg(feature = "cuda")]
+        if exec == Exec::Sampling && h.device().is_cuda() && step.seq_lens.iter().all(|&n| n == 1) {
+            if let Some(y) = self.decode_cuda(h, &step, exec)? {
+                backend.store_recurrent_state(index, y.1)?;
+                return project(&self.out_proj, &y.0, exec);
+            }
+        }
         let dtype = h.dtype();
         let f32 = |x: Tensor| x.to_dtype(DType::F32);
         let qkv = f32(project(&self.in_proj_qkv, h, exec)?)?;
@@ -175,6 +183,53 @@ impl GatedDeltaNet {
         let y = Tensor::cat(&outs, 0)?;
         backend.store_recurrent_state(index, Tensor::stack(&states, 0)?)?;
         project(&self.out_proj, &y, exec)
+    }
+
+    /// A decode step (one token per sequence) through the GPU kernels of
+    /// `crate::cuda::gated_deltanet`, the same maths as [`Self::forward`]'s loop: the gated norm's
+    /// output (B, value_dim) and the new states (B, values); `None` for a head shape the kernels
+    /// do not take (the loop runs instead).
+    #[cfg(feature = "cuda")]
+    fn decode_cuda(
+        &self,
+        h: &Tensor,
+        step: &super::super::attention::RecurrentStep,
+        exec: Exec,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        use crate::cuda::gated_deltanet::{decode_step, GdnShape, GdnStep};
+        let l = self.shape;
+        let shape = GdnShape {
+            nk: l.num_key_heads,
+            nv: l.num_value_heads,
+            dk: l.key_head_dim,
+            dv: l.value_head_dim,
+            conv_kernel: l.conv_kernel,
+            eps: self.norm.eps,
+        };
+        if !shape.supported() || self.norm.offset {
+            return Ok(None);
+        }
+        let rows = h.dim(0)?;
+        // the kernels update the state in place: a copy unless it is the step's own
+        let state = match &step.state {
+            Some(s) => s.to_dtype(DType::F32)?.contiguous()?,
+            None => Tensor::zeros((rows, l.state_values()), DType::F32, h.device())?,
+        };
+        let y = decode_step(
+            &shape,
+            &GdnStep {
+                qkv: &project(&self.in_proj_qkv, h, exec)?,
+                a: &project(&self.in_proj_a, h, exec)?,
+                b: &project(&self.in_proj_b, h, exec)?,
+                z: &project(&self.in_proj_z, h, exec)?,
+                conv_w: &self.conv.squeeze(1)?,
+                a_log: &self.a_log,
+                dt_bias: &self.dt_bias,
+                norm_w: &self.norm.weight,
+                state: &state,
+            },
+        )?;
+        Ok(Some((y, state)))
     }
 
     /// The conv's output (L, conv_dim) as heads-first f32 q, k (Hv, L, dk), l2-normalised, q

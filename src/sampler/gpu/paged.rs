@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use candle_core::cuda_backend::cudarc::driver::{
-    result, sys, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg,
+    result, sys, CudaEvent, CudaFunction, CudaSlice, LaunchConfig, PushKernelArg,
 };
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Device, Result, Storage, Tensor};
@@ -31,6 +31,9 @@ const THREADS: u32 = 128;
 const KEYS_PER_WARP_STEP: usize = 8;
 /// Shortest key partition worth a block of its own when a context is split.
 const MIN_PARTITION: usize = 256;
+/// Most block-table entries one partition stages in shared memory (v5): longer contexts are
+/// split further (8 KB of entries: 32,768 keys in blocks of 16).
+const MAX_PARTITION_BLOCKS: usize = 2048;
 
 #[derive(Debug)]
 pub struct GpuKvCache {
@@ -46,9 +49,11 @@ pub struct GpuKvCache {
     v: Vec<CudaSlice<u8>>,
     dev: CudaDevice,
     sm_count: usize,
-    /// The kernels for this cache's dtypes and head shape, loaded once.
+    /// The kernels for this cache's dtypes and head shape, loaded once; `attn_name` is the
+    /// attention kernel's name (v5 where it applies, see [`default_variant`]).
     write_fn: CudaFunction,
     attn_fn: CudaFunction,
+    attn_name: String,
     reduce_fn: CudaFunction,
 }
 
@@ -115,7 +120,13 @@ impl GpuKvCache {
             as usize;
         let suffix = kernel_suffix(model_dtype, fp8);
         let write_fn = paged_fn(&dev, &format!("write_kv_{suffix}"))?;
-        let attn_fn = paged_fn(&dev, &attn_name(suffix, cfg.head_dim, g, ""))?;
+        let attn_name = attn_name(
+            suffix,
+            cfg.head_dim,
+            g,
+            default_variant(model_dtype, block_size),
+        );
+        let attn_fn = paged_fn(&dev, &attn_name)?;
         let reduce = if model_dtype == DType::F32 {
             "f32"
         } else {
@@ -136,8 +147,14 @@ impl GpuKvCache {
             sm_count,
             write_fn,
             attn_fn,
+            attn_name,
             reduce_fn,
         })
+    }
+
+    /// The attention kernel this cache runs by default.
+    pub fn attn_kernel(&self) -> &str {
+        &self.attn_name
     }
 
     /// The keys and values of model layer `layer`.
@@ -188,10 +205,22 @@ fn kernel_suffix(model_dtype: DType, fp8: bool) -> &'static str {
 }
 
 /// The attention kernel for `d` (8 elements per lane, a power of two from 2 to 32 lanes per key
-/// row) and `g` query heads per KV head; `variant` names a benchmark variant (`_r4`).
+/// row) and `g` query heads per KV head; `variant` names a version or benchmark variant (`_v5`,
+/// `_r4`; `_v4` is v4 itself, whose names carry no suffix).
 fn attn_name(suffix: &str, d: usize, g: usize, variant: &str) -> String {
     let lanes = (d / 8).next_power_of_two().max(2);
+    let variant = if variant == "_v4" { "" } else { variant };
     format!("paged_attn_{suffix}_l{lanes}_g{g}{variant}")
+}
+
+/// The attention kernel a cache runs: v5 (table entries in shared memory, loads one stage ahead;
+/// `kernels/NOTES.md`) for bf16 and fp8 caches in blocks of a power of two, else v4.
+fn default_variant(model_dtype: DType, block_size: usize) -> &'static str {
+    if model_dtype != DType::F32 && block_size.is_power_of_two() {
+        "_v5"
+    } else {
+        "_v4"
+    }
 }
 
 /// A step's metadata on the device, shared by every layer.
@@ -250,7 +279,9 @@ impl GpuStep {
         // twice over: each partition is one more block, merged by the reduce kernel.
         let blocks = (tokens * cache.num_kv_heads).max(1);
         let want = (2 * cache.sm_count).div_ceil(blocks);
-        let num_parts = want.clamp(1, max_len.div_ceil(MIN_PARTITION).max(1));
+        let num_parts = want
+            .clamp(1, max_len.div_ceil(MIN_PARTITION).max(1))
+            .max(max_len.div_ceil(MAX_PARTITION_BLOCKS * bs));
         let part_size = max_len
             .div_ceil(num_parts)
             .next_multiple_of(KEYS_PER_WARP_STEP);
@@ -287,18 +318,29 @@ impl GpuStep {
     pub fn num_parts(&self) -> usize {
         self.num_parts
     }
+
+    /// Shared memory of an attention block: the warps' merge area (max, sum and output of each
+    /// query head) and, for v5, the block-table entries of one partition.
+    fn attn_shared_bytes(&self, g: usize, d: usize, block_size: usize) -> u32 {
+        let nw = (THREADS / 32) as usize;
+        let table = self.part_size.div_ceil(block_size) + 1;
+        (4 * (nw * g * (d + 2) + table)) as u32
+    }
 }
 
 /// Attention over the GPU paged cache for one step.
 pub struct GpuPagedAttention<'a> {
     pub cache: &'a mut GpuKvCache,
     pub step: &'a GpuStep,
-    /// Synchronise around each call so that `seconds` is device time (profiling only).
+    /// Time each call on the device with a pair of CUDA events (profiling only): no
+    /// synchronisation until [`Self::device_seconds`] reads them.
     pub sync_timing: bool,
-    /// A kernel variant's name suffix (`_r2`: another number of rounds), for the attention
-    /// benchmark; `None` runs the default kernel.
+    /// A kernel variant's name suffix (`_v4`: the previous version; `_r4`: another number of
+    /// rounds), for the attention benchmark and tests; `None` runs the cache's default kernel.
     pub variant: Option<&'static str>,
     pub seconds: f64,
+    /// The CUDA events around each call, with `sync_timing`.
+    pub events: Vec<(CudaEvent, CudaEvent)>,
     /// Tokens each sequence brings to the step, and the recurrent layers' state slots with
     /// each sequence's slot (models with recurrent layers only).
     pub seq_lens: Vec<usize>,
@@ -336,20 +378,39 @@ impl AttentionBackend for GpuPagedAttention<'_> {
                  attention kernels yet"
             )
         }
-        if self.sync_timing {
-            sync(&self.cache.dev)?;
+        if !self.sync_timing {
+            let t0 = Instant::now();
+            let out = self.attend_inner(layer, q, k, v);
+            self.seconds += t0.elapsed().as_secs_f64();
+            return out;
         }
-        let t0 = Instant::now();
-        let out = self.attend_inner(layer, q, k, v);
-        if self.sync_timing {
-            sync(&self.cache.dev)?;
-        }
-        self.seconds += t0.elapsed().as_secs_f64();
-        out
+        let stream = self.cache.dev.cuda_stream();
+        let event = || {
+            stream
+                .record_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(|e| candle_core::Error::Msg(format!("CUDA event: {e:?}")))
+        };
+        let start = event()?;
+        let out = self.attend_inner(layer, q, k, v)?;
+        self.events.push((start, event()?));
+        Ok(out)
     }
 }
 
 impl GpuPagedAttention<'_> {
+    /// Seconds spent in attention: on the device between each call's events with `sync_timing`
+    /// (waits for the last), else the host time of the calls (their launches).
+    pub fn device_seconds(&self) -> Result<f64> {
+        let mut s = self.seconds;
+        for (a, b) in &self.events {
+            let ms = a
+                .elapsed_ms(b)
+                .map_err(|e| candle_core::Error::Msg(format!("CUDA event: {e:?}")))?;
+            s += ms as f64 / 1e3;
+        }
+        Ok(s)
+    }
+
     fn attend_inner(&mut self, layer: usize, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         let cache = &*self.cache;
         let step = self.step;
@@ -425,11 +486,10 @@ impl GpuPagedAttention<'_> {
             step.num_parts as i32,
         );
         let scale = 1f32 / (d as f32).sqrt();
-        let nw = (THREADS / 32) as usize;
         let cfg = LaunchConfig {
             grid_dim: (t as u32, hkv as u32, step.num_parts as u32),
             block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: (4 * nw * g * (d + 2)) as u32,
+            shared_mem_bytes: step.attn_shared_bytes(g, d, cache.block_size),
         };
         let mut b = stream.launch_builder(f);
         b.arg(&outp)
@@ -519,11 +579,4 @@ pub fn write_kv(
     // SAFETY: the arguments match `write_kv_*` in kernels/paged_attention.cu; the tensors and
     // the step outlive the launch (stream order).
     checked(unsafe { b.launch(cfg) })
-}
-
-/// Waits for everything queued on candle's stream.
-fn sync(dev: &CudaDevice) -> Result<()> {
-    dev.cuda_stream()
-        .synchronize()
-        .map_err(|e| candle_core::Error::Msg(format!("synchronize: {e:?}")))
 }

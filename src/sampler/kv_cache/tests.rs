@@ -43,7 +43,7 @@ fn paged_attention_equals_attention_over_the_whole_sequence() {
         assert_eq!(cfg.kv_layers(), vec![0]);
         let mut cache = KvCache::new(&cfg, bs, 64);
         let mut states = StateSlots::new(&cfg, 3);
-        let ring_slots: Vec<usize> = (0..3).map(|_| states.alloc().unwrap()).collect();
+        let ring_slots: Vec<usize> = (0..3).map(|_| states.alloc().unwrap().unwrap()).collect();
         let mut pool = BlockPool::new(64);
         // take some blocks first, so that the tables are not in order
         let mut spare = BlockTable::default();
