@@ -186,24 +186,46 @@ pub struct BenchRecord {
     pub unix: u64,
 }
 
-/// The bench records file: `$SELFDISTILL_CACHE_DIR`, else `$XDG_CACHE_HOME/selfdistill`, else
+/// A training throughput measured on this machine: by a finished training run (the train and
+/// pretrain stages, `pipeline train`) or `pipeline bench train`; preflight's training
+/// estimates prefer it to an assumed rate.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct TrainRecord {
+    /// `cpu, N threads`, or the CUDA device's name.
+    pub device: String,
+    pub params: u64,
+    pub tokens_per_second: f64,
+    pub unix: u64,
+}
+
+/// The records' folder: `$SELFDISTILL_CACHE_DIR`, else `$XDG_CACHE_HOME/selfdistill`, else
 /// `~/.cache/selfdistill`.
-pub fn bench_records_path() -> Option<std::path::PathBuf> {
+fn records_dir() -> Option<std::path::PathBuf> {
     let non_empty = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
-    let dir = match non_empty("SELFDISTILL_CACHE_DIR") {
+    Some(match non_empty("SELFDISTILL_CACHE_DIR") {
         Some(d) => std::path::PathBuf::from(d),
         None => non_empty("XDG_CACHE_HOME")
             .map(std::path::PathBuf::from)
             .or_else(|| non_empty("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))?
             .join("selfdistill"),
-    };
-    Some(dir.join("bench-sample.jsonl"))
+    })
 }
 
-/// Appends `r` to the bench records (a record that cannot be written only loses the estimate).
-pub fn record_bench(r: &BenchRecord) {
+/// The bench records file, `bench-sample.jsonl` in the records' folder.
+pub fn bench_records_path() -> Option<std::path::PathBuf> {
+    Some(records_dir()?.join("bench-sample.jsonl"))
+}
+
+/// The training records file, `train-rates.jsonl` beside it.
+pub fn train_records_path() -> Option<std::path::PathBuf> {
+    Some(records_dir()?.join("train-rates.jsonl"))
+}
+
+/// Appends `r` as a JSON line to `path` (a record that cannot be written only loses an
+/// estimate).
+fn append_record<T: serde::Serialize>(path: Option<std::path::PathBuf>, r: &T) {
     use std::io::Write;
-    let Some(path) = bench_records_path() else {
+    let Some(path) = path else {
         return;
     };
     let write = || -> std::io::Result<()> {
@@ -219,12 +241,32 @@ pub fn record_bench(r: &BenchRecord) {
     let _ = write();
 }
 
-/// Every remembered bench record, oldest first (unreadable lines skipped).
-pub fn bench_records() -> Vec<BenchRecord> {
-    let Some(text) = bench_records_path().and_then(|p| std::fs::read_to_string(p).ok()) else {
+/// Every record of `path` that parses (none when it cannot be read).
+fn read_records<T: serde::de::DeserializeOwned>(path: Option<std::path::PathBuf>) -> Vec<T> {
+    let Some(text) = path.and_then(|p| std::fs::read_to_string(p).ok()) else {
         return Vec::new();
     };
     text.lines()
         .filter_map(|l| serde_json::from_str(l).ok())
         .collect()
+}
+
+/// Appends `r` to the bench records.
+pub fn record_bench(r: &BenchRecord) {
+    append_record(bench_records_path(), r);
+}
+
+/// Appends `r` to the training records.
+pub fn record_train(r: &TrainRecord) {
+    append_record(train_records_path(), r);
+}
+
+/// The training records of this machine.
+pub fn train_records() -> Vec<TrainRecord> {
+    read_records(train_records_path())
+}
+
+/// Every remembered bench record, oldest first (unreadable lines skipped).
+pub fn bench_records() -> Vec<BenchRecord> {
+    read_records(bench_records_path())
 }

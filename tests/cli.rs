@@ -1990,3 +1990,51 @@ fn status_of_a_folder_that_is_no_run_fails() {
         text(&o)
     );
 }
+
+/// Preflight of the embedded default estimates the pretrain stage too (its longest), and takes
+/// training rates from this machine's finished training runs once there is one (issue 47): the
+/// first estimate says its rate is assumed, the next one names the run it measured.
+#[test]
+fn preflight_estimates_pretraining_and_takes_training_rates_from_this_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let preflight = || {
+        let o = bin()
+            .arg("preflight")
+            .current_dir(dir.path())
+            .env("SELFDISTILL_CACHE_DIR", &cache)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+    };
+    let rows = |out: &str, stage: &str| -> String {
+        let at = out
+            .find("time and cost of the stages")
+            .expect("a time table");
+        out[at..]
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{stage} ")))
+            .unwrap_or_else(|| panic!("no {stage} row in:\n{out}"))
+            .to_string()
+    };
+    let out = preflight();
+    let pre = rows(&out, "pretrain");
+    assert!(pre.contains("steps) x") && pre.contains("assumed"), "{pre}");
+    assert!(
+        rows(&out, "train-r1").contains("GFLOP/s (assumed)"),
+        "{out}"
+    );
+    // a finished run of a model of about the default's size (0.9M parameters) on this machine
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::write(
+        cache.join("train-rates.jsonl"),
+        "{\"device\":\"cpu\",\"params\":1000000,\"tokens_per_second\":10000.0,\"unix\":1}\n",
+    )
+    .unwrap();
+    let out = preflight();
+    for stage in ["pretrain", "train-r1", "train-r2"] {
+        let row = rows(&out, stage);
+        assert!(row.contains("a training run on this machine"), "{row}");
+    }
+}

@@ -6,11 +6,14 @@
 //! - generation on a device `pipeline bench sample` has measured (the records in
 //!   `~/.cache/selfdistill/bench-sample.jsonl`, same device, a model within 25% of the size):
 //!   the measured decode rate at the batch nearest the stage's `max_num_seqs`;
-//! - generation on a GPU: the decode rates measured on an H100 at Qwen3-4B shapes (145, 3,553,
-//!   9,603 and 13,221 tok/s at batch 1, 32, 128 and 256; `docs/gpu.md`), at the batch nearest
+//! - generation on a GPU: the decode rates measured on an H100 at Qwen3-4B shapes (131, 3,798,
+//!   11,015 and 15,195 tok/s at batch 1, 32, 128 and 256; `docs/gpu.md`), at the batch nearest
 //!   the stage's `max_num_seqs`, scaled by the GPU's memory bandwidth and the model's size
 //!   (decoding reads every weight per step);
 //! - generation on the CPU: 10 GFLOP/s per core at 2 FLOPs per parameter and token;
+//! - training on a device where a training run has finished before (the records in
+//!   `~/.cache/selfdistill/train-rates.jsonl`, a model within a factor of 4 of the size): its
+//!   measured tokens/s, scaled by size;
 //! - training on a GPU: 6 FLOPs per parameter and token at the MFU our trainer measured on an
 //!   H100 at Qwen3-4B shapes (708 tok/s, 1.7% of the bf16 peak; `docs/gpu.md`), scaled by the
 //!   GPU's bf16 peak; on the CPU, 10 GFLOP/s per core.
@@ -40,9 +43,9 @@ pub struct StageCost {
 }
 
 /// Decode tokens/s measured on an H100 for Qwen3-4B shapes by batch (bf16, random weights,
-/// prompt 128, 512 new tokens; `bench sample`, 2026-11-26).
+/// prompt 128, 512 new tokens; `bench sample`, 2026-11-27, paged attention v5).
 const H100_QWEN3_4B_DECODE: [(usize, f64); 4] =
-    [(1, 145.0), (32, 3553.0), (128, 9603.0), (256, 13221.0)];
+    [(1, 131.0), (32, 3798.0), (128, 11015.0), (256, 15195.0)];
 const H100_BANDWIDTH: f64 = 3.35e12;
 const QWEN3_4B_PARAMS: f64 = 4.02e9;
 /// FLOP/s per CPU core assumed without a measurement.
@@ -64,7 +67,10 @@ pub fn price_for(price: Option<&crate::config::GpuPrice>, gpu: Option<Gpu>) -> O
 /// Estimates every stage with work that is not done yet. `gpu`: the GPU that cuda stages run
 /// on (named with `--gpu`, or this machine's); without one an H100 is assumed and said.
 pub fn estimate(plan: &Plan, gpu: Option<Gpu>, price: Option<f64>) -> Vec<StageCost> {
-    let records = crate::machine::bench_records();
+    let records = Records {
+        sample: crate::machine::bench_records(),
+        train: crate::machine::train_records(),
+    };
     let mut out = Vec::new();
     for s in &plan.stages {
         let Some(w) = &s.estimate.work else {
@@ -94,12 +100,29 @@ fn cores() -> f64 {
         .unwrap_or(1.0)
 }
 
+/// The rates measured on this machine: `bench sample`'s decode rates, finished training runs'
+/// throughputs.
+#[derive(Debug, Default)]
+struct Records {
+    sample: Vec<crate::machine::BenchRecord>,
+    train: Vec<crate::machine::TrainRecord>,
+}
+
+/// Whether a record's device is the one a stage runs on: `cpu`, or the GPU named `gpu_name`.
+fn same_device(record_device: &str, on_gpu: bool, gpu_name: &str) -> bool {
+    if on_gpu {
+        crate::train::memory::gpu_by_device_name(record_device).is_some_and(|d| d.name == gpu_name)
+    } else {
+        record_device == "cpu"
+    }
+}
+
 fn stage_cost(
     name: &str,
     w: &Work,
     gpu: Option<Gpu>,
     price: Option<f64>,
-    records: &[crate::machine::BenchRecord],
+    records: &Records,
 ) -> StageCost {
     let on_gpu = w.device != "cpu";
     let (g, assumed_gpu) = match gpu {
@@ -113,7 +136,31 @@ fn stage_cost(
         _ => "cpu".to_string(),
     };
     let params = w.params.max(1) as f64;
-    let (rate, source) = if w.train {
+    let bench_device = match (&g, on_gpu) {
+        (Some(g), true) => g.name.to_string(),
+        _ => "cpu".into(),
+    };
+    // a training run on this device of a model within a factor of 4 of the size, the nearest
+    // in size and then the newest: its rate scaled by size (6 FLOPs per parameter and token)
+    let trained = records
+        .train
+        .iter()
+        .filter(|r| same_device(&r.device, on_gpu, &bench_device))
+        .filter(|r| (r.params as f64 / params).log2().abs() <= 2.0)
+        .min_by_key(|r| {
+            let off = ((r.params as f64 / params).log2().abs() * 1e6) as u64;
+            (off, u64::MAX - r.unix)
+        });
+    let (rate, source) = if let (true, Some(r)) = (w.train, trained) {
+        (
+            r.tokens_per_second * r.params as f64 / params,
+            format!(
+                "a training run on this machine ({:.1}M parameters, {:.0} tok/s)",
+                r.params as f64 / 1e6,
+                r.tokens_per_second
+            ),
+        )
+    } else if w.train {
         match g.filter(|_| on_gpu) {
             Some(g) => (
                 GPU_TRAIN_MFU * g.bf16_flops / (6.0 * params),
@@ -132,20 +179,12 @@ fn stage_cost(
             ),
         }
     } else {
-        let bench_device = match (&g, on_gpu) {
-            (Some(g), true) => g.name.to_string(),
-            _ => "cpu".into(),
-        };
         let measured = records
+            .sample
             .iter()
             .filter(|r| {
-                let same = if on_gpu {
-                    crate::train::memory::gpu_by_device_name(&r.device)
-                        .is_some_and(|d| d.name == bench_device)
-                } else {
-                    r.device == "cpu"
-                };
-                same && (r.params as f64 / params - 1.0).abs() <= 0.25
+                same_device(&r.device, on_gpu, &bench_device)
+                    && (r.params as f64 / params - 1.0).abs() <= 0.25
             })
             .min_by_key(|r| (r.batch.abs_diff(w.batch), u64::MAX - r.unix));
         match (measured, &g) {
@@ -317,12 +356,13 @@ mod tests {
         let h200 = crate::train::memory::parse_gpu("h200").ok();
         let b200 = crate::train::memory::parse_gpu("b200").ok();
         let h100 = crate::train::memory::parse_gpu("h100").ok();
+        let none = Records::default();
         let c = stage_cost(
             "sample",
-            &work(9_603 * 3600, false, "cuda"),
+            &work(11_015 * 3600, false, "cuda"),
             h100,
             Some(2.0),
-            &[],
+            &none,
         );
         // at batch 128: the measured rate, less 0.5% for the 4.02B parameters
         assert!((c.seconds - 3600.0).abs() < 40.0, "{c:?}");
@@ -330,10 +370,10 @@ mod tests {
         assert!(c.rate_source.contains("batch 128"), "{c:?}");
         let fast = stage_cost(
             "sample",
-            &work(9_603 * 3600, false, "cuda"),
+            &work(11_015 * 3600, false, "cuda"),
             b200,
             None,
-            &[],
+            &none,
         );
         assert!(
             (c.seconds / fast.seconds - 8.0 / 3.35).abs() < 0.01,
@@ -341,19 +381,19 @@ mod tests {
         );
         let mut small = work(1000, false, "cuda");
         small.batch = 20;
-        let s = stage_cost("sample", &small, h100, None, &[]);
+        let s = stage_cost("sample", &small, h100, None, &none);
         assert!(s.rate_source.contains("batch 32"), "{s:?}");
         // no GPU named: an H100, said
-        let h = stage_cost("sample", &work(1000, false, "cuda"), None, None, &[]);
+        let h = stage_cost("sample", &work(1000, false, "cuda"), None, None, &none);
         assert!(
             h.device.contains("H100") && h.device.contains("assumed"),
             "{h:?}"
         );
-        let t = stage_cost("train", &work(1_000_000, true, "cuda"), h200, None, &[]);
+        let t = stage_cost("train", &work(1_000_000, true, "cuda"), h200, None, &none);
         let expect = 6.0 * 4.02e9 * 1e6 / (0.017 * 989e12);
         assert!((t.seconds - expect).abs() / expect < 1e-6, "{t:?}");
         // CPU stages cost no GPU hours
-        let cpu = stage_cost("sample", &work(1000, false, "cpu"), h200, Some(2.0), &[]);
+        let cpu = stage_cost("sample", &work(1000, false, "cpu"), h200, Some(2.0), &none);
         assert_eq!((cpu.gpu_hours, cpu.cost), (0.0, None));
     }
 
@@ -369,11 +409,50 @@ mod tests {
             unix: 1,
         };
         let h100 = crate::train::memory::parse_gpu("h100").ok();
-        let c = stage_cost("sample", &work(1000, false, "cuda"), h100, None, &[rec]);
+        let recs = Records {
+            sample: vec![rec],
+            ..Records::default()
+        };
+        let c = stage_cost("sample", &work(1000, false, "cuda"), h100, None, &recs);
         assert!(c.rate_source.contains("bench sample at batch 64"), "{c:?}");
         assert!(
             (c.tokens_per_second - 2000.0 * 4.0 / 4.02).abs() < 1.0,
             "{c:?}"
         );
+    }
+
+    /// A finished training run's rate on this machine replaces the assumed CPU rate, scaled by
+    /// the model's size; one of another device, or a model far from the size, does not.
+    #[test]
+    fn a_training_run_of_this_machine_sets_the_training_rate() {
+        let rec = |device: &str, params: u64, unix: u64| crate::machine::TrainRecord {
+            device: device.into(),
+            params,
+            tokens_per_second: 8000.0,
+            unix,
+        };
+        let mut w = work(800_000, true, "cpu");
+        w.params = 2_000_000;
+        let recs = Records {
+            train: vec![
+                rec("cpu", 1_000_000, 1),
+                rec("NVIDIA H100 80GB HBM3", 2_000_000, 2),
+                rec("cpu", 100_000_000, 3),
+            ],
+            ..Records::default()
+        };
+        let c = stage_cost("train", &w, None, None, &recs);
+        assert!(
+            c.rate_source.contains("a training run on this machine"),
+            "{c:?}"
+        );
+        // 8,000 tok/s at 1M parameters is 4,000 at 2M: 200 s
+        assert!((c.seconds - 200.0).abs() < 1e-6, "{c:?}");
+        let far = Records {
+            train: vec![rec("cpu", 100_000_000, 3)],
+            ..Records::default()
+        };
+        let a = stage_cost("train", &w, None, None, &far);
+        assert!(a.rate_source.contains("assumed"), "{a:?}");
     }
 }

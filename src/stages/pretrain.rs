@@ -27,6 +27,10 @@ pub const ROWS: &str = "rows.parquet";
 /// generated corpus's closed vocabulary is far smaller.
 const PLANNED_VOCAB: usize = 256;
 
+/// Bytes of a source row (a JSON line: problem, solution and keys) per token of the row the
+/// stage trains on, assumed for the time estimate (the generated arithmetic corpus: ~2.8).
+const SOURCE_BYTES_PER_TOKEN: u64 = 3;
+
 /// Input names: `source#i` for the pretraining files, `tokenizer:<name>#i` for the others.
 fn source_inputs(p: &PretrainConfig, resolve: &super::Resolve) -> Result<super::LocationInputs> {
     let mut inputs = resolve.location("source", "pretrain.source", &p.source.location)?;
@@ -48,14 +52,20 @@ pub fn plan(
     let mut bytes = 0;
     // what the stage writes of its source: the rows it keeps (a limit keeps that share)
     let mut written = 0;
+    // the pretraining rows, when the source can be counted
+    let mut source_rows: Option<u64> = None;
     for (input, path, n) in source_inputs(p, resolve)? {
         bytes += n;
-        if input.name == "source" {
+        if input.name.starts_with("source#") {
             let rows = path.as_deref().and_then(crate::data::count_rows);
             written += match (p.source.limit, rows) {
                 (Some(l), Some(r)) if r > 0 => n * (l as u64).min(r) / r,
                 _ => n,
             };
+            if let Some(r) = rows {
+                let kept = p.source.limit.map_or(r, |l| r.min(l as u64));
+                source_rows = Some(source_rows.unwrap_or(0) + kept);
+            }
         }
         if let Some(path) = path {
             files.push((input.name.clone(), path));
@@ -83,6 +93,23 @@ pub fn plan(
             + written,
         memory_bytes: train.memory_bytes + bytes * 4,
         gpu_bytes: train.gpu_bytes,
+        work: source_rows.filter(|&r| r > 0).map(|rows| {
+            let row_tokens = (written / rows / SOURCE_BYTES_PER_TOKEN).max(1);
+            let steps = crate::train::memory::planned_steps(&p.train, rows, row_tokens);
+            let per_step = crate::train::memory::rows_per_step(&p.train, row_tokens);
+            let trained = (steps * per_step).min(rows * p.train.epochs);
+            super::Work {
+                tokens: trained * row_tokens,
+                train: true,
+                params,
+                device: p.train.device.clone(),
+                batch: 0,
+                basis: format!(
+                    "{trained} rows ({steps} steps) x {row_tokens} tokens (a source row's bytes / \
+                     {SOURCE_BYTES_PER_TOKEN}, assumed)"
+                ),
+            }
+        }),
         ..Estimate::default()
     };
     let facts = ModelFacts {

@@ -377,13 +377,19 @@ pub fn disk_bytes(params: u64, dtype_bytes: u64, s: &TrainSettings, steps: Optio
     params * dtype_bytes + written.map_or(kept, |w| w.min(kept)) * params * (4 + state)
 }
 
-/// Optimizer steps a run over `rows` rows of `row_tokens` tokens takes (`max_steps` caps it).
-pub fn planned_steps(s: &TrainSettings, rows: u64, row_tokens: u64) -> u64 {
-    let per_step = match (s.rows_per_step, s.tokens_per_step) {
+/// Rows in one optimizer step for rows of `row_tokens` tokens: `tokens_per_step` over the row,
+/// else `rows_per_step`, else 32.
+pub fn rows_per_step(s: &TrainSettings, row_tokens: u64) -> u64 {
+    match (s.rows_per_step, s.tokens_per_step) {
         (_, Some(t)) => (t as u64 / row_tokens.max(1)).max(1),
         (Some(r), _) => r as u64,
         (None, None) => 32,
-    };
+    }
+}
+
+/// Optimizer steps a run over `rows` rows of `row_tokens` tokens takes (`max_steps` caps it).
+pub fn planned_steps(s: &TrainSettings, rows: u64, row_tokens: u64) -> u64 {
+    let per_step = rows_per_step(s, row_tokens);
     let steps = (rows * s.epochs).div_ceil(per_step).max(1);
     s.max_steps.map_or(steps, |m| steps.min(m))
 }

@@ -315,11 +315,27 @@ pub fn run(job: &TrainJob) -> Result<TrainSummary> {
     }
     tracker.finish();
     let change = p.export()?;
+    let done = summary(&totals, p.total, false);
+    // this machine's rate, for preflight's next estimates (a run of a few seconds measures
+    // mostly its start)
+    if loop_start.elapsed().as_secs_f64() >= 5.0 && totals.tokens > 0 {
+        let dev = p.t.model.device();
+        crate::machine::record_train(&crate::machine::TrainRecord {
+            device: if dev.is_cpu() {
+                "cpu".into()
+            } else {
+                super::memory::device_name(dev)
+            },
+            params: p.params,
+            tokens_per_second: done.tokens_per_second,
+            unix: crate::store::now_unix(),
+        });
+    }
     Ok(TrainSummary {
         tensors: change.tensors,
         tensors_unchanged: change.unchanged,
         median_relative_change: change.median,
-        ..summary(&totals, p.total, false)
+        ..done
     })
 }
 
