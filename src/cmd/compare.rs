@@ -156,14 +156,14 @@ pub fn run(a: &CompareArgs) -> Result<()> {
     let md = markdown(&runs);
     std::fs::create_dir_all(&a.output)
         .with_context(|| format!("cannot create {}", a.output.display()))?;
-    // the chart: pass@1 of each run's last model, one line per run over the sets
+    // the chart: pass@1 of each run's last model with its 95% interval, a bar per run per set
     let mut sets: Vec<String> = Vec::new();
     for r in runs.iter().flat_map(|r| &r.results) {
         if !sets.contains(&r.set) {
             sets.push(r.set.clone());
         }
     }
-    let series: Vec<(String, Vec<(f64, f64)>)> = runs
+    let series: Vec<crate::report::Bars> = runs
         .iter()
         .map(|run| {
             let last = run
@@ -171,26 +171,29 @@ pub fn run(a: &CompareArgs) -> Result<()> {
                 .last()
                 .map(|r| r.model.clone())
                 .unwrap_or_default();
-            let pts = sets
+            let bars = sets
                 .iter()
-                .enumerate()
-                .filter_map(|(i, set)| {
+                .map(|set| {
                     let r = run
                         .results
                         .iter()
-                        .find(|r| &r.set == set && r.model == last)?;
-                    Some((i as f64, 100.0 * r.metrics.pass_at_1.value))
+                        .find(|r| &r.set == set && r.model == last);
+                    // a set the run did not evaluate: no bar
+                    r.map_or((f64::NAN, None), |r| {
+                        let p = &r.metrics.pass_at_1;
+                        (100.0 * p.value, Some((100.0 * p.lo, 100.0 * p.hi)))
+                    })
                 })
                 .collect();
-            (format!("{} ({last})", run.label), pts)
+            (format!("{} ({last})", run.label), bars)
         })
         .collect();
-    crate::report::line_chart(
+    crate::report::bar_chart(
         &a.output.join("compare.png"),
-        "pass@1 of each run's last model",
+        "pass@1 of each run's last model (95% interval)",
         ("set", "pass@1 (%)"),
+        &sets,
         &series,
-        Some(&crate::report::category_labels(sets.clone())),
         Some((0.0, 100.0)),
     )?;
     let text = format!("{md}\n![pass@1 of each run's last model](compare.png)\n");
