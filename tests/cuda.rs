@@ -465,10 +465,21 @@ fn run_model(
     n: u32,
     params: SamplingParams,
 ) -> Vec<Sample> {
+    run_model_with(model, prompts, n, params, 8)
+}
+
+/// [`run_model`] with at most `max_num_seqs` sequences in a step.
+fn run_model_with(
+    model: &selfdistill::model::Transformer,
+    prompts: &[Vec<u32>],
+    n: u32,
+    params: SamplingParams,
+    max_num_seqs: usize,
+) -> Vec<Sample> {
     let cfg = EngineConfig {
         scheduler: SchedulerConfig {
             block_size: 16,
-            max_num_seqs: 8,
+            max_num_seqs,
             max_num_batched_tokens: 64,
         },
         num_blocks: 64,
@@ -721,5 +732,90 @@ fn a_killed_gpu_run_resumes_to_the_uninterrupted_weights() {
     for (name, t) in &a {
         let err = rel_err(&b[name], t);
         assert!(err <= 1e-6, "{name}: resumed weights differ by {err}");
+    }
+}
+
+/// The Gated DeltaNet decode kernels at Qwen3.5-4B's head size (dk = dv = 128: each state
+/// column split over 4 threads, their partial sums meeting in shared memory), which the tiny
+/// fixture (dk = 16) does not reach: a random hybrid model in f32, kernels against the candle
+/// path on the GPU, the same greedy tokens.
+#[test]
+fn gated_deltanet_kernels_at_head_dim_128_follow_the_candle_path() {
+    let mut cfg = selfdistill::model::init::shape("hybrid-20m").unwrap();
+    let l = cfg.linear.expect("a hybrid shape");
+    cfg.linear = Some(selfdistill::model::config::LinearAttention {
+        key_head_dim: 128,
+        value_head_dim: 128,
+        ..l
+    });
+    let prompts = vec![vec![5, 17, 300, 41, 9, 77, 12], vec![3]];
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_new_tokens: 12,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    // the same seeded weights (drawn on the host) for both runs
+    let weights = selfdistill::model::init::random_weights(&cfg).unwrap();
+    let run = |fused: bool| {
+        let w: std::collections::HashMap<String, Tensor> = weights
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_device(&gpu()).unwrap()))
+            .collect();
+        let vb = candle_nn::VarBuilder::from_tensors(w, DType::F32, &gpu());
+        let mut model = selfdistill::model::Transformer::new(&cfg, vb).unwrap();
+        model.set_fused_inference(true).unwrap();
+        if !fused {
+            model.set_fused_inference(false).unwrap();
+        }
+        run_model(&model, &prompts, 2, params.clone())
+    };
+    let (kernels, candle) = (run(true), run(false));
+    assert_eq!(kernels.len(), 4);
+    assert_same_samples(
+        &candle,
+        &kernels,
+        "hybrid dk 128 f32, kernels against candle",
+    );
+}
+
+/// Seeded samples do not depend on what else is in the batch, on the GPU: at max_num_seqs 1 and
+/// 64 the same tokens, for Qwen3 (paged attention) and Qwen3.5 (the state slots on the device
+/// and the Gated DeltaNet kernels), and the CPU's.
+#[test]
+fn seeded_gpu_samples_are_the_same_at_max_num_seqs_1_and_64() {
+    let prompts = vec![
+        vec![41, 273, 317, 435, 295, 82],
+        vec![87],
+        vec![308, 434, 82, 86],
+    ];
+    let params = SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.95,
+        max_new_tokens: 24,
+        ignore_eos: true,
+        seed: 11,
+        ..SamplingParams::default()
+    };
+    for name in ["tiny-qwen3", "tiny-qwen3_5"] {
+        let dir = fixture_named(name);
+        let ck = selfdistill::model::Checkpoint::open(dir.to_str().unwrap()).unwrap();
+        let mut samples = Vec::new();
+        for dev in [Device::Cpu, gpu()] {
+            let mut model = ck.load_transformer(&dev, DType::F32).unwrap();
+            model.set_fused_inference(true).unwrap();
+            for max in [1, 64] {
+                samples.push(run_model_with(&model, &prompts, 3, params.clone(), max));
+            }
+        }
+        assert_eq!(samples[0].len(), 9, "{name}");
+        for (i, s) in samples.iter().enumerate().skip(1) {
+            assert_same_samples(
+                &samples[0],
+                s,
+                &format!("{name}, run {i} of cpu/gpu x 1/64"),
+            );
+        }
     }
 }

@@ -96,11 +96,9 @@ impl StateSlots {
         use crate::cuda::kernels::{module_fn, STATE_SLOTS_PTX};
         // the host's layers stay empty
         let mut s = Self::new(cfg, 0);
-        let num_slots = if s.values.iter().any(|&v| v > 0) {
-            num_slots
-        } else {
-            0
-        };
+        if num_slots == 0 || s.values.iter().all(|&v| v == 0) {
+            return Ok(s); // nothing to keep: no kernels to load
+        }
         let tensor = |v: usize, rows: usize| -> candle_core::Result<Option<Tensor>> {
             if v == 0 || rows == 0 {
                 return Ok(None);
