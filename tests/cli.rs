@@ -993,7 +993,9 @@ fn preflight_refuses_a_gpu_sample_stage_that_does_not_fit_and_prints_time_and_co
         cols[4].parse().unwrap(),
         cols[5].parse().unwrap(),
     );
-    assert!(rate > 1000.0 && rate < 10000.0, "{row}");
+    // the H100's measured Qwen3-4B rate at batch 128 (11,015 tok/s), for a model of about
+    // that size
+    assert!(rate > 1000.0 && rate < 20000.0, "{row}");
     assert!((hours - 4096000.0 / rate / 3600.0).abs() < 0.01, "{row}");
     assert!((cost - 3.0 * hours).abs() < 0.02, "{row}");
     assert!(out.contains("at 3 per GPU-hour"), "{out}");
