@@ -147,7 +147,6 @@ fn draw_bar_chart(
         .map_err(chart_err)?;
     // the bars of a category fill 80% of its width
     let w = 0.8 / series.len().max(1) as f64;
-    let (width, _) = root.dim_in_pixel();
     for (i, (name, values)) in series.iter().enumerate() {
         let color = COLOURS[i % COLOURS.len()];
         let left = |c: usize| c as f64 - 0.4 + i as f64 * w;
@@ -173,19 +172,7 @@ fn draw_bar_chart(
             }))
             .map_err(chart_err)?;
         if legend {
-            let x = (width - LEGEND_WIDTH) as i32;
-            let y = 60 + 24 * i as i32;
-            root.draw(&Rectangle::new(
-                [(x, y - 6), (x + 22, y + 6)],
-                color.filled(),
-            ))
-            .map_err(chart_err)?;
-            root.draw(&Text::new(
-                name.clone(),
-                (x + 28, y - 8),
-                ("sans-serif", 15).into_font().color(&BLACK),
-            ))
-            .map_err(chart_err)?;
+            legend_entry(&root, i, name, color, Swatch::Block)?;
         }
     }
     root.present().map_err(chart_err)?;
@@ -194,6 +181,45 @@ fn draw_bar_chart(
 
 /// The legend's width, right of the plot (it never covers a line).
 const LEGEND_WIDTH: u32 = 150;
+
+/// How a legend entry shows its series: a bar's block, a line's stroke, a dot.
+#[derive(Clone, Copy)]
+enum Swatch {
+    Block,
+    Line,
+    Dot,
+}
+
+/// Entry `i` of a chart's legend, in the right margin outside the plot: the swatch, then the
+/// series' name.
+fn legend_entry(
+    root: &DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    i: usize,
+    name: &str,
+    color: RGBColor,
+    swatch: Swatch,
+) -> Result<()> {
+    let x = (root.dim_in_pixel().0 - LEGEND_WIDTH) as i32;
+    let y = 60 + 24 * i as i32;
+    match swatch {
+        Swatch::Block => root.draw(&Rectangle::new(
+            [(x, y - 6), (x + 22, y + 6)],
+            color.filled(),
+        )),
+        Swatch::Line => root.draw(&PathElement::new(
+            vec![(x, y), (x + 22, y)],
+            color.stroke_width(3),
+        )),
+        Swatch::Dot => root.draw(&Circle::new((x + 11, y), 3, color.filled())),
+    }
+    .map_err(chart_err)?;
+    root.draw(&Text::new(
+        name.to_string(),
+        (x + 28, y - 8),
+        ("sans-serif", 15).into_font().color(&BLACK),
+    ))
+    .map_err(chart_err)
+}
 
 fn chart_err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("drawing a chart: {e}")
@@ -264,7 +290,6 @@ fn draw_line_chart(
         .y_label_formatter(&tick)
         .draw()
         .map_err(chart_err)?;
-    let (width, _) = root.dim_in_pixel();
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = COLOURS[i % COLOURS.len()];
         chart
@@ -274,20 +299,7 @@ fn draw_line_chart(
             .draw_series(pts.iter().map(|&p| Circle::new(p, 3, color.filled())))
             .map_err(chart_err)?;
         if legend {
-            // in the right margin, outside the plot
-            let x = (width - LEGEND_WIDTH) as i32;
-            let y = 60 + 24 * i as i32;
-            root.draw(&PathElement::new(
-                vec![(x, y), (x + 22, y)],
-                color.stroke_width(3),
-            ))
-            .map_err(chart_err)?;
-            root.draw(&Text::new(
-                name.clone(),
-                (x + 28, y - 8),
-                ("sans-serif", 15).into_font().color(&BLACK),
-            ))
-            .map_err(chart_err)?;
+            legend_entry(&root, i, name, color, Swatch::Line)?;
         }
     }
     root.present().map_err(chart_err)?;
@@ -361,29 +373,12 @@ pub(super) fn draw_loss_chart(
             COLOURS[0].stroke_width(2),
         ))
         .map_err(chart_err)?;
-    let (width, _) = root.dim_in_pixel();
-    let x = (width - LEGEND_WIDTH) as i32;
     for (i, (label, color, dot)) in [("per step", light, true), ("smoothed", COLOURS[0], false)]
         .into_iter()
         .enumerate()
     {
-        let y = 60 + 24 * i as i32;
-        if dot {
-            root.draw(&Circle::new((x + 11, y), 3, color.filled()))
-                .map_err(chart_err)?;
-        } else {
-            root.draw(&PathElement::new(
-                vec![(x, y), (x + 22, y)],
-                color.stroke_width(3),
-            ))
-            .map_err(chart_err)?;
-        }
-        root.draw(&Text::new(
-            label,
-            (x + 28, y - 8),
-            ("sans-serif", 15).into_font().color(&BLACK),
-        ))
-        .map_err(chart_err)?;
+        let swatch = if dot { Swatch::Dot } else { Swatch::Line };
+        legend_entry(&root, i, label, color, swatch)?;
     }
     root.present().map_err(chart_err)?;
     Ok(())
