@@ -337,7 +337,20 @@ impl StateSlots {
         let Some(dev) = dev else {
             candle_core::bail!("layer {layer} has no state slots")
         };
-        let out = Tensor::zeros((slots.len(), values), DType::F32, &dev)?;
+        // the gather writes every value: no zeros first (a pass over the states per layer)
+        let cuda = dev.as_cuda_device()?;
+        // SAFETY: `copy_rows_cuda` below writes all slots.len() x values elements before any
+        // read (stream order).
+        let buf = unsafe { cuda.alloc::<f32>(slots.len() * values)? };
+        let out = Tensor::from_storage(
+            candle_core::Storage::Cuda(candle_core::CudaStorage::wrap_cuda_slice(
+                buf,
+                cuda.clone(),
+            )),
+            (slots.len(), values),
+            candle_core::op::BackpropOp::none(),
+            false,
+        );
         self.copy_rows_cuda(layer, slots, &out, true)?;
         Ok(RecurrentStep {
             seq_lens: seq_lens.to_vec(),
@@ -380,6 +393,9 @@ impl StateSlots {
             d.rows = Some((slots.to_vec(), Tensor::new(ids.as_slice(), pool.device())?));
         }
         let ids = &d.rows.as_ref().expect("set above").1;
+        if gather && !rows.is_contiguous() {
+            candle_core::bail!("layer {layer}: the rows a gather writes must be contiguous")
+        }
         let rows = rows.contiguous()?;
         let (pool_p, rows_p, ids_p) = (tensor_ptr(pool)?, tensor_ptr(&rows)?, tensor_ptr(ids)?);
         let cuda = pool.device().as_cuda_device()?;
