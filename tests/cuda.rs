@@ -384,15 +384,7 @@ fn seeded_sampling_on_the_gpu_matches_the_cpu_sampler() {
         vec![87],
         vec![308, 434, 82, 86],
     ];
-    let params = SamplingParams {
-        temperature: 0.8,
-        top_k: 20,
-        top_p: 0.95,
-        max_new_tokens: 40,
-        ignore_eos: true,
-        seed: 7,
-        ..SamplingParams::default()
-    };
+    let params = top_k_top_p(40, 7);
     let cpu = run_fixture(&Device::Cpu, DType::F32, &prompts, 3, params.clone());
     let g = run_fixture(&gpu(), DType::F32, &prompts, 3, params);
     assert_eq!(cpu.len(), 9);
@@ -400,6 +392,19 @@ fn seeded_sampling_on_the_gpu_matches_the_cpu_sampler() {
 }
 
 /// Same tokens, and log-probabilities within 1e-3, sample by sample.
+/// Seeded top-k 20 / top-p 0.95 sampling at temperature 0.8, `max_new_tokens` each.
+fn top_k_top_p(max_new_tokens: usize, seed: u64) -> SamplingParams {
+    SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.95,
+        max_new_tokens,
+        ignore_eos: true,
+        seed,
+        ..SamplingParams::default()
+    }
+}
+
 fn assert_same_samples(cpu: &[Sample], gpu: &[Sample], what: &str) {
     assert_eq!(cpu.len(), gpu.len(), "{what}: sample counts");
     for (c, g) in cpu.iter().zip(gpu) {
@@ -789,15 +794,7 @@ fn seeded_gpu_samples_are_the_same_at_max_num_seqs_1_and_64() {
         vec![87],
         vec![308, 434, 82, 86],
     ];
-    let params = SamplingParams {
-        temperature: 0.8,
-        top_k: 20,
-        top_p: 0.95,
-        max_new_tokens: 24,
-        ignore_eos: true,
-        seed: 11,
-        ..SamplingParams::default()
-    };
+    let params = top_k_top_p(24, 11);
     for name in ["tiny-qwen3", "tiny-qwen3_5"] {
         let dir = fixture_named(name);
         let ck = selfdistill::model::Checkpoint::open(dir.to_str().unwrap()).unwrap();
