@@ -146,6 +146,7 @@ fn compare_with(
                 variant,
                 seconds: 0.0,
                 events: Vec::new(),
+                spent: Default::default(),
             };
             let got = g
                 .attend(
@@ -258,6 +259,7 @@ fn block_copies_move_every_layer() {
             variant: None,
             seconds: 0.0,
             events: Vec::new(),
+            spent: Default::default(),
         };
         outs.push(a.attend(layer, &q, &k, &v, None).unwrap());
     }
@@ -286,6 +288,7 @@ fn block_copies_move_every_layer() {
             variant: None,
             seconds: 0.0,
             events: Vec::new(),
+            spent: Default::default(),
         };
         let last = |t: &Tensor| t.narrow(0, bs - 1, 1).unwrap();
         let got = a

@@ -250,6 +250,7 @@ fn run_gpu(a: &AttentionBenchArgs) -> Result<()> {
             variant,
             seconds: 0.0,
             events: Vec::new(),
+            spent: Default::default(),
         };
         for _ in 0..3 {
             att.attend(0, &q, &k, &v, None)?;

@@ -35,6 +35,14 @@ pub trait AttentionBackend {
     /// state it starts from (`values` f32 values per sequence, laid out by the layer).
     fn recurrent_state(&mut self, layer: usize, values: usize) -> Result<RecurrentStep>;
 
+    /// What the backend's calls since the last take issued on its device (its kernels, buffers
+    /// and copies), and zero from now on. This default declares nothing: right for the CPU
+    /// sampler's host cache, which launches nothing; the GPU's paged backend declares its
+    /// kernels; [`CausalAttention`] (training) does not count its candle ops yet.
+    fn take_cost(&mut self) -> super::cost::Cost {
+        super::cost::Cost::default()
+    }
+
     /// The state each sequence of the step ends with, (sequences, values) f32: kept for the
     /// sequence's next step, or dropped by a backend that keeps none.
     fn store_recurrent_state(&mut self, layer: usize, state: Tensor) -> Result<()>;

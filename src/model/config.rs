@@ -47,7 +47,7 @@ pub enum Activation {
 }
 
 /// What one decoder layer is. Every kind is followed by the SwiGLU MLP.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LayerKind {
     /// Softmax attention over every earlier token, in the shape of the config's attention
     /// fields (`num_heads`, `num_kv_heads`, `head_dim`, `qk_norm`, `attention_bias`,

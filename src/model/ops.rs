@@ -20,6 +20,7 @@ use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::{Linear, VarBuilder};
 
 use super::config::{Activation, LayerKind, ModelConfig, RopeParams, RopeScaling};
+use super::cost::Cost;
 
 /// How the candle path computes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,13 +81,32 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Tensor, exec: Exec) -> Result<Tensor> {
+        self.forward_counted(x, exec, &mut Cost::default())
+    }
+
+    /// [`Self::forward`], adding the candle operations it issues to `spent`.
+    pub(super) fn forward_counted(
+        &self,
+        x: &Tensor,
+        exec: Exec,
+        spent: &mut Cost,
+    ) -> Result<Tensor> {
         let w = self.scale()?;
+        *spent += Cost::kernels(u64::from(self.offset));
         match path(x, exec) {
-            OpPath::Fused => candle_nn::ops::rms_norm(x, &w, self.eps as f32),
-            OpPath::HostDifferentiable => super::diff_ops::rms_norm(x, &w, self.eps),
+            OpPath::Fused => {
+                *spent += Cost::kernels(1);
+                candle_nn::ops::rms_norm(x, &w, self.eps as f32)
+            }
+            OpPath::HostDifferentiable => {
+                *spent += Cost::kernels(1);
+                super::diff_ops::rms_norm(x, &w, self.eps)
+            }
             OpPath::Composed => {
-                // in f32 whatever the input's dtype, as transformers computes it
+                // in f32 whatever the input's dtype, as transformers computes it: square, sum,
+                // mean, + eps, sqrt, divide, scale, and the two casts below f32
                 let dtype = x.dtype();
+                *spent += Cost::kernels(7 + 2 * u64::from(dtype != DType::F32));
                 let x = x.to_dtype(DType::F32)?;
                 let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
                 let x = x.broadcast_div(&(ms + self.eps)?.sqrt()?)?;
@@ -221,20 +241,30 @@ impl RopeRows {
 
     /// x: (T, H, D) -> rotated x (the Hugging Face `rotate_half` layout). With partial RoPE
     /// (tables narrower than D) the leading dims rotate and the rest pass through.
-    pub(super) fn apply(&self, x: &Tensor, exec: Exec) -> Result<Tensor> {
+    /// The candle operations it issues are added to `spent`.
+    pub(super) fn apply_counted(&self, x: &Tensor, exec: Exec, spent: &mut Cost) -> Result<Tensor> {
         let (d, r) = (x.dim(D::Minus1)?, 2 * self.cos.dim(D::Minus1)?);
         if r < d {
-            let rotated = self.apply(&x.narrow(D::Minus1, 0, r)?.contiguous()?, exec)?;
+            // the rotated part copied out, rotated, and joined to the rest
+            let lead = x.narrow(D::Minus1, 0, r)?;
+            *spent += copy_cost(&lead) + cat_cost(2);
+            let rotated = self.apply_counted(&lead.contiguous()?, exec, spent)?;
             return Tensor::cat(&[&rotated, &x.narrow(D::Minus1, r, d - r)?], D::Minus1);
         }
         match path(x, exec) {
             OpPath::Fused => {
                 // (T, H, D) -> (1, T, H, D) for the fused kernel.
+                *spent += copy_cost(x) + Cost::kernels(1);
                 let x = x.contiguous()?.unsqueeze(0)?;
                 candle_nn::rotary_emb::rope_thd(&x, &self.cos, &self.sin)?.squeeze(0)
             }
-            OpPath::HostDifferentiable => super::diff_ops::rope(x, &self.cos, &self.sin),
+            OpPath::HostDifferentiable => {
+                *spent += Cost::kernels(1);
+                super::diff_ops::rope(x, &self.cos, &self.sin)
+            }
             OpPath::Composed => {
+                // neg, the halves joined, two products and their sum
+                *spent += Cost::kernels(4) + cat_cost(2);
                 let half = x.dim(D::Minus1)? / 2;
                 let x1 = x.narrow(D::Minus1, 0, half)?;
                 let x2 = x.narrow(D::Minus1, half, half)?;
@@ -268,7 +298,15 @@ fn scale_frequency(freq: f64, scaling: Option<RopeScaling>) -> f64 {
 
 /// `act(g) * u`: SwiGLU, or GeGLU with tanh-approximated GELU (our CPU op, or candle's
 /// `gelu`, whose backward the composed path records).
-pub(super) fn gated(g: &Tensor, u: &Tensor, act: Activation, exec: Exec) -> Result<Tensor> {
+pub(super) fn gated(
+    g: &Tensor,
+    u: &Tensor,
+    act: Activation,
+    exec: Exec,
+    spent: &mut Cost,
+) -> Result<Tensor> {
+    let fused_op = matches!(path(g, exec), OpPath::HostDifferentiable);
+    *spent += Cost::kernels(if fused_op { 1 } else { 2 });
     match (act, path(g, exec)) {
         (Activation::Silu, OpPath::HostDifferentiable) => super::diff_ops::swiglu(g, u),
         (Activation::Silu, OpPath::Fused | OpPath::Composed) => candle_nn::ops::silu(g)? * u,
@@ -278,22 +316,58 @@ pub(super) fn gated(g: &Tensor, u: &Tensor, act: Activation, exec: Exec) -> Resu
 }
 
 /// `l(x)`: on the packed CPU gemm (with its backward) for f32 on the CPU on the differentiable
-/// path, else candle's.
-pub(super) fn project(l: &Linear, x: &Tensor, exec: Exec) -> Result<Tensor> {
-    if exec == Exec::Sampling {
+/// path, else candle's; the candle operations it issues added to `spent`.
+pub(super) fn project_counted(
+    l: &Linear,
+    x: &Tensor,
+    exec: Exec,
+    spent: &mut Cost,
+) -> Result<Tensor> {
+    *spent += Cost::kernels(u64::from(l.bias().is_some()));
+    if exec == Exec::Sampling
+        || (exec == Exec::Composed || !super::host_linear::supported(x)) && x.rank() != 2
+    {
+        // candle's Linear: a (B, T, K) input is viewed as rows when contiguous
+        *spent += Cost::kernels(1);
         return l.forward(x);
     }
     let y = if exec == Exec::Composed || !super::host_linear::supported(x) {
-        if x.rank() != 2 {
-            return l.forward(x);
-        }
+        *spent += matmul_cost(x);
         matmul(x, &l.weight().t()?)?
     } else {
+        *spent += Cost::kernels(1);
         super::host_linear::linear(x, l.weight())?
     };
     match l.bias() {
         Some(b) => y.broadcast_add(b),
         None => Ok(y),
+    }
+}
+
+/// What [`matmul`] issues for `a`: one product, or on a CPU in bf16 the two casts in, the
+/// product and the cast out.
+pub(super) fn matmul_cost(a: &Tensor) -> Cost {
+    Cost::kernels(if a.device().is_cpu() && a.dtype() == DType::BF16 {
+        4
+    } else {
+        1
+    })
+}
+
+/// A copy into a new contiguous buffer when `x` is not contiguous (`contiguous`, and `reshape`
+/// of a strided view), else nothing.
+pub(super) fn copy_cost(x: &Tensor) -> Cost {
+    Cost::kernels(u64::from(!x.is_contiguous()))
+}
+
+/// `Tensor::cat` of `parts` tensors: one new buffer, a copy launched per part.
+pub(super) const fn cat_cost(parts: u64) -> Cost {
+    Cost {
+        launches: parts,
+        allocations: 1,
+        host_to_device: 0,
+        device_to_host: 0,
+        syncs: 0,
     }
 }
 

@@ -1,8 +1,6 @@
 //! The CPU host path's pieces: weights packed for the batch-invariant matmul ([`crate::gemm`]),
-//! the row ops the packed layers (`model::layers`) run in place over plain `Vec<f32>`s where
-//! candle would allocate a tensor (and often start a parallel job) per op, and the per-thread
-//! buffers they reuse. At a decode step's few rows those ops, not the matmuls, were most of a
-//! layer's time.
+//! and the row ops the host layer ops (`model::layer_ops::host_ops`) run in place over plain
+//! `Vec<f32>`s where candle would allocate a tensor (and often start a parallel job) per op.
 //!
 //! Every op is per row, so a row's values do not depend on the other rows of the step (the
 //! sampler's batch-invariance promise). Inference only: nothing here records a backward pass.
@@ -12,7 +10,6 @@ use std::sync::Arc;
 
 use candle_core::{Result, Tensor};
 use candle_nn::Linear;
-use rayon::prelude::*;
 
 use crate::gemm::PackedMatrix;
 
@@ -26,7 +23,7 @@ const PARALLEL_MIN: usize = 1 << 12;
 /// and blocking by the number of rows), and it is faster than candle's gemm for the few rows of
 /// a decode step.
 #[derive(Debug, Clone)]
-pub(crate) struct PackedLinear {
+pub struct PackedLinear {
     pub w: Arc<PackedMatrix>,
     bias: Option<Vec<f32>>,
 }
@@ -101,70 +98,6 @@ pub(crate) fn min_rows(len: usize) -> usize {
     }
 }
 
-/// A thread's buffers for a packed layer's forward, kept across layers and steps (up to
-/// [`KEEP_BYTES`] each): a decode step's activations are tens to hundreds of KiB each, which a
-/// fresh allocation per layer would map, fault in and zero every time.
-#[derive(Default)]
-pub struct Buffers {
-    /// Normed rows (T, hidden).
-    pub h: Vec<f32>,
-    /// q|k|v rows (T, q + 2 kv), then gate|up rows (T, 2 inter).
-    pub qkv: Vec<f32>,
-    pub q: Vec<f32>,
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
-    /// Attention output (T, q), then the SwiGLU product (T, inter).
-    pub a: Vec<f32>,
-    /// A projection back to the residual stream (T, hidden).
-    pub out: Vec<f32>,
-    /// Qwen3.5's attention output gates (T, q).
-    pub gate: Vec<f32>,
-}
-
-impl Buffers {
-    /// Runs `f` on this thread's buffers, or on fresh ones if they are in use (a step of
-    /// another engine that this thread picked up while waiting inside a step).
-    pub fn with<R>(f: impl FnOnce(&mut Buffers) -> R) -> R {
-        BUFFERS.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut b) => f(&mut b),
-            Err(_) => f(&mut Buffers::default()),
-        })
-    }
-
-    /// Frees any buffer past [`KEEP_BYTES`]: a long prefill's activations (hundreds of MiB for
-    /// a large model) are not kept for the rest of the thread's life; a decode step's are.
-    pub fn release_large(&mut self) {
-        for v in [
-            &mut self.h,
-            &mut self.qkv,
-            &mut self.q,
-            &mut self.k,
-            &mut self.v,
-            &mut self.a,
-            &mut self.out,
-            &mut self.gate,
-        ] {
-            if v.capacity() * std::mem::size_of::<f32>() > KEEP_BYTES {
-                *v = Vec::new();
-            }
-        }
-    }
-}
-
-/// The largest buffer [`Buffers`] keeps between layers.
-const KEEP_BYTES: usize = 16 << 20;
-
-thread_local! {
-    static BUFFERS: std::cell::RefCell<Buffers> = std::cell::RefCell::default();
-}
-
-/// `v` as `n` values: its allocation kept, its old values left as they are (every user writes
-/// every value it reads).
-pub(crate) fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
-    v.resize(n, 0.0);
-    &mut v[..n]
-}
-
 /// `1 / sqrt(mean(x^2) + eps)`; the squares summed in eight lanes (plain multiply and add, which
 /// vectorise without the FMA target feature).
 pub(crate) fn inv_rms(x: &[f32], eps: f32) -> f32 {
@@ -193,14 +126,6 @@ pub(crate) fn norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     for (x, w) in x.iter_mut().zip(w) {
         *x = *x * r * w;
     }
-}
-
-/// RMS norm of each row of `x` (rows of `width`), scaled by `w`, into `y`.
-pub(crate) fn rms_rows(x: &[f32], width: usize, w: &[f32], eps: f32, y: &mut [f32]) {
-    y.par_chunks_mut(width)
-        .zip(x.par_chunks(width))
-        .with_min_len(min_rows(x.len()))
-        .for_each(|(yr, xr)| norm_row(xr, w, eps, yr));
 }
 
 pub(crate) fn add_into(x: &mut [f32], y: &[f32]) {

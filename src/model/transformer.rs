@@ -12,19 +12,21 @@ use candle_nn::{Embedding, Linear, VarBuilder};
 
 use super::attention::AttentionBackend;
 use super::config::ModelConfig;
-use super::layers::{HostLayer, Layer};
+use super::layer_ops::candle_ops::CandleOps;
+use super::layer_ops::host_ops::{HostAct, HostOps};
+use super::layer_ops::{Counting, Counts, LayerOps, Place};
+use super::layers::Layer;
 use super::ops::{Exec, RmsNorm, Ropes, StepRope};
 use super::packed::{dropped, PackedLinear};
 
 /// A decoder of any family we read.
-#[derive(Debug, Clone)]
 pub struct Transformer {
     cfg: ModelConfig,
     embed: Embedding,
-    layers: Vec<Layer>,
+    layers: Vec<Layer<CandleOps>>,
     /// For sampling on the CPU: every layer packed for the host path (then `layers` hold no
     /// weights).
-    host_layers: Option<Vec<HostLayer>>,
+    host_layers: Option<Vec<Layer<HostOps>>>,
     norm: RmsNorm,
     lm_head: Linear,
     rope: Ropes,
@@ -123,6 +125,20 @@ impl Transformer {
         Ok(())
     }
 
+    /// Sampling through candle's fused kernels and stacked projections on any device, the CPU
+    /// in f32 too (no packing): the path a GPU runs, so that its operations are counted on a
+    /// CPU (`pipeline bench sample --count`). Inference only from then on.
+    pub fn set_candle_sampling(&mut self) -> Result<()> {
+        if self.host_layers.is_some() {
+            candle_core::bail!("the model's weights are packed for the CPU host path")
+        }
+        self.exec = Exec::Sampling;
+        for l in &mut self.layers {
+            l.stack_projections()?;
+        }
+        Ok(())
+    }
+
     /// Trains through elementary candle ops on every device ([`Exec::Composed`]), the CPU too:
     /// the device-generic path a GPU runs, which the CPU tests check against PyTorch. Off, f32 on
     /// the CPU uses our ops with hand-written backward passes.
@@ -150,39 +166,66 @@ impl Transformer {
         positions: &Tensor,
         attn: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
+        self.forward_hidden_counted(tokens, positions, attn, None)
+    }
+
+    /// [`Self::forward_hidden`], with each layer op's cost added to `counts` when given.
+    pub fn forward_hidden_counted(
+        &self,
+        tokens: &Tensor,
+        positions: &Tensor,
+        attn: &mut dyn AttentionBackend,
+        counts: Option<&mut Counts>,
+    ) -> Result<Tensor> {
         let rope = self.rope_rows(positions)?;
-        let mut x = self.embed(tokens)?; // (T, hidden)
-        match &self.host_layers {
-            // packed for the CPU: the residual stream stays one host vector through the layers
+        let x = self.embed(tokens)?; // (T, hidden)
+        let x = match &self.host_layers {
+            // packed for the CPU: the residual stream stays one host buffer through the layers
             Some(layers) => {
-                let (t, hidden) = x.dims2()?;
-                let mut xs = x.flatten_all()?.to_vec1::<f32>()?;
-                for (i, l) in layers.iter().enumerate() {
-                    let (cos, sin) = self.host_rope(i, &rope)?;
-                    l.forward_host(i, &mut xs, t, (cos, sin), attn)?;
-                }
-                x = Tensor::from_vec(xs, (t, hidden), x.device())?;
+                let x = HostAct::from_tensor(&x)?;
+                self.run_layers(layers, HostOps::new(), x, &rope, attn, counts)?
+                    .into_tensor()?
             }
             None => {
-                for i in 0..self.layers.len() {
-                    x = self.layer_forward(i, &x, &rope, attn)?;
+                let ops = CandleOps::new(self.exec);
+                self.run_layers(&self.layers, ops, x, &rope, attn, counts)?
+            }
+        };
+        self.final_norm(&x)
+    }
+
+    /// Every layer on the residual stream `x` through the ops `o`, counted into `counts` when
+    /// given.
+    fn run_layers<O: LayerOps>(
+        &self,
+        layers: &[Layer<O>],
+        mut o: O,
+        mut x: O::Act,
+        rope: &StepRope,
+        attn: &mut dyn AttentionBackend,
+        counts: Option<&mut Counts>,
+    ) -> Result<O::Act> {
+        let kinds = &self.cfg.layer_kinds;
+        match counts {
+            None => {
+                for (i, l) in layers.iter().enumerate() {
+                    x = l.forward(&mut o, i, x, rope.of(kinds[i]), attn)?;
+                }
+            }
+            Some(c) => {
+                let mut o = Counting::new(o, c);
+                for (i, l) in layers.iter().enumerate() {
+                    o.at(Place::Layer(i, kinds[i]));
+                    x = l.forward(&mut o, i, x, rope.of(kinds[i]), attn)?;
                 }
             }
         }
-        self.final_norm(&x)
+        Ok(x)
     }
 
     /// The RoPE rows of this step's positions (T,) u32, shared by every layer.
     pub fn rope_rows(&self, positions: &Tensor) -> Result<StepRope> {
         StepRope::new(&self.rope, positions)
-    }
-
-    /// Layer `i`'s RoPE rows as host values (the packed layers').
-    fn host_rope<'r>(&self, i: usize, rope: &'r StepRope) -> Result<(&'r [f32], &'r [f32])> {
-        match &rope.of(self.cfg.layer_kinds[i]).host {
-            Some((cos, sin)) => Ok((cos, sin)),
-            None => candle_core::bail!("packed layer {i}: RoPE rows not on the host"),
-        }
     }
 
     /// Token embeddings (T, hidden), scaled for Gemma.
@@ -220,12 +263,14 @@ impl Transformer {
         rope: &StepRope,
         attn: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
-        if let Some(layers) = &self.host_layers {
-            let (cos, sin) = self.host_rope(i, rope)?;
-            return layers[i].forward(i, x, (cos, sin), attn);
-        }
         let rows = rope.of(self.cfg.layer_kinds[i]);
-        self.layers[i].forward(i, x, rows, self.exec, attn)
+        if let Some(layers) = &self.host_layers {
+            let mut o = HostOps::new();
+            let x = HostAct::from_tensor(x)?;
+            return layers[i].forward(&mut o, i, x, rows, attn)?.into_tensor();
+        }
+        let mut o = CandleOps::new(self.exec);
+        self.layers[i].forward(&mut o, i, x.clone(), rows, attn)
     }
 
     /// The final RMS norm.

@@ -184,6 +184,7 @@ impl Backend {
                     events: Vec::new(),
                     seq_lens,
                     states: step.states,
+                    spent: Default::default(),
                 };
                 let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
                 let seconds = attn.device_seconds()?;

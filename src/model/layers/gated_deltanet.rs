@@ -22,8 +22,9 @@ use candle_nn::{Linear, VarBuilder};
 
 use super::super::attention::AttentionBackend;
 use super::super::config::{LinearAttention, ModelConfig};
-use super::super::ops::{project, stack_linears, Exec, RmsNorm};
-use super::super::packed::{dropped, inv_rms, sized, Buffers, PackedLinear};
+use super::super::cost::Cost;
+use super::super::ops::{cat_cost, copy_cost, project_counted, stack_linears, Exec, RmsNorm};
+use super::super::packed::{dropped, inv_rms, PackedLinear};
 use super::weight_init::Init;
 use rayon::prelude::*;
 
@@ -107,6 +108,18 @@ impl GatedDeltaNet {
         exec: Exec,
         backend: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
+        self.forward_counted(index, h, exec, backend, &mut Cost::default())
+    }
+
+    /// [`Self::forward`], adding the candle operations (and kernels) it issues to `spent`.
+    pub fn forward_counted(
+        &self,
+        index: usize,
+        h: &Tensor,
+        exec: Exec,
+        backend: &mut dyn AttentionBackend,
+        spent: &mut Cost,
+    ) -> Result<Tensor> {
         let l = self.shape;
         let step = backend.recurrent_state(index, l.state_values())?;
         let t = h.dim(0)?;
@@ -119,20 +132,26 @@ impl GatedDeltaNet {
         // decode steps on a GPU, for sampling only: the kernels record no backward pass
         #[cfg(feature = "cuda")]
         if exec == Exec::Sampling && h.device().is_cuda() && step.seq_lens.iter().all(|&n| n == 1) {
-            if let Some(y) = self.decode_cuda(h, &step, exec)? {
+            if let Some(y) = self.decode_cuda(h, &step, exec, spent)? {
                 backend.store_recurrent_state(index, y.1)?;
-                return project(&self.out_proj, &y.0, exec);
+                return project_counted(&self.out_proj, &y.0, exec, spent);
             }
         }
         let dtype = h.dtype();
+        // a cast to f32 is an op below f32
+        let cast = Cost::kernels(u64::from(dtype != DType::F32));
         let f32 = |x: Tensor| x.to_dtype(DType::F32);
-        let qkv = f32(project(&self.in_proj_qkv, h, exec)?)?;
-        let z = project(&self.in_proj_z, h, exec)?; // the gate stays in the model's dtype
-        let beta = candle_nn::ops::sigmoid(&f32(project(&self.in_proj_b, h, exec)?)?)?;
-        let a = f32(project(&self.in_proj_a, h, exec)?)?;
+        let qkv = f32(project_counted(&self.in_proj_qkv, h, exec, spent)?)?;
+        // the gate stays in the model's dtype
+        let z = project_counted(&self.in_proj_z, h, exec, spent)?;
+        let b = f32(project_counted(&self.in_proj_b, h, exec, spent)?)?;
+        let beta = candle_nn::ops::sigmoid(&b)?;
+        let a = f32(project_counted(&self.in_proj_a, h, exec, spent)?)?;
         let rate = f32(self.a_log.clone())?.exp()?.neg()?; // -exp(A_log)
         let g = softplus(&a.broadcast_add(&f32(self.dt_bias.clone())?)?)?.broadcast_mul(&rate)?;
         let conv_w = f32(self.conv.squeeze(1)?)?.t()?; // (K, conv_dim)
+                                                       // six casts; sigmoid; exp, neg; add, softplus, multiply
+        *spent += cast * 6 + Cost::kernels(1 + 2 + 2 + SOFTPLUS_OPS);
         let (conv_len, k1) = (l.conv_dim() * (l.conv_kernel - 1), l.conv_kernel - 1);
         let (mut outs, mut states) = (Vec::new(), Vec::new());
         let mut start = 0;
@@ -148,10 +167,13 @@ impl GatedDeltaNet {
                         ),
                     )
                 }
-                None => (
-                    Tensor::zeros((k1, l.conv_dim()), DType::F32, h.device())?,
-                    None,
-                ),
+                None => {
+                    *spent += Cost::kernels(1);
+                    (
+                        Tensor::zeros((k1, l.conv_dim()), DType::F32, h.device())?,
+                        None,
+                    )
+                }
             };
             let x = qkv.narrow(0, start, len)?;
             let padded = Tensor::cat(&[&conv0, &x], 0)?; // (K-1+L, conv_dim)
@@ -160,29 +182,45 @@ impl GatedDeltaNet {
                 conv = (conv + padded.narrow(0, j, len)?.broadcast_mul(&conv_w.get(j)?)?)?;
             }
             let u = candle_nn::ops::silu(&conv)?;
-            let (q, k, v) = self.split_heads(&u)?;
-            let g_s = g.narrow(0, start, len)?.t()?.contiguous()?; // (Hv, L)
-            let beta_s = beta.narrow(0, start, len)?.t()?.contiguous()?;
+            // the join; K products and K-1 sums; SiLU
+            *spent += cat_cost(2) + Cost::kernels(2 * l.conv_kernel as u64);
+            let (q, k, v) = self.split_heads(&u, spent)?;
+            let (g_s, beta_s) = (
+                g.narrow(0, start, len)?.t()?,
+                beta.narrow(0, start, len)?.t()?,
+            );
+            *spent += copy_cost(&g_s) + copy_cost(&beta_s);
+            let (g_s, beta_s) = (g_s.contiguous()?, beta_s.contiguous()?); // (Hv, L)
+            *spent += delta_rule_cost(len, s0.is_some())?;
             let (o, s1) = if len <= RECURRENT_MAX {
                 delta_rule_recurrent(&q, &k, &v, &g_s, &beta_s, s0.as_ref())?
             } else {
                 delta_rule_chunked(&q, &k, &v, &g_s, &beta_s, s0.as_ref())?
             };
             // (Hv, L, dv) -> (L, Hv, dv) in the model's dtype; the gated norm per head
-            let o = o.transpose(0, 1)?.contiguous()?.to_dtype(dtype)?;
+            let o = o.transpose(0, 1)?;
+            *spent += copy_cost(&o) + cast;
+            let o = o.contiguous()?.to_dtype(dtype)?;
             let z_s =
                 z.narrow(0, start, len)?
                     .reshape((len, l.num_value_heads, l.value_head_dim))?;
-            let normed = self.norm.forward(&o, exec)?;
+            let normed = self.norm.forward_counted(&o, exec, spent)?;
             let y = (normed * candle_nn::ops::silu(&z_s)?)?;
             outs.push(y.reshape((len, l.value_dim()))?);
             let conv1 = padded.narrow(0, len, k1)?.flatten_all()?;
             states.push(Tensor::cat(&[&conv1, &s1.flatten_all()?], 0)?);
+            // SiLU, the gate's product; the state's join
+            *spent += Cost::kernels(2) + cat_cost(2);
             start += len;
         }
+        let n = outs.len() as u64;
         let y = Tensor::cat(&outs, 0)?;
         backend.store_recurrent_state(index, Tensor::stack(&states, 0)?)?;
-        project(&self.out_proj, &y, exec)
+        // (a join of one tensor is the tensor)
+        if n > 1 {
+            *spent += cat_cost(n) * 2;
+        }
+        project_counted(&self.out_proj, &y, exec, spent)
     }
 
     /// A decode step (one token per sequence) through the GPU kernels of
@@ -195,6 +233,7 @@ impl GatedDeltaNet {
         h: &Tensor,
         step: &super::super::attention::RecurrentStep,
         exec: Exec,
+        spent: &mut Cost,
     ) -> Result<Option<(Tensor, Tensor)>> {
         use crate::cuda::gated_deltanet::{decode_step, GdnShape, GdnStep};
         let l = self.shape;
@@ -212,16 +251,24 @@ impl GatedDeltaNet {
         let rows = h.dim(0)?;
         // the kernels update the state in place: a copy unless it is the step's own
         let state = match &step.state {
-            Some(s) => s.to_dtype(DType::F32)?.contiguous()?,
-            None => Tensor::zeros((rows, l.state_values()), DType::F32, h.device())?,
+            Some(s) => {
+                *spent += Cost::kernels(u64::from(s.dtype() != DType::F32)) + copy_cost(s);
+                s.to_dtype(DType::F32)?.contiguous()?
+            }
+            None => {
+                *spent += Cost::kernels(1);
+                Tensor::zeros((rows, l.state_values()), DType::F32, h.device())?
+            }
         };
+        // the conv kernel and the recurrent one, each into a new buffer
+        *spent += Cost::kernels(2);
         let y = decode_step(
             &shape,
             &GdnStep {
-                qkv: &project(&self.in_proj_qkv, h, exec)?,
-                a: &project(&self.in_proj_a, h, exec)?,
-                b: &project(&self.in_proj_b, h, exec)?,
-                z: &project(&self.in_proj_z, h, exec)?,
+                qkv: &project_counted(&self.in_proj_qkv, h, exec, spent)?,
+                a: &project_counted(&self.in_proj_a, h, exec, spent)?,
+                b: &project_counted(&self.in_proj_b, h, exec, spent)?,
+                z: &project_counted(&self.in_proj_z, h, exec, spent)?,
                 conv_w: &self.conv.squeeze(1)?,
                 a_log: &self.a_log,
                 dt_bias: &self.dt_bias,
@@ -234,7 +281,7 @@ impl GatedDeltaNet {
 
     /// The conv's output (L, conv_dim) as heads-first f32 q, k (Hv, L, dk), l2-normalised, q
     /// scaled by 1/sqrt(dk), both repeated to the value heads, and v (Hv, L, dv).
-    fn split_heads(&self, u: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+    fn split_heads(&self, u: &Tensor, spent: &mut Cost) -> Result<(Tensor, Tensor, Tensor)> {
         let l = self.shape;
         let len = u.dim(0)?;
         let (nk, nv, dk, dv) = (
@@ -243,23 +290,23 @@ impl GatedDeltaNet {
             l.key_head_dim,
             l.value_head_dim,
         );
-        let heads = |x: Tensor| -> Result<Tensor> {
+        let mut heads = |x: Tensor| -> Result<Tensor> {
             // (L, Hk, dk) -> (L, Hv, dk): each key head serves Hv/Hk consecutive value heads
+            *spent += copy_cost(&x) + Cost::kernels(L2NORM_OPS);
             let x = l2norm(&x.reshape((len, nk, dk))?)?;
-            x.unsqueeze(2)?
-                .expand((len, nk, nv / nk, dk))?
-                .reshape((len, nv, dk))?
-                .transpose(0, 1)?
-                .contiguous()
+            let x = x.unsqueeze(2)?.expand((len, nk, nv / nk, dk))?;
+            *spent += copy_cost(&x);
+            let x = x.reshape((len, nv, dk))?.transpose(0, 1)?;
+            *spent += copy_cost(&x);
+            x.contiguous()
         };
         let q = (heads(u.narrow(1, 0, l.key_dim())?)? * (1.0 / (dk as f64).sqrt()))?;
         let k = heads(u.narrow(1, l.key_dim(), l.key_dim())?)?;
-        let v = u
-            .narrow(1, 2 * l.key_dim(), l.value_dim())?
-            .reshape((len, nv, dv))?
-            .transpose(0, 1)?
-            .contiguous()?;
-        Ok((q, k, v))
+        let v = u.narrow(1, 2 * l.key_dim(), l.value_dim())?;
+        *spent += Cost::kernels(1) + copy_cost(&v);
+        let v = v.reshape((len, nv, dv))?.transpose(0, 1)?;
+        *spent += copy_cost(&v);
+        Ok((q, k, v.contiguous()?))
     }
 }
 
@@ -318,21 +365,31 @@ pub struct HostGatedDeltaNet {
 }
 
 impl HostGatedDeltaNet {
-    /// The block's output for the normed rows `b.h` (T, hidden) into `b.out`: layer `index`,
-    /// whose sequences and states the backend gives.
+    /// The lengths of the two work buffers [`Self::forward`] takes for `t` rows: the stacked
+    /// projections' rows and the gated norm's output.
+    pub fn buffer_lens(&self, t: usize) -> (usize, usize) {
+        let l = self.shape;
+        let width = l.conv_dim() + l.value_dim() + 2 * l.num_value_heads;
+        (t * width, t * l.value_dim())
+    }
+
+    /// The block's output for the normed rows `h` (T, hidden) into `out`: layer `index`, whose
+    /// sequences and states the backend gives. `rows` and `y` are work buffers of
+    /// [`Self::buffer_lens`].
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
-        b: &mut Buffers,
         index: usize,
+        h: &[f32],
         t: usize,
+        rows: &mut [f32],
+        y: &mut [f32],
+        out: &mut [f32],
         backend: &mut dyn AttentionBackend,
     ) -> Result<()> {
         let l = self.shape;
-        let Buffers { h, qkv, a, out, .. } = b;
         let width = l.conv_dim() + l.value_dim() + 2 * l.num_value_heads;
-        let rows = sized(qkv, t * width);
         self.proj.apply_into(h, t, rows);
-        let y = sized(a, t * l.value_dim());
         // each sequence's state, lent in place where the backend keeps it on the host
         let mut run = |seq_lens: &[usize], states: &mut [&mut [f32]]| -> Result<()> {
             if seq_lens.iter().sum::<usize>() != t || states.len() != seq_lens.len() {
@@ -355,8 +412,7 @@ impl HostGatedDeltaNet {
             Ok(())
         };
         backend.with_recurrent_host(index, l.state_values(), &mut run)?;
-        let o = sized(out, h.len());
-        self.out.apply_into(y, t, o);
+        self.out.apply_into(y, t, out);
         Ok(())
     }
 
@@ -466,6 +522,48 @@ fn softplus_f32(x: f32) -> f32 {
     } else {
         x.exp().ln_1p()
     }
+}
+
+/// The candle operations of [`l2norm`]: square, sum, + eps, sqrt, divide.
+const L2NORM_OPS: u64 = 5;
+
+/// The candle operations of [`softplus`]: relu, abs, neg, exp, + 1, log, sum.
+const SOFTPLUS_OPS: u64 = 7;
+
+/// What the delta rule issues for a sequence of `len` tokens (the recurrent form for one token,
+/// the chunked form for more), with or without a state to start from: the buffers of the graph
+/// candle records for a run on small inputs of the same length (the count depends on the length
+/// and the chunking, not on the head sizes), each one operation. Counted once per (length,
+/// state) and kept. The chunked form's constants (its masks, identity and zero padding) are
+/// outside the graph and not counted: a lower bound there, of prompts only.
+pub fn delta_rule_cost(len: usize, with_state: bool) -> Result<Cost> {
+    thread_local! {
+        static KNOWN: std::cell::RefCell<std::collections::HashMap<(usize, bool), Cost>> =
+            std::cell::RefCell::default();
+    }
+    if let Some(c) = KNOWN.with(|k| k.borrow().get(&(len, with_state)).copied()) {
+        return Ok(c);
+    }
+    let dev = Device::Cpu;
+    let (nv, dk, dv) = (2, 2, 3);
+    let var = |shape: &[usize]| candle_core::Var::zeros(shape, DType::F32, &dev);
+    let (q, k, v) = (
+        var(&[nv, len, dk])?,
+        var(&[nv, len, dk])?,
+        var(&[nv, len, dv])?,
+    );
+    let (g, beta, s0) = (var(&[nv, len])?, var(&[nv, len])?, var(&[nv, dk, dv])?);
+    let s0 = with_state.then_some(s0.as_tensor());
+    let (o, s) = if len <= RECURRENT_MAX {
+        delta_rule_recurrent(&q, &k, &v, &g, &beta, s0)?
+    } else {
+        delta_rule_chunked(&q, &k, &v, &g, &beta, s0)?
+    };
+    // (the zero state a run without one starts from is a constant, outside the graph)
+    let zero_state = Cost::kernels(u64::from(!with_state && len <= RECURRENT_MAX));
+    let c = super::super::cost::graph_cost(&[&o, &s]) + zero_state;
+    KNOWN.with(|k| k.borrow_mut().insert((len, with_state), c));
+    Ok(c)
 }
 
 /// `x * rsqrt(sum(x^2) + 1e-6)` over the last dim.

@@ -345,6 +345,8 @@ pub struct GpuPagedAttention<'a> {
     /// each sequence's slot (models with recurrent layers only).
     pub seq_lens: Vec<usize>,
     pub states: crate::sampler::state_slots::StepSlots<'a>,
+    /// What the calls issued since the last [`AttentionBackend::take_cost`].
+    pub spent: crate::model::layer_ops::Cost,
 }
 
 impl AttentionBackend for GpuPagedAttention<'_> {
@@ -362,6 +364,12 @@ impl AttentionBackend for GpuPagedAttention<'_> {
     fn store_recurrent_state(&mut self, layer: usize, state: Tensor) -> Result<()> {
         let (states, slots) = step_slots(&mut self.states, layer)?;
         states.store_step_state(layer, slots, &state)
+    }
+
+    /// The attention calls' kernels, output buffers and copies of strided inputs (the state
+    /// slots' gathers and scatters are not declared yet).
+    fn take_cost(&mut self) -> crate::model::layer_ops::Cost {
+        std::mem::take(&mut self.spent)
     }
 
     fn attend(
@@ -438,6 +446,14 @@ impl GpuPagedAttention<'_> {
         };
         let dev = &cache.dev;
         let stream = dev.cuda_stream();
+        // copies of strided inputs; the KV write, the attention kernel into its new output, and
+        // the reduce of split partitions
+        let strided = [q, k, v].iter().filter(|x| !x.is_contiguous()).count() as u64;
+        self.spent += crate::model::layer_ops::Cost::kernels(strided + 1)
+            + crate::model::layer_ops::Cost {
+                launches: 1 + u64::from(step.num_parts > 1),
+                ..Default::default()
+            };
         let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
         let qp = tensor_ptr(&q)?;
         let (kcp, vcp) = (slice_ptr(dev, kc), slice_ptr(dev, vc));

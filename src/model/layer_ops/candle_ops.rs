@@ -1,0 +1,240 @@
+//! The layer ops on candle, on any device: differentiable for training and the references
+//! ([`Exec::Differentiable`], [`Exec::Composed`]), or through candle's fused kernels and
+//! stacked projections for sampling ([`Exec::Sampling`]); the implementation each op picks is
+//! [`super::super::ops`]'s one decision. The reference a CUDA implementation is checked against.
+//!
+//! Each op declares the candle operations it issues (a kernel launch and a new buffer each on a
+//! GPU), by the branch it takes and its inputs' layout; the tests check the declarations of the
+//! differentiable path against the graph candle records.
+//!
+//! Knows nothing of layer kinds, caches or weights' names.
+
+use candle_core::{Module, Result, Tensor};
+use candle_nn::Linear;
+
+use super::super::attention::AttentionBackend;
+use super::super::config::Activation;
+use super::super::layers::gated_deltanet::GatedDeltaNet;
+use super::super::ops::{
+    copy_cost, gated, project_counted, stack_linears, Exec, RmsNorm, RopeRows,
+};
+use super::{AttnDims, Cost, LayerOps, Qkv};
+
+/// The candle implementation: how it computes, and what its calls have spent.
+#[derive(Debug, Clone, Copy)]
+pub struct CandleOps {
+    pub exec: Exec,
+    spent: Cost,
+}
+
+impl CandleOps {
+    pub fn new(exec: Exec) -> Self {
+        CandleOps {
+            exec,
+            spent: Cost::default(),
+        }
+    }
+}
+
+/// An attention layer's q/k/v projections and per-head q/k norms (Qwen3, Qwen3.5, Gemma 3).
+#[derive(Debug, Clone)]
+pub struct CandleQkv {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    /// For sampling: q, k and v as one matrix, so that a step runs one matmul where it ran
+    /// three; the separate projections above become views of it.
+    pub stacked: Option<Linear>,
+    pub q_norm: Option<RmsNorm>,
+    pub k_norm: Option<RmsNorm>,
+}
+
+impl CandleQkv {
+    /// Stacks q/k/v into one matrix (the separate ones become views of it).
+    pub fn stack(&mut self) -> Result<()> {
+        if self.stacked.is_none() {
+            let (qkv, v) = stack_linears(&[&self.q_proj, &self.k_proj, &self.v_proj])?;
+            (self.q_proj, self.k_proj, self.v_proj) = (v[0].clone(), v[1].clone(), v[2].clone());
+            self.stacked = Some(qkv);
+        }
+        Ok(())
+    }
+}
+
+/// The MLP's gate and up projections.
+#[derive(Debug, Clone)]
+pub struct CandleGateUp {
+    pub gate: Linear,
+    pub up: Linear,
+    /// For sampling: gate and up as one matrix (the two above become views of it).
+    pub stacked: Option<Linear>,
+}
+
+impl CandleGateUp {
+    /// Stacks gate and up into one matrix (the separate ones become views of it).
+    pub fn stack(&mut self) -> Result<()> {
+        if self.stacked.is_none() {
+            let (gate_up, v) = stack_linears(&[&self.gate, &self.up])?;
+            (self.gate, self.up) = (v[0].clone(), v[1].clone());
+            self.stacked = Some(gate_up);
+        }
+        Ok(())
+    }
+}
+
+impl LayerOps for CandleOps {
+    type Act = Tensor;
+    type Norm = RmsNorm;
+    type Linear = Linear;
+    type Qkv = CandleQkv;
+    type GateUp = CandleGateUp;
+    type DeltaNet = GatedDeltaNet;
+
+    fn rms_norm(&mut self, x: &Tensor, w: &RmsNorm) -> Result<Tensor> {
+        w.forward_counted(x, self.exec, &mut self.spent)
+    }
+
+    fn add_rms_norm(
+        &mut self,
+        x: Tensor,
+        y: Tensor,
+        y_norm: Option<&RmsNorm>,
+        next: &RmsNorm,
+    ) -> Result<(Tensor, Tensor)> {
+        let x = self.add(x, y, y_norm)?;
+        let h = next.forward_counted(&x, self.exec, &mut self.spent)?;
+        Ok((x, h))
+    }
+
+    fn add(&mut self, x: Tensor, y: Tensor, y_norm: Option<&RmsNorm>) -> Result<Tensor> {
+        let y = match y_norm {
+            Some(n) => n.forward_counted(&y, self.exec, &mut self.spent)?,
+            None => y,
+        };
+        self.spent += Cost::kernels(1);
+        x + y
+    }
+
+    fn qkv_rope(
+        &mut self,
+        h: Tensor,
+        w: &CandleQkv,
+        dims: AttnDims,
+        rope: &RopeRows,
+    ) -> Result<Qkv<Tensor>> {
+        let (exec, spent) = (self.exec, &mut self.spent);
+        let AttnDims {
+            heads: hq,
+            kv_heads: hkv,
+            head_dim: d,
+            ..
+        } = dims;
+        let t = h.dim(0)?;
+        let nq = hq * d * if dims.gate { 2 } else { 1 };
+        let (q, k, v) = match (&w.stacked, exec) {
+            (Some(qkv), Exec::Sampling) => {
+                *spent += Cost::kernels(1 + u64::from(qkv.bias().is_some()));
+                let y = qkv.forward(&h)?;
+                let nkv = hkv * d;
+                (
+                    y.narrow(1, 0, nq)?,
+                    y.narrow(1, nq, nkv)?,
+                    y.narrow(1, nq + nkv, nkv)?,
+                )
+            }
+            _ => (
+                project_counted(&w.q_proj, &h, exec, spent)?,
+                project_counted(&w.k_proj, &h, exec, spent)?,
+                project_counted(&w.v_proj, &h, exec, spent)?,
+            ),
+        };
+        // a reshape copies a strided view (the narrowed columns of several rows)
+        *spent += copy_cost(&k) + copy_cost(&v);
+        let k = k.reshape((t, hkv, d))?;
+        let v = v.reshape((t, hkv, d))?;
+        let (mut q, gate) = if dims.gate {
+            // each head's rows: its query, then its gate
+            *spent += copy_cost(&q);
+            let qg = q.reshape((t, hq, 2 * d))?;
+            let gate = qg.narrow(2, d, d)?;
+            *spent += copy_cost(&gate);
+            let gate = gate.reshape((t, hq * d))?;
+            let q = qg.narrow(2, 0, d)?;
+            *spent += copy_cost(&q);
+            (q.contiguous()?, Some(gate))
+        } else {
+            *spent += copy_cost(&q);
+            (q.reshape((t, hq, d))?, None)
+        };
+        let mut k = k;
+        if let (Some(qn), Some(kn)) = (&w.q_norm, &w.k_norm) {
+            q = qn.forward_counted(&q, exec, spent)?;
+            k = kn.forward_counted(&k, exec, spent)?;
+        }
+        let mut q = rope.apply_counted(&q, exec, spent)?;
+        if dims.q_scale != 1.0 {
+            *spent += Cost::kernels(1);
+            q = q.affine(dims.q_scale, 0.0)?;
+        }
+        let k = rope.apply_counted(&k, exec, spent)?;
+        Ok(Qkv { q, k, v, gate })
+    }
+
+    fn attend(
+        &mut self,
+        layer: usize,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        dims: AttnDims,
+        window: Option<usize>,
+        backend: &mut dyn AttentionBackend,
+    ) -> Result<Tensor> {
+        let t = q.dim(0)?;
+        let a = backend.attend(layer, &q, &k, &v, window)?;
+        self.spent += backend.take_cost() + copy_cost(&a);
+        a.reshape((t, dims.heads * dims.head_dim))
+    }
+
+    fn gate_mul(&mut self, a: Tensor, gate: Tensor) -> Result<Tensor> {
+        self.spent += Cost::kernels(2);
+        a * candle_nn::ops::sigmoid(&gate)?
+    }
+
+    fn linear(&mut self, x: Tensor, w: &Linear) -> Result<Tensor> {
+        project_counted(w, &x, self.exec, &mut self.spent)
+    }
+
+    fn gate_up_act(&mut self, h: Tensor, w: &CandleGateUp, act: Activation) -> Result<Tensor> {
+        let (exec, spent) = (self.exec, &mut self.spent);
+        let (g, u) = match (&w.stacked, exec) {
+            (Some(gu), Exec::Sampling) => {
+                *spent += Cost::kernels(1);
+                let y = gu.forward(&h)?;
+                let i = y.dim(1)? / 2;
+                (y.narrow(1, 0, i)?, y.narrow(1, i, i)?)
+            }
+            _ => (
+                project_counted(&w.gate, &h, exec, spent)?,
+                project_counted(&w.up, &h, exec, spent)?,
+            ),
+        };
+        gated(&g, &u, act, exec, spent)
+    }
+
+    fn gated_deltanet(
+        &mut self,
+        layer: usize,
+        h: Tensor,
+        w: &GatedDeltaNet,
+        backend: &mut dyn AttentionBackend,
+    ) -> Result<Tensor> {
+        let y = w.forward_counted(layer, &h, self.exec, backend, &mut self.spent)?;
+        self.spent += backend.take_cost();
+        Ok(y)
+    }
+
+    fn take_cost(&mut self) -> Cost {
+        std::mem::take(&mut self.spent)
+    }
+}
