@@ -25,7 +25,6 @@ pub mod arith;
 pub mod bytes;
 pub mod cmd;
 pub mod config;
-#[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod data;
 pub mod digest;

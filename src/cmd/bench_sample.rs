@@ -67,6 +67,14 @@ pub struct SampleBenchArgs {
     /// weights written as a Hugging Face folder; a binary built with `--features mistralrs`).
     #[arg(long, default_value = "selfdistill")]
     pub engine: String,
+    /// Instead of timing: count what one step issues (kernel launches, device allocations,
+    /// copies, waits) per layer kind and outside the layers, for a decode step at each batch and
+    /// a prefill at the first; `--device cuda` counts a GPU's step on any machine.
+    #[arg(long)]
+    pub count: bool,
+    /// With `--count`: one JSON object per phase and batch instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The benchmark's prompt for sequence `b`: `len` tokens spread over the vocabulary (the same
@@ -155,6 +163,12 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
         .map(|b| b.trim().parse::<usize>())
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| anyhow::anyhow!("--batch {}: {e}", a.batch))?;
+    if a.json && !a.count {
+        bail!("--json: only with --count");
+    }
+    if a.count {
+        return super::bench_count::run(&a.shape, &cfg, &a.device, &batches, a.prompt_len, a.json);
+    }
     let dev = crate::model::parse_device(&a.device)?;
     let dtype = crate::model::parse_dtype(&a.dtype, &dev)?;
     match a.engine.as_str() {

@@ -9,6 +9,7 @@
 pub mod bench;
 pub mod bench_attention;
 pub mod bench_checkpoint;
+pub mod bench_count;
 pub mod bench_sample;
 pub mod bench_train;
 pub mod compare;

@@ -1,11 +1,15 @@
-//! Our CUDA kernels (`cuda` feature): the PTX that build.rs compiles from `kernels/`, the device
+//! Our CUDA kernels (`cuda` feature; [`shapes`] always, for counting on any machine): the PTX that build.rs compiles from `kernels/`, the device
 //! the sampler runs on, and the helpers that launch a kernel on candle's stream. The model runs
 //! on candle's CUDA backend (cuBLAS matmuls, candle's fused norm and RoPE kernels); the sampler's
 //! GPU side (`sampler::gpu`: the paged KV cache, its attention backend, the candidate draw; the
 //! recurrent layers' state slots) and the Gated DeltaNet decode step (`gated_deltanet`) use these
 //! kernels. Knows nothing of models, scheduling or sampling.
 
+#[cfg(feature = "cuda")]
 pub mod gated_deltanet;
+#[cfg(feature = "cuda")]
 pub mod kernels;
+pub mod shapes;
 
+#[cfg(feature = "cuda")]
 pub use kernels::{device_name, memory_info, sampler_device};

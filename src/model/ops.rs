@@ -71,6 +71,16 @@ impl RmsNorm {
         })
     }
 
+    /// For sampling: the scale computed once and kept as the weight (a zero-centred norm's
+    /// `1 + w` was an op per call). Not for training: the weight is no longer the variable.
+    pub(super) fn freeze_scale(&mut self) -> Result<()> {
+        if self.offset {
+            self.weight = self.weight.affine(1.0, 1.0)?;
+            self.offset = false;
+        }
+        Ok(())
+    }
+
     /// The scale the normed values are multiplied by (differentiable in the weight).
     pub(super) fn scale(&self) -> Result<Tensor> {
         if self.offset {
@@ -188,13 +198,20 @@ pub struct StepRope {
 }
 
 impl StepRope {
-    pub(super) fn new(ropes: &Ropes, positions: &Tensor) -> Result<Self> {
+    /// The rows of `positions` for the ops of `exec`; the candle operations it issues added to
+    /// `spent`.
+    pub(super) fn new(
+        ropes: &Ropes,
+        positions: &Tensor,
+        exec: Exec,
+        spent: &mut Cost,
+    ) -> Result<Self> {
         Ok(StepRope {
-            full: RopeRows::new(&ropes.full, positions)?,
+            full: RopeRows::new(&ropes.full, positions, exec, spent)?,
             sliding: ropes
                 .sliding
                 .as_ref()
-                .map(|r| RopeRows::new(r, positions))
+                .map(|r| RopeRows::new(r, positions, exec, spent))
                 .transpose()?,
         })
     }
@@ -213,18 +230,28 @@ pub struct RopeRows {
     /// (T, D/2), for the fused kernel.
     cos: Tensor,
     sin: Tensor,
-    /// (T, 1, D) = [cos, cos], for the composed path.
-    cos_full: Tensor,
-    sin_full: Tensor,
+    /// (T, 1, D) = [cos, cos] and [sin, sin], for the composed path (none for sampling).
+    full: Option<(Tensor, Tensor)>,
     /// `cos`, `sin` as host values, for the packed CPU layers (f32 on the CPU only).
     pub(super) host: Option<(Vec<f32>, Vec<f32>)>,
 }
 
 impl RopeRows {
-    pub(super) fn new(rope: &Rope, positions: &Tensor) -> Result<Self> {
+    pub(super) fn new(
+        rope: &Rope,
+        positions: &Tensor,
+        exec: Exec,
+        spent: &mut Cost,
+    ) -> Result<Self> {
         let (cos, sin) = rope.rows(positions)?;
-        let cos_full = Tensor::cat(&[&cos, &cos], D::Minus1)?.unsqueeze(1)?;
-        let sin_full = Tensor::cat(&[&sin, &sin], D::Minus1)?.unsqueeze(1)?;
+        *spent += Cost::kernels(2);
+        let full = if exec == Exec::Sampling {
+            None
+        } else {
+            *spent += cat_cost(2) * 2;
+            let full = |x: &Tensor| Tensor::cat(&[x, x], D::Minus1)?.unsqueeze(1);
+            Some((full(&cos)?, full(&sin)?))
+        };
         let host = if cos.device().is_cpu() && cos.dtype() == DType::F32 {
             Some((cos.flatten_all()?.to_vec1()?, sin.flatten_all()?.to_vec1()?))
         } else {
@@ -234,8 +261,7 @@ impl RopeRows {
             host,
             cos,
             sin,
-            cos_full,
-            sin_full,
+            full,
         })
     }
 
@@ -269,7 +295,12 @@ impl RopeRows {
                 let x1 = x.narrow(D::Minus1, 0, half)?;
                 let x2 = x.narrow(D::Minus1, half, half)?;
                 let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-                x.broadcast_mul(&self.cos_full)? + rotated.broadcast_mul(&self.sin_full)?
+                let Some((cos, sin)) = &self.full else {
+                    candle_core::bail!(
+                        "RoPE rows gathered for sampling, applied on the composed path"
+                    )
+                };
+                x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?
             }
         }
     }

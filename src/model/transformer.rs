@@ -14,10 +14,17 @@ use super::attention::AttentionBackend;
 use super::config::ModelConfig;
 use super::layer_ops::candle_ops::CandleOps;
 use super::layer_ops::host_ops::{HostAct, HostOps};
-use super::layer_ops::{Counting, Counts, LayerOps, Place};
+use super::layer_ops::{Cost, Counting, Counts, LayerOps, Place};
 use super::layers::Layer;
 use super::ops::{Exec, RmsNorm, Ropes, StepRope};
 use super::packed::{dropped, PackedLinear};
+
+/// Where a counted forward adds its counts, and whether it counts a GPU's step on a machine
+/// without one (see [`CandleOps::as_cuda`]).
+pub struct CountInto<'a> {
+    pub counts: &'a mut Counts,
+    pub as_cuda: bool,
+}
 
 /// A decoder of any family we read.
 pub struct Transformer {
@@ -111,6 +118,7 @@ impl Transformer {
             for l in &mut self.layers {
                 l.stack_projections()?;
             }
+            self.norm.freeze_scale()?;
         }
         if pack && self.packed_head.is_none() {
             self.packed_head = Some(PackedLinear::new(&self.lm_head)?);
@@ -136,7 +144,7 @@ impl Transformer {
         for l in &mut self.layers {
             l.stack_projections()?;
         }
-        Ok(())
+        self.norm.freeze_scale()
     }
 
     /// Trains through elementary candle ops on every device ([`Exec::Composed`]), the CPU too:
@@ -169,16 +177,20 @@ impl Transformer {
         self.forward_hidden_counted(tokens, positions, attn, None)
     }
 
-    /// [`Self::forward_hidden`], with each layer op's cost added to `counts` when given.
+    /// [`Self::forward_hidden`], with what each op, each layer and the work outside the layers
+    /// issued added to the counts when given.
     pub fn forward_hidden_counted(
         &self,
         tokens: &Tensor,
         positions: &Tensor,
         attn: &mut dyn AttentionBackend,
-        counts: Option<&mut Counts>,
+        mut count: Option<CountInto<'_>>,
     ) -> Result<Tensor> {
-        let rope = self.rope_rows(positions)?;
-        let x = self.embed(tokens)?; // (T, hidden)
+        let (mut rope_cost, mut embed_cost) = (Cost::default(), Cost::default());
+        let rope = StepRope::new(&self.rope, positions, self.exec, &mut rope_cost)?;
+        let x = self.embed_counted(tokens, &mut embed_cost)?; // (T, hidden)
+        let as_cuda = count.as_ref().is_some_and(|c| c.as_cuda);
+        let counts = count.as_mut().map(|c| &mut *c.counts);
         let x = match &self.host_layers {
             // packed for the CPU: the residual stream stays one host buffer through the layers
             Some(layers) => {
@@ -187,11 +199,19 @@ impl Transformer {
                     .into_tensor()?
             }
             None => {
-                let ops = CandleOps::new(self.exec);
+                let mut ops = CandleOps::new(self.exec);
+                ops.as_cuda = as_cuda;
                 self.run_layers(&self.layers, ops, x, &rope, attn, counts)?
             }
         };
-        self.final_norm(&x)
+        let mut norm_cost = Cost::default();
+        let h = self.norm.forward_counted(&x, self.exec, &mut norm_cost)?;
+        if let Some(c) = count {
+            c.counts.add(Place::Outside, "embedding", embed_cost);
+            c.counts.add(Place::Outside, "rope_rows", rope_cost);
+            c.counts.add(Place::Outside, "final_norm", norm_cost);
+        }
+        Ok(h)
     }
 
     /// Every layer on the residual stream `x` through the ops `o`, counted into `counts` when
@@ -225,11 +245,19 @@ impl Transformer {
 
     /// The RoPE rows of this step's positions (T,) u32, shared by every layer.
     pub fn rope_rows(&self, positions: &Tensor) -> Result<StepRope> {
-        StepRope::new(&self.rope, positions)
+        StepRope::new(&self.rope, positions, self.exec, &mut Cost::default())
     }
 
     /// Token embeddings (T, hidden), scaled for Gemma.
     pub fn embed(&self, tokens: &Tensor) -> Result<Tensor> {
+        self.embed_counted(tokens, &mut Cost::default())
+    }
+
+    /// [`Self::embed`], the candle operations it issues added to `spent` (a lookup in the
+    /// packed head is host work: none).
+    fn embed_counted(&self, tokens: &Tensor, spent: &mut Cost) -> Result<Tensor> {
+        let packed = self.packed_head.is_some() && self.cfg.tie_word_embeddings;
+        *spent += Cost::kernels(u64::from(!packed) + u64::from(self.embed_scale != 1.0));
         let x = self.embed_unscaled(tokens)?;
         if self.embed_scale == 1.0 {
             return Ok(x);

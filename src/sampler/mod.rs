@@ -5,7 +5,7 @@
 //! layers, and the rings of sliding-window layers) and `window_ring` (attention over those
 //! rings) are the memory layer; `scheduler`, `sampling` and
 //! `engine` build on them, and `gpu` (the `cuda` feature) is the device side of the cache and the
-//! draw. The sampling job that feeds it problems and writes Parquet is [`crate::jobs::sample`].
+//! draw, planned and its costs declared by `gpu_plan` (any build). The sampling job that feeds it problems and writes Parquet is [`crate::jobs::sample`].
 //! Knows nothing of Parquet, grading or stages.
 
 pub mod backend;
@@ -13,6 +13,7 @@ pub mod block_pool;
 pub mod engine;
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod gpu_plan;
 pub mod kv_cache;
 pub mod params;
 pub mod sampling;

@@ -24,6 +24,10 @@ use super::{AttnDims, Cost, LayerOps, Qkv};
 #[derive(Debug, Clone, Copy)]
 pub struct CandleOps {
     pub exec: Exec,
+    /// Counting a GPU's step on a machine without one: where a GPU would run our kernels
+    /// instead of candle ops (the Gated DeltaNet decode step), their cost is declared and their
+    /// outputs are zeros. For counts only, never for values.
+    pub as_cuda: bool,
     spent: Cost,
 }
 
@@ -31,6 +35,7 @@ impl CandleOps {
     pub fn new(exec: Exec) -> Self {
         CandleOps {
             exec,
+            as_cuda: false,
             spent: Cost::default(),
         }
     }
@@ -50,8 +55,12 @@ pub struct CandleQkv {
 }
 
 impl CandleQkv {
-    /// Stacks q/k/v into one matrix (the separate ones become views of it).
+    /// Stacks q/k/v into one matrix (the separate ones become views of it), and fixes the q/k
+    /// norms' scales, for sampling.
     pub fn stack(&mut self) -> Result<()> {
+        for n in [&mut self.q_norm, &mut self.k_norm].into_iter().flatten() {
+            n.freeze_scale()?;
+        }
         if self.stacked.is_none() {
             let (qkv, v) = stack_linears(&[&self.q_proj, &self.k_proj, &self.v_proj])?;
             (self.q_proj, self.k_proj, self.v_proj) = (v[0].clone(), v[1].clone(), v[2].clone());
@@ -229,7 +238,7 @@ impl LayerOps for CandleOps {
         w: &GatedDeltaNet,
         backend: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
-        let y = w.forward_counted(layer, &h, self.exec, backend, &mut self.spent)?;
+        let y = w.forward_counted(layer, &h, self.exec, backend, &mut self.spent, self.as_cuda)?;
         self.spent += backend.take_cost();
         Ok(y)
     }

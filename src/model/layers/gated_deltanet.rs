@@ -26,6 +26,7 @@ use super::super::cost::Cost;
 use super::super::ops::{cat_cost, copy_cost, project_counted, stack_linears, Exec, RmsNorm};
 use super::super::packed::{dropped, inv_rms, PackedLinear};
 use super::weight_init::Init;
+use crate::cuda::shapes::GdnShape;
 use rayon::prelude::*;
 
 /// Tokens per chunk of the chunked form (transformers' default).
@@ -108,10 +109,12 @@ impl GatedDeltaNet {
         exec: Exec,
         backend: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
-        self.forward_counted(index, h, exec, backend, &mut Cost::default())
+        self.forward_counted(index, h, exec, backend, &mut Cost::default(), false)
     }
 
     /// [`Self::forward`], adding the candle operations (and kernels) it issues to `spent`.
+    /// `as_cuda`: counting a GPU's step on a machine without one, where the GPU would run the
+    /// decode kernels (see [`Self::decode_kernels`]'s `dry`).
     pub fn forward_counted(
         &self,
         index: usize,
@@ -119,6 +122,7 @@ impl GatedDeltaNet {
         exec: Exec,
         backend: &mut dyn AttentionBackend,
         spent: &mut Cost,
+        as_cuda: bool,
     ) -> Result<Tensor> {
         let l = self.shape;
         let step = backend.recurrent_state(index, l.state_values())?;
@@ -130,11 +134,13 @@ impl GatedDeltaNet {
             )
         }
         // decode steps on a GPU, for sampling only: the kernels record no backward pass
-        #[cfg(feature = "cuda")]
-        if exec == Exec::Sampling && h.device().is_cuda() && step.seq_lens.iter().all(|&n| n == 1) {
-            if let Some(y) = self.decode_cuda(h, &step, exec, spent)? {
-                backend.store_recurrent_state(index, y.1)?;
-                return project_counted(&self.out_proj, &y.0, exec, spent);
+        let decode = exec == Exec::Sampling && step.seq_lens.iter().all(|&n| n == 1);
+        if let Some(shape) = self.decode_shape().filter(|_| decode) {
+            let dry = as_cuda && !h.device().is_cuda();
+            if h.device().is_cuda() || dry {
+                let (y, state) = self.decode_kernels(shape, h, &step, exec, spent, dry)?;
+                backend.store_recurrent_state(index, state)?;
+                return project_counted(&self.out_proj, &y, exec, spent);
             }
         }
         let dtype = h.dtype();
@@ -223,19 +229,8 @@ impl GatedDeltaNet {
         project_counted(&self.out_proj, &y, exec, spent)
     }
 
-    /// A decode step (one token per sequence) through the GPU kernels of
-    /// `crate::cuda::gated_deltanet`, the same maths as [`Self::forward`]'s loop: the gated norm's
-    /// output (B, value_dim) and the new states (B, values); `None` for a head shape the kernels
-    /// do not take (the loop runs instead).
-    #[cfg(feature = "cuda")]
-    fn decode_cuda(
-        &self,
-        h: &Tensor,
-        step: &super::super::attention::RecurrentStep,
-        exec: Exec,
-        spent: &mut Cost,
-    ) -> Result<Option<(Tensor, Tensor)>> {
-        use crate::cuda::gated_deltanet::{decode_step, GdnShape, GdnStep};
+    /// The GPU decode kernels' shape for this layer, when they take it.
+    fn decode_shape(&self) -> Option<GdnShape> {
         let l = self.shape;
         let shape = GdnShape {
             nk: l.num_key_heads,
@@ -245,9 +240,25 @@ impl GatedDeltaNet {
             conv_kernel: l.conv_kernel,
             eps: self.norm.eps,
         };
-        if !shape.supported() || self.norm.offset {
-            return Ok(None);
-        }
+        (shape.supported() && !self.norm.offset).then_some(shape)
+    }
+
+    /// A decode step (one token per sequence) through the GPU kernels of
+    /// `crate::cuda::gated_deltanet`, the same maths as [`Self::forward`]'s loop: the gated norm's
+    /// output (B, value_dim) and the new states (B, values). `dry`: counting a GPU's step on a
+    /// machine without one: everything but the kernels runs, their cost is declared, and their
+    /// outputs are zeros.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_kernels(
+        &self,
+        shape: GdnShape,
+        h: &Tensor,
+        step: &super::super::attention::RecurrentStep,
+        exec: Exec,
+        spent: &mut Cost,
+        dry: bool,
+    ) -> Result<(Tensor, Tensor)> {
+        let l = self.shape;
         let rows = h.dim(0)?;
         // the kernels update the state in place: a copy unless it is the step's own
         let state = match &step.state {
@@ -260,23 +271,39 @@ impl GatedDeltaNet {
                 Tensor::zeros((rows, l.state_values()), DType::F32, h.device())?
             }
         };
+        let qkv = project_counted(&self.in_proj_qkv, h, exec, spent)?;
+        let a = project_counted(&self.in_proj_a, h, exec, spent)?;
+        let b = project_counted(&self.in_proj_b, h, exec, spent)?;
+        let z = project_counted(&self.in_proj_z, h, exec, spent)?;
         // the conv kernel and the recurrent one, each into a new buffer
         *spent += Cost::kernels(2);
-        let y = decode_step(
-            &shape,
-            &GdnStep {
-                qkv: &project_counted(&self.in_proj_qkv, h, exec, spent)?,
-                a: &project_counted(&self.in_proj_a, h, exec, spent)?,
-                b: &project_counted(&self.in_proj_b, h, exec, spent)?,
-                z: &project_counted(&self.in_proj_z, h, exec, spent)?,
+        if dry {
+            let y = Tensor::zeros((rows, l.value_dim()), h.dtype(), h.device())?;
+            return Ok((y, state));
+        }
+        #[cfg(feature = "cuda")]
+        {
+            use crate::cuda::gated_deltanet::{decode_step, GdnStep};
+            let x = GdnStep {
+                qkv: &qkv,
+                a: &a,
+                b: &b,
+                z: &z,
                 conv_w: &self.conv.squeeze(1)?,
                 a_log: &self.a_log,
                 dt_bias: &self.dt_bias,
                 norm_w: &self.norm.weight,
                 state: &state,
-            },
-        )?;
-        Ok(Some((y, state)))
+            };
+            Ok((decode_step(&shape, &x)?, state))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (shape, qkv, a, b, z);
+            candle_core::bail!(
+                "the Gated DeltaNet decode kernels need a build with the cuda feature"
+            )
+        }
     }
 
     /// The conv's output (L, conv_dim) as heads-first f32 q, k (Hv, L, dk), l2-normalised, q

@@ -127,9 +127,15 @@ impl Layer<CandleOps> {
         })
     }
 
-    /// Stacks the projections that read the same input into one matrix each, for sampling (no
-    /// memory added: the separate ones become views).
+    /// Stacks the projections that read the same input into one matrix each (no memory added:
+    /// the separate ones become views) and fixes the norms' scales, for sampling.
     pub fn stack_projections(&mut self) -> Result<()> {
+        let norms = [&mut self.mixer_out_norm, &mut self.mlp_out_norm];
+        for n in norms.into_iter().flatten() {
+            n.freeze_scale()?;
+        }
+        self.input_norm.freeze_scale()?;
+        self.post_norm.freeze_scale()?;
         match &mut self.mixer {
             Mixer::Attention(a) => a.stack_projections()?,
             Mixer::GatedDeltaNet(_) => {}

@@ -22,18 +22,12 @@ use crate::cuda::kernels::{checked, paged_fn, slice_ptr, tensor_ptr};
 use crate::model::attention::AttentionBackend;
 use crate::model::ModelConfig;
 use crate::sampler::block_pool::BlockId;
+use crate::sampler::gpu_plan::{partitions, StepCosts};
 use crate::sampler::kv_cache::SeqStep;
 use crate::sampler::state_slots::step_slots;
 
 /// Threads per attention block (4 warps).
 const THREADS: u32 = 128;
-/// A multiple of the keys a warp reads per iteration (`STEP` in the kernel) at every head_dim.
-const KEYS_PER_WARP_STEP: usize = 8;
-/// Shortest key partition worth a block of its own when a context is split.
-const MIN_PARTITION: usize = 256;
-/// Most block-table entries one partition stages in shared memory (v5): longer contexts are
-/// split further (8 KB of entries: 32,768 keys in blocks of 16).
-const MAX_PARTITION_BLOCKS: usize = 2048;
 
 #[derive(Debug)]
 pub struct GpuKvCache {
@@ -275,17 +269,8 @@ impl GpuStep {
                 max_len = max_len.max(p + 1);
             }
         }
-        // Split long contexts when the (token, KV head) blocks alone would not fill the GPU
-        // twice over: each partition is one more block, merged by the reduce kernel.
-        let blocks = (tokens * cache.num_kv_heads).max(1);
-        let want = (2 * cache.sm_count).div_ceil(blocks);
-        let num_parts = want
-            .clamp(1, max_len.div_ceil(MIN_PARTITION).max(1))
-            .max(max_len.div_ceil(MAX_PARTITION_BLOCKS * bs));
-        let part_size = max_len
-            .div_ceil(num_parts)
-            .next_multiple_of(KEYS_PER_WARP_STEP);
-        let num_parts = max_len.div_ceil(part_size);
+        let (part_size, num_parts) =
+            partitions(tokens, cache.num_kv_heads, max_len, bs, cache.sm_count);
         let dev = Device::Cuda(cache.dev.clone());
         let (part_out, part_ml) = if num_parts > 1 {
             let rows = tokens * num_heads * num_parts;
@@ -449,11 +434,7 @@ impl GpuPagedAttention<'_> {
         // copies of strided inputs; the KV write, the attention kernel into its new output, and
         // the reduce of split partitions
         let strided = [q, k, v].iter().filter(|x| !x.is_contiguous()).count() as u64;
-        self.spent += crate::model::layer_ops::Cost::kernels(strided + 1)
-            + crate::model::layer_ops::Cost {
-                launches: 1 + u64::from(step.num_parts > 1),
-                ..Default::default()
-            };
+        self.spent += StepCosts::paged_attend(strided, step.num_parts > 1);
         let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
         let qp = tensor_ptr(&q)?;
         let (kcp, vcp) = (slice_ptr(dev, kc), slice_ptr(dev, vc));

@@ -1,0 +1,336 @@
+//! `pipeline bench sample --count`: what one sampling step of a benchmark shape issues, by layer
+//! kind and outside the layers: kernel launches, device allocations, copies each way and waits
+//! for the device. For `--device cuda` the step as a GPU runs it in this build, counted on any
+//! machine (no GPU needed): the model's layers through their candle ops (the path a GPU runs),
+//! with the GPU's own kernels where it has them (the Gated DeltaNet decode step), and the paged
+//! attention and the step's work outside the layers as `sampler::gpu_plan` declares them. For
+//! `--device cpu` the CPU host path, which launches nothing and allocates only while its buffers
+//! grow.
+//!
+//! Counts do not depend on the widths, so the shape runs narrowed (its layers, heads and every
+//! flag kept; hidden, MLP, head and vocabulary sizes small): a 4B shape counts in a second. The
+//! values computed are meaningless (attention returns zeros): counts only.
+//!
+//! Knows nothing of scheduling or timing.
+
+use anyhow::Result;
+use candle_core::{DType, Device, Tensor};
+use serde_json::json;
+
+use crate::model::attention::{AttentionBackend, RecurrentStep};
+use crate::model::config::{LayerKind, ModelConfig};
+use crate::model::init::random_model;
+use crate::model::layer_ops::{Cost, Counts, Place};
+use crate::model::transformer::CountInto;
+use crate::sampler::gpu_plan::{partitions, StepCosts};
+
+/// The SMs of the GPU a count plans its attention split for (an H100 SXM).
+const COUNT_SMS: usize = 132;
+
+/// The KV cache's block size in the sampler's benchmarks.
+const BLOCK_SIZE: usize = 16;
+
+/// `cfg` with its structure kept and its widths small.
+fn narrowed(cfg: &ModelConfig) -> ModelConfig {
+    let mut c = cfg.clone();
+    let d = 16;
+    c.rotary_dim = (d * cfg.rotary_dim / cfg.head_dim.max(1)).max(2) & !1;
+    c.head_dim = d;
+    c.hidden_size = 64;
+    c.intermediate_size = 64;
+    c.vocab_size = 256;
+    if let Some(l) = &mut c.linear {
+        l.key_head_dim = 16;
+        l.value_head_dim = 16;
+    }
+    c
+}
+
+/// The attention backend of a counted step: zeros for attention, zero states for recurrent
+/// layers, and (counting a GPU) the paged attention's and the state slots' declared costs.
+struct CountBackend {
+    seq_lens: Vec<usize>,
+    cuda: bool,
+    split: bool,
+    gathered: bool,
+    spent: Cost,
+}
+
+impl AttentionBackend for CountBackend {
+    fn attend(
+        &mut self,
+        _layer: usize,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        _window: Option<usize>,
+    ) -> candle_core::Result<Tensor> {
+        if self.cuda {
+            let strided = [q, k, v].iter().filter(|x| !x.is_contiguous()).count() as u64;
+            self.spent += StepCosts::paged_attend(strided, self.split);
+        }
+        q.zeros_like()
+    }
+
+    fn recurrent_state(
+        &mut self,
+        _layer: usize,
+        values: usize,
+    ) -> candle_core::Result<RecurrentStep> {
+        if self.cuda {
+            self.spent += StepCosts::state_gather(!self.gathered);
+            self.gathered = true;
+        }
+        let n = self.seq_lens.len();
+        Ok(RecurrentStep {
+            seq_lens: self.seq_lens.clone(),
+            state: Some(Tensor::zeros((n, values), DType::F32, &Device::Cpu)?),
+        })
+    }
+
+    fn store_recurrent_state(&mut self, _layer: usize, _state: Tensor) -> candle_core::Result<()> {
+        if self.cuda {
+            self.spent += StepCosts::STATE_SCATTER;
+        }
+        Ok(())
+    }
+
+    fn take_cost(&mut self) -> Cost {
+        std::mem::take(&mut self.spent)
+    }
+}
+
+/// One counted phase: its name, batch, tokens and counts.
+struct Phase {
+    name: &'static str,
+    batch: usize,
+    tokens: usize,
+    counts: Counts,
+}
+
+/// Counts one step of `batch` sequences bringing `new` tokens each after `context` tokens.
+fn count_step(
+    model: &crate::model::Transformer,
+    cfg: &ModelConfig,
+    cuda: bool,
+    (batch, new, context): (usize, usize, usize),
+) -> Result<Counts> {
+    let tokens: Vec<u32> = (0..batch * new).map(|i| (i % 200) as u32 + 1).collect();
+    let positions: Vec<u32> = (0..batch)
+        .flat_map(|_| (context..context + new).map(|p| p as u32))
+        .collect();
+    let t = tokens.len();
+    let max_len = context + new;
+    let (_, parts) = partitions(t, cfg.num_kv_heads, max_len, BLOCK_SIZE, COUNT_SMS);
+    let mut backend = CountBackend {
+        seq_lens: vec![new; batch],
+        cuda,
+        split: parts > 1,
+        gathered: false,
+        spent: Cost::default(),
+    };
+    let mut counts = Counts::default();
+    let tokens = Tensor::new(tokens.as_slice(), &Device::Cpu)?;
+    let positions = Tensor::new(positions.as_slice(), &Device::Cpu)?;
+    model.forward_hidden_counted(
+        &tokens,
+        &positions,
+        &mut backend,
+        Some(CountInto {
+            counts: &mut counts,
+            as_cuda: cuda,
+        }),
+    )?;
+    if cuda {
+        let outside = [
+            ("inputs", StepCosts::INPUTS),
+            ("paged_metadata", StepCosts::paged_metadata(parts > 1)),
+            ("logits", StepCosts::LOGITS),
+            ("candidates", StepCosts::CANDIDATES),
+        ];
+        for (what, c) in outside {
+            counts.add(Place::Outside, what, c);
+        }
+    }
+    Ok(counts)
+}
+
+/// A cost's fields as JSON.
+fn cost_json(c: Cost) -> serde_json::Value {
+    json!({
+        "launches": c.launches,
+        "allocations": c.allocations,
+        "host_to_device": c.host_to_device,
+        "device_to_host": c.device_to_host,
+        "syncs": c.syncs,
+    })
+}
+
+/// A layer kind's name in the tables.
+fn kind_name(k: LayerKind) -> &'static str {
+    match k {
+        LayerKind::Attention => "attention",
+        LayerKind::SlidingAttention => "sliding_attention",
+        LayerKind::GatedDeltaNet => "gated_deltanet",
+    }
+}
+
+/// `cost / n`, each field (a layer's share of its kind's sum).
+fn per(c: Cost, n: usize) -> Cost {
+    let n = n.max(1) as u64;
+    Cost {
+        launches: c.launches / n,
+        allocations: c.allocations / n,
+        host_to_device: c.host_to_device / n,
+        device_to_host: c.device_to_host / n,
+        syncs: c.syncs / n,
+    }
+}
+
+/// Prints the counts of a decode step at each of `batches` and of a prefill of `prompt_len`
+/// tokens per sequence at the first, for `shape` on `device` (`cpu`, `cuda`, `cuda:N`).
+pub fn run(
+    shape: &str,
+    cfg: &ModelConfig,
+    device: &str,
+    batches: &[usize],
+    prompt_len: usize,
+    json_out: bool,
+) -> Result<()> {
+    let cuda = device.starts_with("cuda");
+    if !cuda && device != "cpu" {
+        anyhow::bail!("--device {device}: use cpu, cuda or cuda:N");
+    }
+    let small = narrowed(cfg);
+    let mut model = random_model(&small)?;
+    if cuda {
+        model.set_candle_sampling()?;
+    } else {
+        model.set_fused_inference(true)?;
+    }
+    let mut phases = Vec::new();
+    for &b in batches {
+        if !cuda {
+            // the host path's buffers grow on a first step of each size; count a warm one
+            count_step(&model, &small, cuda, (b, 1, prompt_len))?;
+        }
+        let counts = count_step(&model, &small, cuda, (b, 1, prompt_len))?;
+        phases.push(Phase {
+            name: "decode",
+            batch: b,
+            tokens: b,
+            counts,
+        });
+    }
+    let b = batches.first().copied().unwrap_or(1);
+    let counts = count_step(&model, &small, cuda, (b, prompt_len, 0))?;
+    phases.push(Phase {
+        name: "prefill",
+        batch: b,
+        tokens: b * prompt_len,
+        counts,
+    });
+    if json_out {
+        for p in &phases {
+            let (kinds, _) = p.counts.by_kind();
+            let layers: Vec<_> = kinds
+                .iter()
+                .map(|&(k, n, c)| {
+                    let mut v = cost_json(per(c, n));
+                    v["kind"] = json!(kind_name(k));
+                    v["layers"] = json!(n);
+                    v
+                })
+                .collect();
+            let line = json!({
+                "shape": shape,
+                "device": device,
+                "batch": p.batch,
+                "phase": p.name,
+                "tokens": p.tokens,
+                "step": cost_json(p.counts.total()),
+                "layers": layers,
+            });
+            crate::outln!("{line}");
+        }
+        return Ok(());
+    }
+    crate::outln!(
+        "what one step of {shape} issues on {device} in this build ({} layers; counted at narrow \
+         widths, which counts do not depend on{}): per layer of each kind, outside the layers, \
+         and the whole step",
+        cfg.num_layers(),
+        if cuda {
+            format!(
+                "; the layers' candle ops as a GPU runs them, the paged attention and the \
+                 step's uploads, logits and candidates as sampler/gpu_plan.rs declares them, \
+                 contexts split for {COUNT_SMS} SMs"
+            )
+        } else {
+            "; the CPU host path, a warm step".to_string()
+        }
+    );
+    crate::outln!(
+        "{:<8} {:>6} {:>7}  {:<26} {:>9} {:>11} {:>5} {:>5} {:>6}",
+        "phase",
+        "batch",
+        "tokens",
+        "where",
+        "launches",
+        "allocations",
+        "h2d",
+        "d2h",
+        "syncs"
+    );
+    let row = |p: &Phase, place: String, c: Cost| {
+        crate::outln!(
+            "{:<8} {:>6} {:>7}  {:<26} {:>9} {:>11} {:>5} {:>5} {:>6}",
+            p.name,
+            p.batch,
+            p.tokens,
+            place,
+            c.launches,
+            c.allocations,
+            c.host_to_device,
+            c.device_to_host,
+            c.syncs
+        );
+    };
+    for p in &phases {
+        let (kinds, outside) = p.counts.by_kind();
+        for (k, n, c) in kinds {
+            row(p, format!("{} (each of {n})", kind_name(k)), per(c, n));
+        }
+        row(p, "outside the layers".into(), outside);
+        row(p, "step".into(), p.counts.total());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Qwen3.5-4B decode step on a GPU: the Gated DeltaNet layers take the decode kernels
+    /// (a few launches per layer, not a pass per sequence), and a step waits for the device only
+    /// for its candidates.
+    #[test]
+    fn a_qwen35_decode_step_counts_as_a_gpu_runs_it() {
+        let cfg = crate::model::init::shape("qwen3.5-4b").unwrap();
+        let small = narrowed(&cfg);
+        let mut model = random_model(&small).unwrap();
+        model.set_candle_sampling().unwrap();
+        let one = count_step(&model, &small, true, (1, 1, 64)).unwrap();
+        let many = count_step(&model, &small, true, (64, 1, 64)).unwrap();
+        // the mixer of a GDN layer: the state kept, four projections, the two kernels, the out
+        // projection, the state gather and scatter; the same at any batch
+        let mixer = |c: &Counts| {
+            let i = small.layer_kinds.iter().position(|&k| k == LayerKind::GatedDeltaNet);
+            let ops = c.layer(i.unwrap());
+            ops.into_iter().find(|o| o.0 == "gated_deltanet").unwrap().2
+        };
+        assert!(mixer(&many).launches <= 9, "a GDN mixer: {:?}", mixer(&many));
+        assert_eq!(mixer(&one), mixer(&many));
+        assert_eq!(many.total().syncs, StepCosts::CANDIDATES.syncs);
+    }
+}
