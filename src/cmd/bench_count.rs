@@ -175,18 +175,6 @@ fn kind_name(k: LayerKind) -> &'static str {
     }
 }
 
-/// `cost / n`, each field (a layer's share of its kind's sum).
-fn per(c: Cost, n: usize) -> Cost {
-    let n = n.max(1) as u64;
-    Cost {
-        launches: c.launches / n,
-        allocations: c.allocations / n,
-        host_to_device: c.host_to_device / n,
-        device_to_host: c.device_to_host / n,
-        syncs: c.syncs / n,
-    }
-}
-
 /// Prints the counts of a decode step at each of `batches` and of a prefill of `prompt_len`
 /// tokens per sequence at the first, for `shape` on `device` (`cpu`, `cuda`, `cuda:N`).
 pub fn run(
@@ -236,7 +224,7 @@ pub fn run(
             let layers: Vec<_> = kinds
                 .iter()
                 .map(|&(k, n, c)| {
-                    let mut v = cost_json(per(c, n));
+                    let mut v = cost_json(c);
                     v["kind"] = json!(kind_name(k));
                     v["layers"] = json!(n);
                     v
@@ -257,8 +245,8 @@ pub fn run(
     }
     crate::outln!(
         "what one step of {shape} issues on {device} in this build ({} layers; counted at narrow \
-         widths, which counts do not depend on{}): per layer of each kind, outside the layers, \
-         and the whole step",
+         widths, which counts do not depend on{}): the layers of each kind together, outside the \
+         layers, and the whole step",
         cfg.num_layers(),
         if cuda {
             format!(
@@ -299,7 +287,7 @@ pub fn run(
     for p in &phases {
         let (kinds, outside) = p.counts.by_kind();
         for (k, n, c) in kinds {
-            row(p, format!("{} (each of {n})", kind_name(k)), per(c, n));
+            row(p, format!("{} ({n} layers)", kind_name(k)), c);
         }
         row(p, "outside the layers".into(), outside);
         row(p, "step".into(), p.counts.total());
@@ -325,11 +313,18 @@ mod tests {
         // the mixer of a GDN layer: the state kept, four projections, the two kernels, the out
         // projection, the state gather and scatter; the same at any batch
         let mixer = |c: &Counts| {
-            let i = small.layer_kinds.iter().position(|&k| k == LayerKind::GatedDeltaNet);
+            let i = small
+                .layer_kinds
+                .iter()
+                .position(|&k| k == LayerKind::GatedDeltaNet);
             let ops = c.layer(i.unwrap());
             ops.into_iter().find(|o| o.0 == "gated_deltanet").unwrap().2
         };
-        assert!(mixer(&many).launches <= 9, "a GDN mixer: {:?}", mixer(&many));
+        assert!(
+            mixer(&many).launches <= 9,
+            "a GDN mixer: {:?}",
+            mixer(&many)
+        );
         assert_eq!(mixer(&one), mixer(&many));
         assert_eq!(many.total().syncs, StepCosts::CANDIDATES.syncs);
     }

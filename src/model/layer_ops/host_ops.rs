@@ -28,10 +28,31 @@ use super::candle_ops::{CandleGateUp, CandleQkv};
 use super::{AttnDims, Cost, LayerOps, Qkv};
 use crate::simd::exp_sub_sum;
 
+/// A buffer of the pool: the first `len` values of a vector that never shrinks, so that a
+/// buffer serving ops of different sizes is not zeroed again each time it grows back.
+#[derive(Debug, Default)]
+pub struct Buf {
+    v: Vec<f32>,
+    len: usize,
+}
+
+impl std::ops::Deref for Buf {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.v[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for Buf {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.v[..self.len]
+    }
+}
+
 /// Rows of activations on the host: `rows` rows of `data.len() / rows` values, row-major.
 #[derive(Debug)]
 pub struct HostAct {
-    pub data: Vec<f32>,
+    pub data: Buf,
     pub rows: usize,
 }
 
@@ -39,8 +60,10 @@ impl HostAct {
     /// The values of a (T, width) f32 tensor.
     pub fn from_tensor(x: &Tensor) -> Result<Self> {
         let (rows, _) = x.dims2()?;
+        let v = x.flatten_all()?.to_vec1::<f32>()?;
+        let len = v.len();
         Ok(HostAct {
-            data: x.flatten_all()?.to_vec1::<f32>()?,
+            data: Buf { v, len },
             rows,
         })
     }
@@ -48,7 +71,9 @@ impl HostAct {
     /// As a (T, width) tensor on the CPU.
     pub fn into_tensor(self) -> Result<Tensor> {
         let width = self.width();
-        Tensor::from_vec(self.data, (self.rows, width), &candle_core::Device::Cpu)
+        let Buf { mut v, len } = self.data;
+        v.truncate(len);
+        Tensor::from_vec(v, (self.rows, width), &candle_core::Device::Cpu)
     }
 
     pub fn width(&self) -> usize {
@@ -154,7 +179,7 @@ impl HostOps {
 
     /// A buffer of `n` values from the pool (its old values left as they are: every op writes
     /// every value it reads).
-    fn buf(&mut self, n: usize) -> Vec<f32> {
+    fn buf(&mut self, n: usize) -> Buf {
         // the smallest that holds `n`, else the largest (to grow): each buffer keeps to the
         // sizes it served, so the pool settles after a step or two
         let fits = (0..self.pool.len())
@@ -168,20 +193,20 @@ impl HostOps {
         if v.capacity() < n {
             self.spent.allocations += 1;
         }
-        v.resize(n, 0.0);
-        v
+        if v.len() < n {
+            v.resize(n, 0.0);
+        }
+        Buf { v, len: n }
+    }
+
+    /// Gives a buffer back to the pool.
+    fn give(&mut self, b: Buf) {
+        self.pool.push(b.v);
     }
 
     /// Gives `a`'s buffer back to the pool.
     pub fn recycle(&mut self, a: HostAct) {
-        self.pool.push(a.data);
-    }
-
-    /// An activation of `rows` rows from the pool, every value copied from `x`.
-    pub fn act_from(&mut self, x: &[f32], rows: usize) -> HostAct {
-        let mut data = self.buf(x.len());
-        data.copy_from_slice(x);
-        HostAct { data, rows }
+        self.give(a.data);
     }
 }
 
@@ -345,12 +370,12 @@ impl LayerOps for HostOps {
             .enumerate()
             .with_min_len(min)
             .for_each(row_job);
-        self.pool.push(rows);
+        self.give(rows);
         let act = |data| HostAct { data, rows: t };
         let gate = if gated {
             Some(act(gate))
         } else {
-            self.pool.push(gate);
+            self.give(gate);
             None
         };
         Ok(Qkv {
@@ -445,7 +470,7 @@ impl LayerOps for HostOps {
             Activation::Silu => rows.for_each(swiglu),
             Activation::GeluTanh => rows.for_each(geglu),
         }
-        self.pool.push(gu);
+        self.give(gu);
         Ok(HostAct { data: out, rows: t })
     }
 
@@ -462,8 +487,8 @@ impl LayerOps for HostOps {
         let mut out = self.buf(h.data.len());
         w.forward(layer, &h.data, t, &mut rows, &mut y, &mut out, backend)?;
         self.spent += backend.take_cost();
-        self.pool.push(rows);
-        self.pool.push(y);
+        self.give(rows);
+        self.give(y);
         self.recycle(h);
         Ok(HostAct { data: out, rows: t })
     }
