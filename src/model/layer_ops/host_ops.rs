@@ -223,6 +223,25 @@ impl Drop for HostOps {
     }
 }
 
+/// Row by row: the sandwich norm of `y` (with `y_norm`), `x += y`, then (with `next`) the next
+/// norm of `x` into `y`.
+fn add_rows(x: &mut HostAct, y: &mut HostAct, y_norm: Option<&HostNorm>, next: Option<&HostNorm>) {
+    let (width, min) = (x.width(), min_rows(x.data.len()));
+    x.data
+        .par_chunks_mut(width)
+        .zip(y.data.par_chunks_mut(width))
+        .with_min_len(min)
+        .for_each(|(x, y)| {
+            if let Some(n) = y_norm {
+                norm_in_place(y, &n.w, n.eps);
+            }
+            add_into(x, y);
+            if let Some(n) = next {
+                norm_row(x, &n.w, n.eps, y);
+            }
+        });
+}
+
 /// GELU's tanh approximation (`gelu_pytorch_tanh`), as candle's `gelu` computes it.
 fn gelu_tanh(x: f32) -> f32 {
     const SQRT_TWO_OVER_PI: f32 = 0.797_884_6;
@@ -259,18 +278,7 @@ impl LayerOps for HostOps {
         y_norm: Option<&HostNorm>,
         next: &HostNorm,
     ) -> Result<(HostAct, HostAct)> {
-        let (width, min) = (x.width(), min_rows(x.data.len()));
-        x.data
-            .par_chunks_mut(width)
-            .zip(y.data.par_chunks_mut(width))
-            .with_min_len(min)
-            .for_each(|(x, y)| {
-                if let Some(n) = y_norm {
-                    norm_in_place(y, &n.w, n.eps);
-                }
-                add_into(x, y);
-                norm_row(x, &next.w, next.eps, y);
-            });
+        add_rows(&mut x, &mut y, y_norm, Some(next));
         Ok((x, y))
     }
 
@@ -280,17 +288,7 @@ impl LayerOps for HostOps {
         mut y: HostAct,
         y_norm: Option<&HostNorm>,
     ) -> Result<HostAct> {
-        let (width, min) = (x.width(), min_rows(x.data.len()));
-        x.data
-            .par_chunks_mut(width)
-            .zip(y.data.par_chunks_mut(width))
-            .with_min_len(min)
-            .for_each(|(x, y)| {
-                if let Some(n) = y_norm {
-                    norm_in_place(y, &n.w, n.eps);
-                }
-                add_into(x, y)
-            });
+        add_rows(&mut x, &mut y, y_norm, None);
         self.recycle(y);
         Ok(x)
     }

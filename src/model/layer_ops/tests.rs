@@ -106,41 +106,43 @@ fn declared_costs_are_the_graph_candle_records() {
     }
 }
 
-/// The counts of one decode step (8 sequences, a token each) of `shape` on the candle sampling
-/// path (the path a GPU runs: stacked projections and candle's fused kernels), by layer kind:
-/// (kind, layers, the cost of one layer).
-fn decode_counts(name: &str) -> Vec<(LayerKind, usize, Cost)> {
-    let cfg = shape(name).unwrap();
-    let mut model = random_model(&cfg).unwrap();
-    model.set_candle_sampling().unwrap();
+/// The counts of one decode step of 8 sequences (a token each) of `model`, through a backend
+/// that keeps nothing.
+fn decode_step_counts(model: &crate::model::Transformer) -> Counts {
     let b = 8;
     let tokens = Tensor::new(vec![3u32; b].as_slice(), &Device::Cpu).unwrap();
     let positions = Tensor::new(vec![0u32; b].as_slice(), &Device::Cpu).unwrap();
     let mut attn = CausalAttention::new(vec![1; b]);
     let mut counts = Counts::default();
+    let into = CountInto {
+        counts: &mut counts,
+        as_cuda: false,
+    };
     model
-        .forward_hidden_counted(
-            &tokens,
-            &positions,
-            &mut attn,
-            Some(CountInto {
-                counts: &mut counts,
-                as_cuda: false,
-            }),
-        )
+        .forward_hidden_counted(&tokens, &positions, &mut attn, Some(into))
         .unwrap();
-    let (kinds, _) = counts.by_kind();
+    counts
+}
+
+/// The counts of one decode step (8 sequences, a token each) of `shape` on the candle sampling
+/// path (the path a GPU runs: stacked projections and candle's fused kernels), by layer kind:
+/// (kind, layers, the cost of one layer).
+fn decode_counts(name: &str) -> Vec<(LayerKind, usize, Cost)> {
+    let mut model = random_model(&shape(name).unwrap()).unwrap();
+    model.set_candle_sampling().unwrap();
+    let (kinds, _) = decode_step_counts(&model).by_kind();
     kinds
         .into_iter()
         .map(|(k, n, c)| {
+            let n = n as u64;
             let per = Cost {
-                launches: c.launches / n as u64,
-                allocations: c.allocations / n as u64,
-                host_to_device: c.host_to_device / n as u64,
-                device_to_host: c.device_to_host / n as u64,
-                syncs: c.syncs / n as u64,
+                launches: c.launches / n,
+                allocations: c.allocations / n,
+                host_to_device: c.host_to_device / n,
+                device_to_host: c.device_to_host / n,
+                syncs: c.syncs / n,
             };
-            (k, n, per)
+            (k, n as usize, per)
         })
         .collect()
 }
@@ -193,27 +195,12 @@ fn the_host_path_allocates_nothing_once_warm() {
         let cfg = shape(name).unwrap();
         let mut model = random_model(&cfg).unwrap();
         model.set_fused_inference(true).unwrap();
-        let b = 8;
-        let tokens = Tensor::new(vec![3u32; b].as_slice(), &Device::Cpu).unwrap();
-        let positions = Tensor::new(vec![0u32; b].as_slice(), &Device::Cpu).unwrap();
-        let mut steps = Vec::new();
-        for _ in 0..3 {
-            let mut attn = CausalAttention::new(vec![1; b]);
-            let mut counts = Counts::default();
-            model
-                .forward_hidden_counted(
-                    &tokens,
-                    &positions,
-                    &mut attn,
-                    Some(CountInto {
-                        counts: &mut counts,
-                        as_cuda: false,
-                    }),
-                )
-                .unwrap();
-            let (kinds, _) = counts.by_kind();
-            steps.push(kinds.into_iter().fold(Cost::default(), |a, k| a + k.2));
-        }
+        let steps: Vec<Cost> = (0..3)
+            .map(|_| {
+                let (kinds, _) = decode_step_counts(&model).by_kind();
+                kinds.into_iter().fold(Cost::default(), |a, k| a + k.2)
+            })
+            .collect();
         assert!(
             steps[0].allocations > 0,
             "{name}: the first step grew nothing"
