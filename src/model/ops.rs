@@ -1,5 +1,6 @@
-//! The ops a layer is built from on the candle path (RMS norm, RoPE, the SwiGLU product, the
-//! projections), with the one decision of which implementation runs where ([`OpPath`]).
+//! The candle pieces the layer ops of [`super::layer_ops::candle_ops`] are built from (RMS norm,
+//! RoPE, the SwiGLU product, the projections), with the one decision of which implementation
+//! runs where ([`OpPath`]), each adding the candle operations it issues to a [`Cost`].
 //!
 //! The model runs on three paths, and each op has one definition per path:
 //! - **differentiable** ([`Exec::Differentiable`]): training and the references tests compare
@@ -11,8 +12,8 @@
 //!   `[train] ops = "generic"` so that the tests check the GPU's code against PyTorch.
 //! - **sampling on a device** ([`Exec::Sampling`]): candle's fused kernels, which record no
 //!   backward pass (a model trained through them would get zero gradients upstream, silently).
-//! - **sampling on the CPU host path**: the packed layers of `model::layers::*_host` over plain
-//!   slices, with the row ops of [`super::packed`]; nothing here runs there.
+//! - **sampling on the CPU host path**: [`super::layer_ops::host_ops`] over packed weights and
+//!   plain buffers, with the row ops of [`super::packed`]; nothing here runs there.
 //!
 //! Knows nothing of layer kinds or weights' names.
 
