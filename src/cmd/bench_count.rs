@@ -328,4 +328,88 @@ mod tests {
         assert_eq!(mixer(&one), mixer(&many));
         assert_eq!(many.total().syncs, StepCosts::CANDIDATES.syncs);
     }
+
+    /// Today's counts of a GPU's step of the two 4B shapes (`docs/layer-ops.md`), pinned as
+    /// upper bounds that the GPU work lowers: per layer kind (launches, allocations, uploads)
+    /// and the whole step (launches, allocations, uploads, downloads, syncs).
+    #[test]
+    fn a_gpu_step_keeps_within_its_budget() {
+        type Kind = (LayerKind, u64, u64, u64);
+        type Step = (u64, u64, u64, u64, u64);
+        /// A shape, its step (batch, new tokens each, context), its kinds' and step's budgets.
+        type Case<'a> = (&'a str, (usize, usize, usize), &'a [Kind], Step);
+        let attn = LayerKind::Attention;
+        let gdn = LayerKind::GatedDeltaNet;
+        let cases: [Case<'_>; 6] = [
+            (
+                "qwen3-4b",
+                (1, 1, 64),
+                &[(attn, 576, 540, 0)],
+                (589, 559, 7, 6, 6),
+            ),
+            (
+                "qwen3-4b",
+                (256, 1, 64),
+                &[(attn, 684, 648, 0)],
+                (697, 667, 7, 6, 6),
+            ),
+            (
+                "qwen3-4b",
+                (1, 64, 0),
+                &[(attn, 684, 648, 0)],
+                (697, 667, 7, 6, 6),
+            ),
+            (
+                "qwen3.5-4b",
+                (1, 1, 64),
+                &[(attn, 224, 200, 0), (gdn, 408, 385, 1)],
+                (645, 604, 8, 6, 6),
+            ),
+            (
+                "qwen3.5-4b",
+                (256, 1, 64),
+                &[(attn, 248, 224, 0), (gdn, 408, 385, 1)],
+                (669, 628, 8, 6, 6),
+            ),
+            // the chunked Gated DeltaNet in candle ops: the prefill kernel is issue 50's
+            (
+                "qwen3.5-4b",
+                (1, 64, 0),
+                &[(attn, 248, 224, 0), (gdn, 13_584, 13_513, 1)],
+                (13_845, 13_756, 8, 6, 6),
+            ),
+        ];
+        for (name, step, kinds, total) in cases {
+            let cfg = narrowed(&crate::model::init::shape(name).unwrap());
+            let mut model = random_model(&cfg).unwrap();
+            model.set_candle_sampling().unwrap();
+            let counts = count_step(&model, &cfg, true, step).unwrap();
+            let (got, _) = counts.by_kind();
+            for &(kind, launches, allocations, uploads) in kinds {
+                let c = got.iter().find(|g| g.0 == kind).unwrap().2;
+                assert!(
+                    c.launches <= launches
+                        && c.allocations <= allocations
+                        && c.host_to_device <= uploads,
+                    "{name} {step:?}: the {kind:?} layers cost {c:?}, over their budget of \
+                     {launches} launches, {allocations} allocations, {uploads} uploads"
+                );
+                assert_eq!(
+                    (c.device_to_host, c.syncs),
+                    (0, 0),
+                    "{name} {step:?} {kind:?}"
+                );
+            }
+            let t = counts.total();
+            let (launches, allocations, h2d, d2h, syncs) = total;
+            assert!(
+                t.launches <= launches
+                    && t.allocations <= allocations
+                    && t.host_to_device <= h2d
+                    && t.device_to_host <= d2h
+                    && t.syncs <= syncs,
+                "{name} {step:?}: the step costs {t:?}, over its budget of {total:?}"
+            );
+        }
+    }
 }
