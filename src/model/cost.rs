@@ -50,6 +50,20 @@ impl Cost {
     };
 }
 
+/// Whether a run counts its costs, and for which device: the costs that need work of their own
+/// to find (a graph walked, a GPU's path told apart) are found only when counting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CountMode {
+    /// Not counting: no work spent on counts beyond adding declared numbers.
+    Off,
+    /// Counting what this device runs.
+    On,
+    /// Counting a GPU's step on a machine without one: where a GPU would run our kernels
+    /// instead of candle ops (the Gated DeltaNet decode step), their cost is declared and their
+    /// outputs are zeros. For counts only, never for values.
+    AsCuda,
+}
+
 impl AddAssign for Cost {
     fn add_assign(&mut self, o: Cost) {
         self.launches += o.launches;

@@ -12,6 +12,7 @@ use candle_nn::{Embedding, Linear, VarBuilder};
 
 use super::attention::AttentionBackend;
 use super::config::ModelConfig;
+use super::cost::CountMode;
 use super::layer_ops::candle_ops::CandleOps;
 use super::layer_ops::host_ops::{HostAct, HostOps};
 use super::layer_ops::{Cost, Counting, Counts, LayerOps, Place};
@@ -20,7 +21,7 @@ use super::ops::{Exec, RmsNorm, Ropes, StepRope};
 use super::packed::{dropped, PackedLinear};
 
 /// Where a counted forward adds its counts, and whether it counts a GPU's step on a machine
-/// without one (see [`CandleOps::as_cuda`]).
+/// without one (see [`CountMode::AsCuda`]).
 pub struct CountInto<'a> {
     pub counts: &'a mut Counts,
     pub as_cuda: bool,
@@ -189,7 +190,11 @@ impl Transformer {
         let (mut rope_cost, mut embed_cost) = (Cost::default(), Cost::default());
         let rope = StepRope::new(&self.rope, positions, self.exec, &mut rope_cost)?;
         let x = self.embed_counted(tokens, &mut embed_cost)?; // (T, hidden)
-        let as_cuda = count.as_ref().is_some_and(|c| c.as_cuda);
+        let mode = match &count {
+            None => CountMode::Off,
+            Some(c) if c.as_cuda => CountMode::AsCuda,
+            Some(_) => CountMode::On,
+        };
         let counts = count.as_mut().map(|c| &mut *c.counts);
         let x = match &self.host_layers {
             // packed for the CPU: the residual stream stays one host buffer through the layers
@@ -200,7 +205,7 @@ impl Transformer {
             }
             None => {
                 let mut ops = CandleOps::new(self.exec);
-                ops.as_cuda = as_cuda;
+                ops.count = mode;
                 self.run_layers(&self.layers, ops, x, &rope, attn, counts)?
             }
         };

@@ -14,6 +14,7 @@ use candle_nn::Linear;
 
 use super::super::attention::AttentionBackend;
 use super::super::config::Activation;
+use super::super::cost::CountMode;
 use super::super::layers::gated_deltanet::GatedDeltaNet;
 use super::super::ops::{
     copy_cost, gated, project_counted, stack_linears, Exec, RmsNorm, RopeRows,
@@ -24,10 +25,8 @@ use super::{AttnDims, Cost, LayerOps, Qkv};
 #[derive(Debug, Clone, Copy)]
 pub struct CandleOps {
     pub exec: Exec,
-    /// Counting a GPU's step on a machine without one: where a GPU would run our kernels
-    /// instead of candle ops (the Gated DeltaNet decode step), their cost is declared and their
-    /// outputs are zeros. For counts only, never for values.
-    pub as_cuda: bool,
+    /// Whether (and for which device) this run counts.
+    pub count: CountMode,
     spent: Cost,
 }
 
@@ -35,7 +34,7 @@ impl CandleOps {
     pub fn new(exec: Exec) -> Self {
         CandleOps {
             exec,
-            as_cuda: false,
+            count: CountMode::Off,
             spent: Cost::default(),
         }
     }
@@ -238,7 +237,7 @@ impl LayerOps for CandleOps {
         w: &GatedDeltaNet,
         backend: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
-        let y = w.forward_counted(layer, &h, self.exec, backend, &mut self.spent, self.as_cuda)?;
+        let y = w.forward_counted(layer, &h, self.exec, backend, &mut self.spent, self.count)?;
         self.spent += backend.take_cost();
         Ok(y)
     }

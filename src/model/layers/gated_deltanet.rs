@@ -22,7 +22,7 @@ use candle_nn::{Linear, VarBuilder};
 
 use super::super::attention::AttentionBackend;
 use super::super::config::{LinearAttention, ModelConfig};
-use super::super::cost::Cost;
+use super::super::cost::{Cost, CountMode};
 use super::super::ops::{cat_cost, copy_cost, project_counted, stack_linears, Exec, RmsNorm};
 use super::super::packed::{dropped, inv_rms, PackedLinear};
 use super::weight_init::Init;
@@ -109,11 +109,19 @@ impl GatedDeltaNet {
         exec: Exec,
         backend: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
-        self.forward_counted(index, h, exec, backend, &mut Cost::default(), false)
+        self.forward_counted(
+            index,
+            h,
+            exec,
+            backend,
+            &mut Cost::default(),
+            CountMode::Off,
+        )
     }
 
     /// [`Self::forward`], adding the candle operations (and kernels) it issues to `spent`.
-    /// `as_cuda`: counting a GPU's step on a machine without one, where the GPU would run the
+    /// `count`: whether the run counts (the delta rule's count walks a graph: only then), and
+    /// whether it counts a GPU's step on a machine without one, where the GPU would run the
     /// decode kernels (see [`Self::decode_kernels`]'s `dry`).
     pub fn forward_counted(
         &self,
@@ -122,7 +130,7 @@ impl GatedDeltaNet {
         exec: Exec,
         backend: &mut dyn AttentionBackend,
         spent: &mut Cost,
-        as_cuda: bool,
+        count: CountMode,
     ) -> Result<Tensor> {
         let l = self.shape;
         let step = backend.recurrent_state(index, l.state_values())?;
@@ -136,7 +144,7 @@ impl GatedDeltaNet {
         // decode steps on a GPU, for sampling only: the kernels record no backward pass
         let decode = exec == Exec::Sampling && step.seq_lens.iter().all(|&n| n == 1);
         if let Some(shape) = self.decode_shape().filter(|_| decode) {
-            let dry = as_cuda && !h.device().is_cuda();
+            let dry = count == CountMode::AsCuda && !h.device().is_cuda();
             if h.device().is_cuda() || dry {
                 let (y, state) = self.decode_kernels(shape, h, &step, exec, spent, dry)?;
                 backend.store_recurrent_state(index, state)?;
@@ -197,7 +205,9 @@ impl GatedDeltaNet {
             );
             *spent += copy_cost(&g_s) + copy_cost(&beta_s);
             let (g_s, beta_s) = (g_s.contiguous()?, beta_s.contiguous()?); // (Hv, L)
-            *spent += delta_rule_cost(len, s0.is_some())?;
+            if count != CountMode::Off {
+                *spent += delta_rule_cost(len, s0.is_some())?;
+            }
             let (o, s1) = if len <= RECURRENT_MAX {
                 delta_rule_recurrent(&q, &k, &v, &g_s, &beta_s, s0.as_ref())?
             } else {
