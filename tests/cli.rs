@@ -2040,3 +2040,99 @@ fn preflight_estimates_pretraining_and_takes_training_rates_from_this_machine() 
         assert!(row.contains("a training run on this machine"), "{row}");
     }
 }
+
+/// Budgets of a training micro-batch and an optimizer step on the GPU's path (`bench train
+/// --count --device cuda`, counted on this machine), per layer kind and whole: upper bounds
+/// at today's counts, which the GPU work lowers. Each phase prints one JSON object with every
+/// field of the table.
+#[test]
+fn a_gpu_training_step_keeps_within_its_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    // (shape, rows, seq-len, [(phase, where, launches, allocations, host to device, syncs)])
+    type Budget = (&'static str, &'static str, u64, u64, u64, u64);
+    let cases: [(&str, &str, &str, &[Budget]); 2] = [
+        (
+            "qwen3-4b",
+            "2",
+            "256",
+            &[
+                ("micro_batch", "attention", 22_428, 22_644, 432, 0),
+                ("micro_batch", "step", 22_570, 22_789, 441, 2),
+                ("optimizer_step", "attention", 20_304, 18_288, 0, 2_016),
+                ("optimizer_step", "step", 21_266, 19_150, 0, 2_116),
+            ],
+        ),
+        (
+            "qwen3.5-4b",
+            "1",
+            "64",
+            &[
+                ("micro_batch", "attention", 4_720, 4_704, 48, 0),
+                ("micro_batch", "gated_deltanet", 99_480, 99_384, 0, 0),
+                ("micro_batch", "step", 104_321, 104_211, 54, 1),
+                ("optimizer_step", "gated_deltanet", 16_320, 14_592, 0, 1_728),
+                ("optimizer_step", "step", 22_630, 20_266, 0, 2_364),
+            ],
+        ),
+    ];
+    for (shape, rows, seq_len, budgets) in cases {
+        let o = run(
+            &[
+                "bench",
+                "train",
+                "--count",
+                "--json",
+                "--device",
+                "cuda",
+                "--shape",
+                shape,
+                "--rows",
+                rows,
+                "--seq-len",
+                seq_len,
+            ],
+            dir.path(),
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        let phases: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(phases.len(), 2, "{}", text(&o));
+        for &(phase, place, launches, allocations, h2d, syncs) in budgets {
+            let p = phases
+                .iter()
+                .find(|p| p["phase"] == phase)
+                .unwrap_or_else(|| panic!("{shape}: no {phase}"));
+            assert_eq!(p["shape"], shape);
+            let c = if place == "step" {
+                &p["step"]
+            } else {
+                p["layers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|l| l["kind"] == place)
+                    .unwrap_or_else(|| panic!("{shape} {phase}: no {place} layers"))
+            };
+            let got = |k: &str| c[k].as_u64().unwrap_or_else(|| panic!("no {k} in {c}"));
+            for (k, budget) in [
+                ("launches", launches),
+                ("allocations", allocations),
+                ("host_to_device", h2d),
+                ("syncs", syncs),
+            ] {
+                assert!(
+                    got(k) <= budget,
+                    "{shape} {phase} {place}: {k} {} over the budget {budget}",
+                    got(k)
+                );
+            }
+            assert!(
+                got("launches") > 0,
+                "{shape} {phase} {place}: nothing counted"
+            );
+        }
+    }
+}

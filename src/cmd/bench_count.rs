@@ -11,6 +11,9 @@
 //! flag kept; hidden, MLP, head and vocabulary sizes small): a 4B shape counts in a second. The
 //! values computed are meaningless (attention returns zeros): counts only.
 //!
+//! `pipeline bench train --count`: the same for a training micro-batch and an optimizer step
+//! ([`run_train`]).
+//!
 //! Knows nothing of scheduling or timing.
 
 use anyhow::Result;
@@ -19,10 +22,16 @@ use serde_json::json;
 
 use crate::model::attention::{AttentionBackend, RecurrentStep};
 use crate::model::config::{LayerKind, ModelConfig};
+use crate::model::cost::KEEP_BACKWARD_GRAPH;
 use crate::model::init::random_model;
 use crate::model::layer_ops::{Cost, Counts, Place};
 use crate::model::transformer::CountInto;
 use crate::sampler::gpu_plan::{partitions, StepCosts};
+use crate::train::adamw::{norm_cost, AdamW, AdamWConfig};
+use crate::train::grads::{GradOptions, GradSums};
+use crate::train::loss::PackedBatch;
+use crate::train::settings::{ComputeDtype, TrainOps, TrainSettings};
+use crate::train::Trainable;
 
 /// The SMs of the GPU a count plans its attention split for (an H100 SXM).
 const COUNT_SMS: usize = 132;
@@ -218,8 +227,30 @@ pub fn run(
         tokens: b * prompt_len,
         counts,
     });
+    let header = format!(
+        "what one step of {shape} issues on {device} in this build ({} layers; counted at narrow \
+         widths, which counts do not depend on{}): the layers of each kind together, outside the \
+         layers, and the whole step",
+        cfg.num_layers(),
+        if cuda {
+            format!(
+                "; the layers' candle ops as a GPU runs them, the paged attention and the \
+                 step's uploads, logits and candidates as sampler/gpu_plan.rs declares them, \
+                 contexts split for {COUNT_SMS} SMs"
+            )
+        } else {
+            "; the CPU host path, a warm step".to_string()
+        }
+    );
+    report(shape, device, &phases, json_out, &header);
+    Ok(())
+}
+
+/// The phases' counts: one JSON object each (`json_out`), or `header` and a table of each layer
+/// kind, outside the layers and the whole phase.
+fn report(shape: &str, device: &str, phases: &[Phase], json_out: bool, header: &str) {
     if json_out {
-        for p in &phases {
+        for p in phases {
             let (kinds, _) = p.counts.by_kind();
             let layers: Vec<_> = kinds
                 .iter()
@@ -241,25 +272,11 @@ pub fn run(
             });
             crate::outln!("{line}");
         }
-        return Ok(());
+        return;
     }
+    crate::outln!("{header}");
     crate::outln!(
-        "what one step of {shape} issues on {device} in this build ({} layers; counted at narrow \
-         widths, which counts do not depend on{}): the layers of each kind together, outside the \
-         layers, and the whole step",
-        cfg.num_layers(),
-        if cuda {
-            format!(
-                "; the layers' candle ops as a GPU runs them, the paged attention and the \
-                 step's uploads, logits and candidates as sampler/gpu_plan.rs declares them, \
-                 contexts split for {COUNT_SMS} SMs"
-            )
-        } else {
-            "; the CPU host path, a warm step".to_string()
-        }
-    );
-    crate::outln!(
-        "{:<8} {:>6} {:>7}  {:<26} {:>9} {:>11} {:>5} {:>5} {:>6}",
+        "{:<14} {:>6} {:>7}  {:<36} {:>9} {:>11} {:>5} {:>5} {:>6}",
         "phase",
         "batch",
         "tokens",
@@ -272,7 +289,7 @@ pub fn run(
     );
     let row = |p: &Phase, place: String, c: Cost| {
         crate::outln!(
-            "{:<8} {:>6} {:>7}  {:<26} {:>9} {:>11} {:>5} {:>5} {:>6}",
+            "{:<14} {:>6} {:>7}  {:<36} {:>9} {:>11} {:>5} {:>5} {:>6}",
             p.name,
             p.batch,
             p.tokens,
@@ -284,15 +301,177 @@ pub fn run(
             c.syncs
         );
     };
-    for p in &phases {
+    for p in phases {
         let (kinds, outside) = p.counts.by_kind();
         for (k, n, c) in kinds {
             row(p, format!("{} ({n} layers)", kind_name(k)), c);
         }
         row(p, "outside the layers".into(), outside);
-        row(p, "step".into(), p.counts.total());
+        row(p, "whole".into(), p.counts.total());
     }
+    // where each kind's first layer and the work outside the layers spend it, op by op
+    for p in phases {
+        for (k, i) in p.counts.first_of_each_kind() {
+            for (op, calls, c) in p.counts.layer(i) {
+                row(p, format!("  {} {i}: {op} x{calls}", kind_name(k)), c);
+            }
+        }
+        for (what, calls, c) in p.counts.outside() {
+            row(p, format!("  outside: {what} x{calls}"), c);
+        }
+    }
+}
+
+/// What `bench train --count` counts: its flags.
+pub struct TrainCount<'a> {
+    pub shape: &'a str,
+    pub device: &'a str,
+    pub ops: TrainOps,
+    pub compute_dtype: ComputeDtype,
+    pub rows: usize,
+    pub seq_len: usize,
+    pub loss_chunk_tokens: usize,
+    pub json: bool,
+}
+
+/// `pipeline bench train --count`: what one micro-batch (forward and backward with activation
+/// recompute, the gradients summed) and one optimizer step (the gradients' norm, the update)
+/// issue, by layer kind. `--device cuda` counts the GPU's path on this machine: the
+/// device-generic ops in f16, which converts to and from f32 where a GPU's bf16 does (the CPU
+/// has no bf16 product). Counted at narrow widths and fewer heads (the query heads per KV head
+/// and the Gated DeltaNet's value heads per key head kept, and more than one of each). The layers' forward ops are counted as they declare them,
+/// candle's backward passes by walking the graph they keep
+/// ([`crate::model::cost::backward_counted`]: it needs
+/// [`KEEP_BACKWARD_GRAPH`] set before the counting thread's first backward pass, which this
+/// sets), the block attention, the head and loss and the optimizer as their code declares.
+pub fn run_train(a: &TrainCount, cfg: &ModelConfig) -> Result<()> {
+    let cuda = a.device.starts_with("cuda");
+    if !cuda && a.device != "cpu" {
+        anyhow::bail!("--device {}: use cpu, cuda or cuda:N", a.device);
+    }
+    if !cuda && a.ops != TrainOps::Generic {
+        anyhow::bail!(
+            "--count --device cpu counts the device-generic ops (add --ops generic): the CPU's \
+             own training ops are host passes with hand-written backward passes, not kernels"
+        );
+    }
+    if a.rows == 0 || a.seq_len < 2 {
+        anyhow::bail!("--rows must be at least 1 and --seq-len at least 2");
+    }
+    // Set before any thread of this process runs a backward pass: candle reads it once per
+    // thread, and the counting runs on a thread of its own, started after this.
+    std::env::set_var(KEEP_BACKWARD_GRAPH, "1");
+    let phases = std::thread::scope(|s| {
+        s.spawn(|| count_train(a, cfg, cuda))
+            .join()
+            .map_err(|_| anyhow::anyhow!("the counting thread panicked"))
+    })??;
+    let header = format!(
+        "what one training micro-batch ({} rows x {} tokens, forward and backward with \
+         recompute, loss chunks of {} tokens) and one AdamW step of {} issue on {} in this build \
+         ({} layers; counted at narrow widths and fewer heads, which counts do not depend on{})",
+        a.rows,
+        a.seq_len,
+        a.loss_chunk_tokens,
+        a.shape,
+        a.device,
+        cfg.num_layers(),
+        if cuda {
+            "; the device-generic candle ops a GPU runs, in 16 bits"
+        } else {
+            "; the device-generic candle ops"
+        }
+    );
+    report(a.shape, a.device, &phases, a.json, &header);
     Ok(())
+}
+
+/// The layer a parameter belongs to, from its checkpoint name (`...layers.N....`).
+fn layer_of(name: &str) -> Option<usize> {
+    let rest = &name[name.find("layers.")? + "layers.".len()..];
+    rest.split('.').next()?.parse().ok()
+}
+
+/// The counts of one micro-batch and one optimizer step.
+fn count_train(a: &TrainCount, cfg: &ModelConfig, cuda: bool) -> Result<Vec<Phase>> {
+    let mut small = narrowed(cfg);
+    // a transpose of one head is a view, of more a copy: keep two KV heads at least
+    let n_rep = (cfg.num_heads / cfg.num_kv_heads.max(1)).max(1);
+    small.num_kv_heads = cfg.num_kv_heads.min(2);
+    small.num_heads = small.num_kv_heads * n_rep;
+    if let Some(l) = &mut small.linear {
+        let per_key = (l.num_value_heads / l.num_key_heads.max(1)).max(1);
+        l.num_key_heads = l.num_key_heads.min(2);
+        l.num_value_heads = l.num_key_heads * per_key;
+    }
+    let dtype = if cuda {
+        DType::F16
+    } else {
+        let s = TrainSettings {
+            device: a.device.to_string(),
+            compute_dtype: a.compute_dtype,
+            ..TrainSettings::default()
+        };
+        s.compute()
+    };
+    let weights = crate::model::init::random_weights(&small)?;
+    let mut t = Trainable::from_tensors(&small, &weights, &Device::Cpu, dtype)?;
+    drop(weights);
+    t.model.set_composed(true)?;
+    let prompt = a.seq_len / 4;
+    let rows: Vec<(Vec<u32>, Vec<u32>)> = (0..a.rows)
+        .map(|r| {
+            let tok = |i: usize| ((r * 7919 + i * 104_729) % small.vocab_size) as u32;
+            let p = (0..prompt).map(tok).collect();
+            (p, (prompt..a.seq_len).map(tok).collect())
+        })
+        .collect();
+    let refs: Vec<(&[u32], &[u32])> = rows
+        .iter()
+        .map(|(p, c)| (p.as_slice(), c.as_slice()))
+        .collect();
+    let batch = PackedBatch::pack(&refs);
+    let g = GradOptions {
+        loss_chunk_tokens: a.loss_chunk_tokens,
+        recompute: true,
+    };
+    let mut counts = Counts::default();
+    let mut sums = GradSums::new(t.named_vars().len());
+    let scale = 1.0 / batch.loss_tokens().max(1) as f64;
+    t.accumulate_counted(&batch, scale, g, &mut sums, Some(&mut counts))?;
+    let micro = Phase {
+        name: "micro_batch",
+        batch: a.rows,
+        tokens: batch.tokens.len(),
+        counts,
+    };
+    // the optimizer step at the model's real sizes (its slices and sums follow the element
+    // counts), each parameter's work at its layer: what this optimizer, set up as the trainer
+    // sets it up on a GPU, declares
+    let mut opt = AdamW::new(t.masters().to_vec(), AdamWConfig::default(), |_| true)?;
+    opt.set_working(t.named_vars())?;
+    opt.set_host(false);
+    let real: std::collections::HashMap<String, usize> = crate::model::init::weight_shapes(cfg)
+        .into_iter()
+        .map(|(name, shape, _)| (name, shape.iter().product()))
+        .collect();
+    let mut counts = Counts::default();
+    let kinds = &small.layer_kinds;
+    for (i, (name, _)) in t.masters().iter().enumerate() {
+        let numel = *real
+            .get(name)
+            .ok_or_else(|| anyhow::anyhow!("{name}: not a weight of {}", a.shape))?;
+        let place = layer_of(name).map_or(Place::Outside, |l| Place::Layer(l, kinds[l]));
+        counts.add(place, "grad_norm", norm_cost(numel, DType::F32));
+        counts.add(place, "update", opt.update_cost(i, numel, DType::F32, true));
+    }
+    let step = Phase {
+        name: "optimizer_step",
+        batch: a.rows,
+        tokens: batch.tokens.len(),
+        counts,
+    };
+    Ok(vec![micro, step])
 }
 
 #[cfg(test)]
@@ -302,6 +481,36 @@ mod tests {
     /// A Qwen3.5-4B decode step on a GPU: the Gated DeltaNet layers take the decode kernels
     /// (a few launches per layer, not a pass per sequence), and a step waits for the device only
     /// for its candidates.
+    /// An optimizer's parameter is counted at its layer, whatever the family's prefix.
+    #[test]
+    fn parameters_belong_to_their_layer() {
+        assert_eq!(layer_of("model.layers.12.mlp.up_proj.weight"), Some(12));
+        assert_eq!(
+            layer_of("model.language_model.layers.3.linear_attn.A_log"),
+            Some(3)
+        );
+        assert_eq!(layer_of("model.embed_tokens.weight"), None);
+        assert_eq!(layer_of("model.norm.weight"), None);
+    }
+
+    /// Counting a training step on the CPU's own ops is refused, not miscounted.
+    #[test]
+    fn training_counts_refuse_the_host_ops() {
+        let cfg = crate::model::init::shape("tiny").unwrap();
+        let c = TrainCount {
+            shape: "tiny",
+            device: "cpu",
+            ops: TrainOps::Auto,
+            compute_dtype: ComputeDtype::Auto,
+            rows: 1,
+            seq_len: 8,
+            loss_chunk_tokens: 0,
+            json: false,
+        };
+        let e = run_train(&c, &cfg).unwrap_err().to_string();
+        assert!(e.contains("--ops generic"), "{e}");
+    }
+
     #[test]
     fn a_qwen35_decode_step_counts_as_a_gpu_runs_it() {
         let cfg = crate::model::init::shape("qwen3.5-4b").unwrap();

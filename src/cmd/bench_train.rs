@@ -58,6 +58,15 @@ pub struct TrainBenchArgs {
     /// auto, or generic: the device-generic ops on the CPU too.
     #[arg(long, default_value = "auto", value_parser = parse_ops)]
     pub ops: TrainOps,
+    /// Count instead of timing: what one micro-batch (`--rows` x `--seq-len`, forward and
+    /// backward with activation recompute) and one optimizer step issue, by layer kind: kernel
+    /// launches, device allocations, copies each way, syncs. `--device cuda` counts the GPU's
+    /// path on this machine (no GPU needed).
+    #[arg(long)]
+    pub count: bool,
+    /// With `--count`: one JSON object per phase instead of the table.
+    #[arg(long, requires = "count")]
+    pub json: bool,
 }
 
 fn parse_compute(s: &str) -> Result<ComputeDtype, String> {
@@ -103,6 +112,19 @@ fn reset_peak() {
 
 pub fn run(a: &TrainBenchArgs) -> Result<()> {
     let cfg = crate::model::init::shape(&a.shape)?;
+    if a.count {
+        let c = super::bench_count::TrainCount {
+            shape: &a.shape,
+            device: &a.device,
+            ops: a.ops,
+            compute_dtype: a.compute_dtype,
+            rows: a.rows,
+            seq_len: a.seq_len,
+            loss_chunk_tokens: a.loss_chunk_tokens,
+            json: a.json,
+        };
+        return super::bench_count::run_train(&c, &cfg);
+    }
     let base = TrainSettings {
         device: a.device.clone(),
         compute_dtype: a.compute_dtype,

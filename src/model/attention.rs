@@ -13,6 +13,8 @@
 
 use candle_core::{DType, Device, Result, Tensor, D};
 
+use super::cost::Cost;
+
 /// One layer's attention over this step's tokens.
 ///
 /// ```text
@@ -38,9 +40,9 @@ pub trait AttentionBackend {
     /// What the backend's calls since the last take issued on its device (its kernels, buffers
     /// and copies), and zero from now on. This default declares nothing: right for the CPU
     /// sampler's host cache, which launches nothing; the GPU's paged backend declares its
-    /// kernels; [`CausalAttention`] (training) does not count its candle ops yet.
-    fn take_cost(&mut self) -> super::cost::Cost {
-        super::cost::Cost::default()
+    /// kernels, [`CausalAttention`] its candle ops when it counts.
+    fn take_cost(&mut self) -> Cost {
+        Cost::default()
     }
 
     /// The state each sequence of the step ends with, (sequences, values) f32: kept for the
@@ -124,19 +126,34 @@ pub struct CausalAttention {
     /// Elementary candle ops on every device (the device-generic training path), not the fused
     /// CPU kernel.
     pub composed: bool,
+    /// Declare what each call issues (the block attention's; the fused CPU kernel is one op
+    /// each way, its backward pass host code): forward through
+    /// [`AttentionBackend::take_cost`], backward through [`CausalAttention::take_backward_cost`].
+    pub count: bool,
+    spent: Cost,
+    backward: Cost,
 }
 
 impl CausalAttention {
     pub fn new(seq_lens: Vec<usize>) -> Self {
-        CausalAttention {
-            seq_lens,
-            composed: false,
-        }
+        Self::with_composed(seq_lens, false)
     }
 
     /// [`CausalAttention::new`] on the device-generic path (`composed`) or not.
     pub fn with_composed(seq_lens: Vec<usize>, composed: bool) -> Self {
-        CausalAttention { seq_lens, composed }
+        CausalAttention {
+            seq_lens,
+            composed,
+            count: false,
+            spent: Cost::default(),
+            backward: Cost::default(),
+        }
+    }
+
+    /// What the backward passes of the calls since the last take will issue (declared when
+    /// `count`), and zero from now on.
+    pub fn take_backward_cost(&mut self) -> Cost {
+        std::mem::take(&mut self.backward)
     }
 }
 
@@ -151,19 +168,38 @@ impl AttentionBackend for CausalAttention {
         window: Option<usize>,
     ) -> Result<Tensor> {
         if !self.composed && super::diff_ops::supported(q) {
+            if self.count {
+                self.spent += Cost::kernels(1);
+                self.backward += Cost::kernels(1);
+            }
             return super::fused_attention::fused_causal(q, k, v, &self.seq_lens, window);
         }
+        let block = super::block_attention::BLOCK;
         let mut outs = Vec::with_capacity(self.seq_lens.len());
         let mut start = 0;
         for &len in &self.seq_lens {
             let q = q.narrow(0, start, len)?;
             let k = k.narrow(0, start, len)?;
             let v = v.narrow(0, start, len)?;
-            let block = super::block_attention::BLOCK;
+            if self.count {
+                let n_rep = q.dim(1)? / k.dim(1)?.max(1);
+                let low = q.dtype() != DType::F32;
+                let mm = super::ops::matmul_cost(&q);
+                let (f, b) = super::block_attention::costs(len, n_rep, block, window, low, mm);
+                self.spent += f;
+                self.backward += b;
+            }
             outs.push(super::block_attention::causal(&q, &k, &v, block, window)?);
             start += len;
         }
+        if self.count && outs.len() > 1 {
+            self.spent += super::ops::cat_cost(outs.len() as u64);
+        }
         Tensor::cat(&outs, 0)
+    }
+
+    fn take_cost(&mut self) -> Cost {
+        std::mem::take(&mut self.spent)
     }
 
     /// Every sequence starts here, from zeros.

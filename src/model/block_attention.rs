@@ -16,6 +16,7 @@ use candle_core::{
     CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor, D,
 };
 
+use super::cost::Cost;
 use super::ops::matmul;
 
 /// Query rows per block: a block's f32 scores are `heads * BLOCK * L * 4` bytes (32 heads at
@@ -65,6 +66,73 @@ pub fn causal(
         shape: (l, hq, hkv, d),
     };
     q.apply_op3_arc(k, v, std::sync::Arc::new(Box::new(op)))
+}
+
+/// What [`causal`] issues for one sequence of `l` tokens, forward and (in candle's backward
+/// pass, through [`Attach`]) backward, read off the code above and below, line by line: the
+/// forward's work runs with no graph and the backward is a custom op's, so no graph walk can
+/// see either. `n_rep`: query heads per KV head; `low`: inputs below f32 (the scores convert);
+/// `mm`: what one of our [`matmul`]s issues on this device ([`super::ops::matmul_cost`]).
+/// Assumes more than one head (a transpose of `(L, H, D)` copies unless `L` is 1).
+pub fn costs(
+    l: usize,
+    n_rep: usize,
+    block: usize,
+    window: Option<usize>,
+    low: bool,
+    mm: Cost,
+) -> (Cost, Cost) {
+    use super::ops::cat_cost;
+    let k = |n: u64| Cost::kernels(n);
+    let (t, low, rep) = (
+        k(u64::from(l > 1)),
+        k(u64::from(low)),
+        k(u64::from(n_rep > 1)),
+    );
+    let block = block.max(1);
+    let blocks = l.div_ceil(block) as u64;
+    let cat = |n: u64| if n > 1 { cat_cost(n) } else { Cost::default() };
+    let heads_first = t * 3 + rep * 2;
+    // block_scores: the product, to f32, the scale, and the mask where one is needed
+    let scores = |s: usize, e: usize| {
+        let mut c = mm + low + k(1);
+        if !(e - s == 1 && window.is_none_or(|w| w >= e)) {
+            c += Cost::UPLOAD * 2 + k(1); // two position ranges, compared
+            if window.is_some() {
+                c += Cost::UPLOAD + k(2); // the window's reach, compared and multiplied
+            }
+            c += k(4); // zeros, -inf, the select, the add
+        }
+        c
+    };
+    let (mut fwd, mut bwd) = (heads_first, heads_first);
+    // the backward: dO and O heads-first, D_i = rowsum(dO * O) in f32, the dK and dV sums
+    bwd += t * 2 + low * 2 + k(2) + k(2);
+    let mut s = 0;
+    while s < l {
+        let e = (s + block).min(l);
+        // max, shift, exp, sum, divide, to the inputs' dtype, P V, log, max + log
+        fwd += scores(s, e) + k(5) + low + mm + k(2);
+        let pad = if e < l {
+            k(1) + cat_cost(2)
+        } else {
+            Cost::default()
+        };
+        // P from the LSE (shift, exp); dV += P^T dO; dP = dO V^T; dS; dQ = dS K; dK += dS^T Q
+        bwd += scores(s, e) + k(2);
+        bwd += low + mm + low + pad + k(1);
+        bwd += mm + low;
+        bwd += k(3) + low;
+        bwd += mm;
+        bwd += mm + low + pad + k(1);
+        s = e;
+    }
+    // the blocks' outputs and LSEs joined, the output heads-last, and handed to the op
+    fwd += cat(blocks) + t + cat(blocks) + k(1);
+    // dQ joined and heads-last; dK and dV summed over each KV head's queries, to the inputs'
+    // dtype, heads-last; each added into its input's gradient by candle's backward
+    bwd += cat(blocks) + t + (k(1) + low + t) * 2 + k(3);
+    (fwd, bwd)
 }
 
 /// (L, H, D) inputs as heads-first (H, L, D), the KV heads repeated for their query heads; no

@@ -378,7 +378,7 @@ pub(super) fn project_counted(
 
 /// What [`matmul`] issues for `a`: one product, or on a CPU in bf16 the two casts in, the
 /// product and the cast out.
-pub(super) fn matmul_cost(a: &Tensor) -> Cost {
+pub fn matmul_cost(a: &Tensor) -> Cost {
     Cost::kernels(if a.device().is_cpu() && a.dtype() == DType::BF16 {
         4
     } else {
@@ -393,7 +393,7 @@ pub(super) fn copy_cost(x: &Tensor) -> Cost {
 }
 
 /// `Tensor::cat` of `parts` tensors: one new buffer, a copy launched per part.
-pub(super) const fn cat_cost(parts: u64) -> Cost {
+pub const fn cat_cost(parts: u64) -> Cost {
     Cost {
         launches: parts,
         allocations: 1,
@@ -438,6 +438,16 @@ pub fn sum_all_wide(x: &Tensor) -> Result<Tensor> {
     body + flat
         .narrow(0, rows * SUM_ROW, n - rows * SUM_ROW)?
         .sum_all()?
+}
+
+/// What [`sum_all_wide`] of `n` elements issues.
+pub fn sum_all_wide_cost(n: usize) -> Cost {
+    if n < 2 * SUM_ROW {
+        return Cost::kernels(1);
+    }
+    let rows = n / SUM_ROW;
+    let tail = if rows * SUM_ROW == n { 0 } else { 2 }; // the tail's sum, added
+    Cost::kernels(1 + tail) + sum_all_wide_cost(rows)
 }
 
 /// Elements per row of [`sum_all_wide`]'s first level.

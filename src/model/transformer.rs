@@ -250,7 +250,12 @@ impl Transformer {
 
     /// The RoPE rows of this step's positions (T,) u32, shared by every layer.
     pub fn rope_rows(&self, positions: &Tensor) -> Result<StepRope> {
-        StepRope::new(&self.rope, positions, self.exec, &mut Cost::default())
+        self.rope_rows_counted(positions, &mut Cost::default())
+    }
+
+    /// [`Self::rope_rows`], what it issued added to `spent`.
+    pub fn rope_rows_counted(&self, positions: &Tensor, spent: &mut Cost) -> Result<StepRope> {
+        StepRope::new(&self.rope, positions, self.exec, spent)
     }
 
     /// Token embeddings (T, hidden), scaled for Gemma.
@@ -260,7 +265,7 @@ impl Transformer {
 
     /// [`Self::embed`], the candle operations it issues added to `spent` (a lookup in the
     /// packed head is host work: none).
-    fn embed_counted(&self, tokens: &Tensor, spent: &mut Cost) -> Result<Tensor> {
+    pub fn embed_counted(&self, tokens: &Tensor, spent: &mut Cost) -> Result<Tensor> {
         let packed = self.packed_head.is_some() && self.cfg.tie_word_embeddings;
         *spent += Cost::kernels(u64::from(!packed) + u64::from(self.embed_scale != 1.0));
         let x = self.embed_unscaled(tokens)?;
@@ -296,19 +301,53 @@ impl Transformer {
         rope: &StepRope,
         attn: &mut dyn AttentionBackend,
     ) -> Result<Tensor> {
-        let rows = rope.of(self.cfg.layer_kinds[i]);
+        self.layer_forward_counted(i, x, rope, attn, None)
+    }
+
+    /// [`Self::layer_forward`], with what each op issued added to `counts` (at the layer's
+    /// place) when given.
+    pub fn layer_forward_counted(
+        &self,
+        i: usize,
+        x: &Tensor,
+        rope: &StepRope,
+        attn: &mut dyn AttentionBackend,
+        counts: Option<&mut Counts>,
+    ) -> Result<Tensor> {
+        let kind = self.cfg.layer_kinds[i];
+        let rows = rope.of(kind);
         if let Some(layers) = &self.host_layers {
-            let mut o = HostOps::new();
             let x = HostAct::from_tensor(x)?;
-            return layers[i].forward(&mut o, i, x, rows, attn)?.into_tensor();
+            let y = match counts {
+                None => layers[i].forward(&mut HostOps::new(), i, x, rows, attn)?,
+                Some(c) => {
+                    let mut o = Counting::new(HostOps::new(), c);
+                    o.at(Place::Layer(i, kind));
+                    layers[i].forward(&mut o, i, x, rows, attn)?
+                }
+            };
+            return y.into_tensor();
         }
         let mut o = CandleOps::new(self.exec);
-        self.layers[i].forward(&mut o, i, x.clone(), rows, attn)
+        match counts {
+            None => self.layers[i].forward(&mut o, i, x.clone(), rows, attn),
+            Some(c) => {
+                o.count = CountMode::On;
+                let mut o = Counting::new(o, c);
+                o.at(Place::Layer(i, kind));
+                self.layers[i].forward(&mut o, i, x.clone(), rows, attn)
+            }
+        }
     }
 
     /// The final RMS norm.
     pub fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
-        self.norm.forward(x, self.exec)
+        self.final_norm_counted(x, &mut Cost::default())
+    }
+
+    /// [`Self::final_norm`], what it issued added to `spent`.
+    pub fn final_norm_counted(&self, x: &Tensor, spent: &mut Cost) -> Result<Tensor> {
+        self.norm.forward_counted(x, self.exec, spent)
     }
 
     /// The LM head's weight (vocab, hidden): the embedding matrix when tied. Empty once packed

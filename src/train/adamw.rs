@@ -21,8 +21,9 @@
 use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Result, Tensor, Var};
 
 use super::data::SplitMix;
+use crate::model::cost::Cost;
 use crate::model::cpu_op::{host_view, slice, slice_mut};
-use crate::model::ops::sum_all_wide;
+use crate::model::ops::{sum_all_wide, sum_all_wide_cost};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWConfig {
@@ -272,7 +273,8 @@ impl AdamW {
 
     /// One parameter's update by candle ops (any device), slice by slice of [`SLICE`] elements
     /// of the flattened tensors, each written back in place (the master, the moments, the
-    /// working copy). `clip`: the gradient's multiplier when clipping is on.
+    /// working copy). `clip`: the gradient's multiplier when clipping is on. What it issues is
+    /// [`Self::update_cost`], declared beside it.
     fn update_slices(
         &self,
         i: usize,
@@ -291,9 +293,9 @@ impl AdamW {
         }
         let (var, m_all, v_all) = (s.var.flatten_all()?, s.m.flatten_all()?, s.v.flatten_all()?);
         let working = s.working.as_ref().map(|w| w.flatten_all()).transpose()?;
-        let grad = grad.to_dtype(DType::F32)?.flatten_all()?;
         let state_dtype = s.m.dtype();
         let (dev, state_dev) = (s.var.device(), s.m.device());
+        let grad = grad.to_dtype(DType::F32)?.flatten_all()?;
         let mut stats = HostStats::default();
         let mut start = 0;
         while start < n {
@@ -343,6 +345,54 @@ impl AdamW {
             start += len;
         }
         Ok(stats)
+    }
+
+    /// What [`Self::update_slices`] issues for parameter `i` had it `numel` elements and a
+    /// gradient in `grad_dtype` (the optimizer's cost at a model's real sizes, counted on a
+    /// narrow one).
+    pub fn update_cost(&self, i: usize, numel: usize, grad_dtype: DType, clip: bool) -> Cost {
+        let mut spent = Cost::kernels(u64::from(grad_dtype != DType::F32));
+        let mut start = 0;
+        while start < numel {
+            let len = SLICE.min(numel - start);
+            spent += self.slice_cost(i, len, clip);
+            start += len;
+        }
+        spent
+    }
+
+    /// What [`Self::update_slices`] issues for one slice of `len` elements of parameter `i`,
+    /// line by line.
+    fn slice_cost(&self, i: usize, len: usize, clip: bool) -> Cost {
+        let s = &self.slots[i];
+        let k = |on: bool| Cost::kernels(u64::from(on));
+        let state_low = k(s.m.dtype() != DType::F32);
+        let stored_low = k(self.stored != DType::F32);
+        // a moment brought to the update's device and back (offloaded to the host)
+        let (fetch, put_back) = if s.m.device().same_device(s.var.device()) {
+            (Cost::default(), Cost::default())
+        } else {
+            (Cost::UPLOAD, Cost::DOWNLOAD)
+        };
+        let round = match self.rounding {
+            StateRounding::F32 => Cost::default(),
+            StateRounding::Bf16Nearest => Cost::kernels(2),
+            StateRounding::Bf16Stochastic { .. } => Cost::DOWNLOAD + Cost::UPLOAD,
+        };
+        let wide = sum_all_wide_cost(len);
+        // clip, decay; the moments fetched, to f32; m (3), v (4), the denominator (3), the
+        // update (2), the new weight; each rounded; the statistics (three sums, each read
+        // back); the weight and the moments written back, and the working copy
+        let mut c = k(clip) + k(s.decay && self.cfg.weight_decay != 0.0);
+        c += (fetch + state_low) * 2 + Cost::kernels(13) + round * 3;
+        c += Cost::kernels(2) + wide + Cost::DOWNLOAD;
+        c += Cost::kernels(1) + wide + Cost::DOWNLOAD;
+        c += stored_low * 2 + Cost::kernels(2) + wide + Cost::DOWNLOAD;
+        c += Cost::in_place(1) + (state_low + put_back + Cost::in_place(1)) * 2;
+        if let Some(w) = &s.working {
+            c += k(w.dtype() != DType::F32) + Cost::in_place(1);
+        }
+        c
     }
 
     /// `x` (f32) on the state's grid: unchanged for f32 state, else bf16 values (as f32).
@@ -417,6 +467,7 @@ impl AdamW {
 
 /// Global L2 norm of `grads`: f64 sums of f32 CPU data on the host (`host`), else per slice of
 /// candle ops.
+/// Its candle ops issue [`norm_cost`].
 fn norm(grads: &[Tensor], host: bool) -> Result<f64> {
     let mut sq = 0f64;
     for g in grads {
@@ -444,6 +495,24 @@ fn norm(grads: &[Tensor], host: bool) -> Result<f64> {
         };
     }
     Ok(sq.sqrt())
+}
+
+/// What [`norm`]'s candle ops issue for one slice of `len` elements in `dtype`: to f32, the
+/// squares, their sum, read back.
+fn norm_slice_cost(len: usize, dtype: DType) -> Cost {
+    Cost::kernels(u64::from(dtype != DType::F32) + 1) + sum_all_wide_cost(len) + Cost::DOWNLOAD
+}
+
+/// What [`AdamW::norm_of`]'s candle ops issue for a gradient of `numel` elements in `dtype`.
+pub fn norm_cost(numel: usize, dtype: DType) -> Cost {
+    let mut spent = Cost::default();
+    let mut start = 0;
+    while start < numel {
+        let len = SLICE.min(numel - start);
+        spent += norm_slice_cost(len, dtype);
+        start += len;
+    }
+    spent
 }
 
 /// Elements per parallel chunk of the host update.

@@ -17,7 +17,19 @@ use candle_core::{DType, Tensor, Var};
 use super::loss::PackedBatch;
 use super::Trainable;
 use crate::model::attention::CausalAttention;
-use crate::model::ops::matmul;
+use crate::model::cost::{backward_counted, Cost};
+use crate::model::layer_ops::{Counts, Place};
+use crate::model::ops::{cat_cost, matmul, matmul_cost};
+
+/// candle's `scatter_add` and `index_add` on a GPU: a new buffer, a copy of the input into it,
+/// then the kernel that adds.
+const COPY_AND_ADD: Cost = Cost {
+    launches: 2,
+    allocations: 1,
+    host_to_device: 0,
+    device_to_host: 0,
+    syncs: 0,
+};
 
 /// How gradients are computed (the result is the same either way, up to float order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,13 +48,17 @@ impl GradSums {
         GradSums(vec![None; n])
     }
 
-    fn add(&mut self, i: usize, g: &Tensor) -> candle_core::Result<()> {
-        let g = g.to_dtype(DType::F32)?;
+    /// Adds `g` to sum `i`; returns what that issued (to f32, the add).
+    fn add(&mut self, i: usize, g: &Tensor) -> candle_core::Result<Cost> {
+        let spent =
+            Cost::kernels(u64::from(g.dtype() != DType::F32) + u64::from(self.0[i].is_some()));
+        // no graph (a counted backward pass keeps one, which the sums would keep alive)
+        let g = g.detach().to_dtype(DType::F32)?;
         self.0[i] = Some(match self.0[i].take() {
             Some(acc) => (acc + g)?,
             None => g,
         });
-        Ok(())
+        Ok(spent)
     }
 
     /// The sums; a parameter that got no gradient is an error (it would silently not train).
@@ -58,7 +74,7 @@ impl GradSums {
 /// The head and loss of `hidden` (T, H) (no graph) against `w` (V, H): returns the loss sum
 /// (`sum weight * -log p(target)`), `d(scale * loss)/d hidden` (T, H, in the hidden states'
 /// dtype) and `.../d w` (V, H, f32). `host`: f32 CPU data may take the packed gemm (else, and
-/// on other devices, candle ops).
+/// on other devices, candle ops). What the candle ops issue is added to `spent`.
 pub fn head_grads(
     hidden: &Tensor,
     w: &Tensor,
@@ -66,6 +82,7 @@ pub fn head_grads(
     scale: f64,
     chunk: usize,
     host: bool,
+    spent: &mut Cost,
 ) -> candle_core::Result<(f64, Tensor, Tensor)> {
     let dev = hidden.device();
     let (t, _) = hidden.dims2()?;
@@ -73,6 +90,7 @@ pub fn head_grads(
         .filter(|&i| b.weights[i as usize] > 0.0)
         .collect();
     if sel.is_empty() {
+        *spent += Cost::kernels(2);
         return Ok((0.0, hidden.zeros_like()?, w.zeros_like()?));
     }
     let chunk = if chunk == 0 { sel.len() } else { chunk };
@@ -83,18 +101,20 @@ pub fn head_grads(
     if let (true, Some(hv), Some(wv)) = (host, views.0, views.1) {
         let (v, h) = w.dims2()?;
         let (loss, gh, gw) = head_grads_host(hv.get()?, wv.get()?, (v, h), &sel, b, scale, chunk)?;
+        *spent += Cost::UPLOAD * 2;
         return Ok((
             loss,
             Tensor::from_vec(gh, hidden.shape(), dev)?,
             Tensor::from_vec(gw, w.shape(), dev)?,
         ));
     }
-    head_grads_tensors(hidden, w, b, scale, &sel, chunk)
+    head_grads_tensors(hidden, w, b, scale, &sel, chunk, spent)
 }
 
 /// [`head_grads`] from candle ops (any device and dtype), over the positions `sel` in chunks:
 /// the logits in the compute dtype, the log-sum-exp and the logits' gradient in f32, the two
-/// products back in the compute dtype, the head's gradient summed over chunks in f32.
+/// products back in the compute dtype, the head's gradient summed over chunks in f32. What it
+/// issues is added to `spent`, line by line.
 fn head_grads_tensors(
     hidden: &Tensor,
     w: &Tensor,
@@ -102,8 +122,13 @@ fn head_grads_tensors(
     scale: f64,
     sel: &[u32],
     chunk: usize,
+    spent: &mut Cost,
 ) -> candle_core::Result<(f64, Tensor, Tensor)> {
     let dev = hidden.device();
+    let (mm, low) = (
+        matmul_cost(w),
+        Cost::kernels(u64::from(w.dtype() != DType::F32)),
+    );
     let mut gw = None;
     let mut loss = 0f64;
     let mut gh_parts = Vec::new();
@@ -113,11 +138,13 @@ fn head_grads_tensors(
         let weights: Vec<f32> = c.iter().map(|&i| b.weights[i as usize]).collect();
         let hc = hidden.index_select(&idx, 0)?; // (c, H)
         let logits = matmul(&hc, &w.t()?)?.to_dtype(DType::F32)?; // (c, V)
-        let (l, g) = ce_grad_tensors(logits, &targets, &weights, scale)?;
+        *spent += Cost::UPLOAD + Cost::kernels(1) + mm + low;
+        let (l, g) = ce_grad_tensors(logits, &targets, &weights, scale, spent)?;
         let g = g.to_dtype(w.dtype())?;
         loss += l;
         gh_parts.push(matmul(&g, w)?); // (c, H)
         let part = matmul(&g.t()?, &hc)?.to_dtype(DType::F32)?; // (V, H)
+        *spent += low + mm + mm + low + Cost::kernels(u64::from(gw.is_some()));
         gw = match gw {
             None => Some(part),
             Some(acc) => Some((acc + part)?),
@@ -126,6 +153,11 @@ fn head_grads_tensors(
     let gh_sel = Tensor::cat(&gh_parts, 0)?;
     let all = Tensor::new(sel, dev)?;
     let gh = hidden.zeros_like()?.index_add(&all, &gh_sel, 0)?;
+    if gh_parts.len() > 1 {
+        *spent += cat_cost(gh_parts.len() as u64);
+    }
+    // the indices up, zeros, and the add (a copy of the zeros, then the rows added)
+    *spent += Cost::UPLOAD + Cost::kernels(1) + COPY_AND_ADD;
     let gw = gw.expect("at least one chunk");
     Ok((loss, gh, gw))
 }
@@ -181,7 +213,14 @@ fn ce_grad_tensors(
     targets: &[u32],
     weights: &[f32],
     scale: f64,
+    spent: &mut Cost,
 ) -> candle_core::Result<(f64, Tensor)> {
+    let low = Cost::kernels(u64::from(logits.dtype() != DType::F32));
+    // targets and weights up; max, shift, exp, sum, pick, log, subtract, weigh, sum; the loss
+    // down; divide, -1s, the one-hot subtracted (a copy, then the scatter), the weights scaled,
+    // applied
+    *spent += Cost::UPLOAD * 2 + low + Cost::kernels(9) + low + Cost::DOWNLOAD;
+    *spent += Cost::kernels(2) + low + COPY_AND_ADD + Cost::kernels(2);
     let dev = logits.device().clone();
     let tg = Tensor::new(targets, &dev)?.unsqueeze(1)?;
     let wt = Tensor::new(weights, &dev)?
@@ -261,6 +300,23 @@ impl Trainable {
         opt: GradOptions,
         sums: &mut GradSums,
     ) -> anyhow::Result<f64> {
+        self.accumulate_counted(b, scale, opt, sums, None)
+    }
+
+    /// [`Self::accumulate`], with what it issued added to `counts` when given: each layer's
+    /// ops (both forward passes), its backward pass (candle's, walked; see
+    /// [`backward_counted`], which needs its graph kept) and its gradients' sums at the layer;
+    /// the inputs, the embedding, the norm, the head and loss, and their backward passes
+    /// outside. Counts follow the recompute path (each layer's backward on its own); they are
+    /// an error without it.
+    pub fn accumulate_counted(
+        &self,
+        b: &PackedBatch,
+        scale: f64,
+        opt: GradOptions,
+        sums: &mut GradSums,
+        mut counts: Option<&mut Counts>,
+    ) -> anyhow::Result<f64> {
         let dev = self.vars[0].1.device().clone();
         let tokens = Tensor::new(b.tokens.as_slice(), &dev)?;
         let positions = Tensor::new(b.positions.as_slice(), &dev)?;
@@ -268,62 +324,143 @@ impl Trainable {
         let mut attn = CausalAttention::with_composed(b.seq_lens.clone(), m.composed());
         let w = m.lm_head_weight().detach();
         let (chunk, host) = (opt.loss_chunk_tokens, !m.composed());
+        let mut spent = Cost::default();
         if !opt.recompute {
+            if counts.is_some() {
+                anyhow::bail!("counts follow the recompute path (each layer's backward alone)");
+            }
             let hidden = m.forward_hidden(&tokens, &positions, &mut attn)?;
-            let (loss, gh, gw) = head_grads(&hidden.detach(), &w, b, scale, chunk, host)?;
+            let (loss, gh, gw) =
+                head_grads(&hidden.detach(), &w, b, scale, chunk, host, &mut spent)?;
             let store = (hidden * gh)?.sum_all()?.backward()?;
             self.take(&store, sums)?;
             sums.add(self.head, &gw)?;
             return Ok(loss);
         }
+        let counting = counts.is_some();
+        attn.count = counting;
+        let mut note = |place: Place, what: &'static str, cost: Cost| {
+            if let Some(c) = counts.as_deref_mut() {
+                c.add(place, what, cost);
+            }
+        };
+        note(Place::Outside, "inputs", Cost::UPLOAD * 2);
         // Forward, keeping only each layer's input.
-        let rope = m.rope_rows(&positions)?;
+        let rope = m.rope_rows_counted(&positions, &mut spent)?;
+        note(Place::Outside, "rope_rows", std::mem::take(&mut spent));
         let layers = m.num_layers();
         let mut xs = Vec::with_capacity(layers + 1);
-        xs.push(m.embed(&tokens)?.detach());
+        xs.push(m.embed_counted(&tokens, &mut spent)?.detach());
+        note(Place::Outside, "embedding", std::mem::take(&mut spent));
         for i in 0..layers {
-            let x = m.layer_forward(i, &xs[i], &rope, &mut attn)?.detach();
-            xs.push(x);
+            let x = m.layer_forward_counted(i, &xs[i], &rope, &mut attn, counts.as_deref_mut())?;
+            xs.push(x.detach());
         }
+        attn.take_backward_cost(); // this pass has no backward
+        let mut note = |place: Place, what: &'static str, cost: Cost| {
+            if let Some(c) = counts.as_deref_mut() {
+                c.add(place, what, cost);
+            }
+        };
         // The norm and the head.
         let x = Var::from_tensor(&xs.pop().expect("layers + 1 inputs"))?;
-        let hidden = m.final_norm(x.as_tensor())?;
-        let (loss, gh, gw) = head_grads(&hidden.detach(), &w, b, scale, chunk, host)?;
-        sums.add(self.head, &gw)?;
-        let mut gx = self.drive(&(hidden * gh)?, &x, sums)?;
+        note(Place::Outside, "input_var", Cost::kernels(1));
+        let hidden = m.final_norm_counted(x.as_tensor(), &mut spent)?;
+        note(Place::Outside, "final_norm", std::mem::take(&mut spent));
+        let (loss, gh, gw) = head_grads(&hidden.detach(), &w, b, scale, chunk, host, &mut spent)?;
+        note(Place::Outside, "head_loss", std::mem::take(&mut spent));
+        note(Place::Outside, "grad_sums", sums.add(self.head, &gw)?);
+        let (mut gx, c) = self.drive(&hidden, gh, &x, sums, counting)?;
+        note(Place::Outside, "final_norm_backward", c);
         // Each layer again, last to first.
         for i in (0..layers).rev() {
+            let place = Place::Layer(i, m.config().layer_kinds[i]);
             let x = Var::from_tensor(&xs.pop().expect("an input per layer"))?;
-            let out = m.layer_forward(i, x.as_tensor(), &rope, &mut attn)?;
-            gx = self.drive(&(out * gx)?, &x, sums)?;
+            if let Some(c) = counts.as_deref_mut() {
+                c.add(place, "input_var", Cost::kernels(1));
+            }
+            let out =
+                m.layer_forward_counted(i, x.as_tensor(), &rope, &mut attn, counts.as_deref_mut())?;
+            let (g, c) = self.drive(&out, gx, &x, sums, counting)?;
+            gx = g;
+            if let Some(counts) = counts.as_deref_mut() {
+                counts.add(place, "backward", c);
+                counts.add(place, "attend_backward", attn.take_backward_cost());
+            }
         }
-        let e = m.embed(&tokens)?;
-        let store = (e * gx)?.sum_all()?.backward()?;
-        self.take(&store, sums)?;
+        let e = m.embed_counted(&tokens, &mut spent)?;
+        let (_, c) = self.drive_to_params(&e, gx, sums, counting)?;
+        if let Some(counts) = counts {
+            counts.add(Place::Outside, "embedding", spent);
+            counts.add(Place::Outside, "embedding_backward", c);
+        }
         Ok(loss)
     }
 
-    /// Backward of `sum(product)`: parameter gradients into `sums`, and the gradient of `input`.
-    fn drive(&self, product: &Tensor, input: &Var, sums: &mut GradSums) -> anyhow::Result<Tensor> {
-        let store = product.sum_all()?.backward()?;
-        self.take(&store, sums)?;
-        Ok(store
+    /// Backward of `sum(out * seed)`: parameter gradients into `sums`, and the gradient of
+    /// `input`; with what it issued when `counting` (the product and its sum, candle's backward
+    /// pass, the sums).
+    fn drive(
+        &self,
+        out: &Tensor,
+        seed: Tensor,
+        input: &Var,
+        sums: &mut GradSums,
+        counting: bool,
+    ) -> anyhow::Result<(Tensor, Cost)> {
+        let (store, spent) = self.backward_of(out, seed, sums, counting)?;
+        let g = store
             .get(input.as_tensor())
             .ok_or_else(|| anyhow::anyhow!("no gradient reached a layer's input"))?
-            .clone())
+            .detach();
+        Ok((g, spent))
     }
 
+    /// [`Self::drive`] where no input's gradient is wanted (the embedding).
+    fn drive_to_params(
+        &self,
+        out: &Tensor,
+        seed: Tensor,
+        sums: &mut GradSums,
+        counting: bool,
+    ) -> anyhow::Result<((), Cost)> {
+        self.backward_of(out, seed, sums, counting)
+            .map(|(_, c)| ((), c))
+    }
+
+    fn backward_of(
+        &self,
+        out: &Tensor,
+        seed: Tensor,
+        sums: &mut GradSums,
+        counting: bool,
+    ) -> anyhow::Result<(candle_core::backprop::GradStore, Cost)> {
+        if !counting {
+            let store = (out * seed)?.sum_all()?.backward()?;
+            self.take(&store, sums)?;
+            return Ok((store, Cost::default()));
+        }
+        // the seed as a variable, so that the backward's first products keep their graph (a
+        // constant seed would get the same kernels, unseen)
+        let seed = Var::from_tensor(&seed)?;
+        let (store, backward) = backward_counted(&(out * seed.as_tensor())?.sum_all()?)?;
+        let sums_cost = self.take(&store, sums)?;
+        Ok((store, Cost::kernels(2) + backward + sums_cost))
+    }
+
+    /// Adds the store's parameter gradients to `sums`; returns what that issued.
     fn take(
         &self,
         store: &candle_core::backprop::GradStore,
         sums: &mut GradSums,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Cost> {
+        let mut spent = Cost::default();
         for (i, (_, v)) in self.vars.iter().enumerate() {
             if let Some(g) = store.get(v.as_tensor()) {
-                sums.add(i, g)?;
+                spent += sums.add(i, g)?;
             }
         }
-        Ok(())
+        Ok(spent)
     }
 }
 
@@ -332,6 +469,7 @@ mod tests {
     use candle_core::{Device, Tensor};
 
     use super::{ce_grad_in_place, ce_grad_tensors, head_grads, head_grads_tensors};
+    use crate::model::cost::Cost;
     use crate::model::tests::max_abs_diff;
     use crate::train::loss::PackedBatch;
 
@@ -349,7 +487,7 @@ mod tests {
         let mut gh = logits.clone();
         let lh = ce_grad_in_place(&mut gh, &targets, &weights, scale).unwrap();
         let t = Tensor::from_vec(logits, (rows, v), &Device::Cpu).unwrap();
-        let (lt, gt) = ce_grad_tensors(t, &targets, &weights, scale).unwrap();
+        let (lt, gt) = ce_grad_tensors(t, &targets, &weights, scale, &mut Cost::default()).unwrap();
         let gt = gt.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         assert!((lh - lt).abs() <= 1e-5 * lt.abs(), "loss {lh} vs {lt}");
         let worst = gh
@@ -380,12 +518,14 @@ mod tests {
             weights: (0..t).map(|i| if i % 5 == 1 { 0.0 } else { 1.0 }).collect(),
         };
         for chunk in [0, 7, 16] {
-            let (la, gha, gwa) = head_grads(&hidden, &w, &b, 0.25, chunk, true).unwrap();
+            let (la, gha, gwa) =
+                head_grads(&hidden, &w, &b, 0.25, chunk, true, &mut Cost::default()).unwrap();
             let sel: Vec<u32> = (0..t as u32)
                 .filter(|&i| b.weights[i as usize] > 0.0)
                 .collect();
             let c = if chunk == 0 { sel.len() } else { chunk };
-            let (lb, ghb, gwb) = head_grads_tensors(&hidden, &w, &b, 0.25, &sel, c).unwrap();
+            let (lb, ghb, gwb) =
+                head_grads_tensors(&hidden, &w, &b, 0.25, &sel, c, &mut Cost::default()).unwrap();
             assert!(
                 (la - lb).abs() <= 1e-5 * lb.abs(),
                 "chunk {chunk}: loss {la} vs {lb}"

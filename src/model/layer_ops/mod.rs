@@ -234,6 +234,27 @@ impl Counts {
         (kinds, outside)
     }
 
+    /// The cost outside the layers, by what spent it: (what, calls, cost).
+    pub fn outside(&self) -> Vec<(&'static str, u64, Cost)> {
+        self.by_op
+            .iter()
+            .filter(|((p, _), _)| *p == Place::Outside)
+            .map(|(&(_, op), &(n, c))| (op, n, c))
+            .collect()
+    }
+
+    /// The first layer of each kind.
+    pub fn first_of_each_kind(&self) -> Vec<(LayerKind, usize)> {
+        let mut first: BTreeMap<LayerKind, usize> = BTreeMap::new();
+        for &(place, _) in self.by_op.keys() {
+            if let Place::Layer(i, kind) = place {
+                let e = first.entry(kind).or_insert(i);
+                *e = (*e).min(i);
+            }
+        }
+        first.into_iter().collect()
+    }
+
     /// The cost of one layer, by op: (op, calls, cost).
     pub fn layer(&self, index: usize) -> Vec<(&'static str, u64, Cost)> {
         self.by_op
