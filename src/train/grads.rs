@@ -385,7 +385,10 @@ impl Trainable {
             gx = g;
             if let Some(counts) = counts.as_deref_mut() {
                 counts.add(place, "backward", c);
-                counts.add(place, "attend_backward", attn.take_backward_cost());
+                let attend = attn.take_backward_cost();
+                if attend != Cost::default() {
+                    counts.add(place, "attend_backward", attend);
+                }
             }
         }
         let e = m.embed_counted(&tokens, &mut spent)?;
