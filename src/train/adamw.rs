@@ -14,7 +14,8 @@
 //! On f32 CPU data the update runs as three parallel passes in place; elsewhere (a GPU, or the
 //! device-generic path on the CPU) it runs as candle ops over slices of at most [`SLICE`]
 //! elements written back in place, so that its temporaries stay small next to the largest
-//! tensor (Qwen3-4B's embedding is 1.6 GB in f32). Both give the same bits.
+//! tensor (Qwen3-4B's embedding is 1.6 GB in f32). The maths is written once ([`Step`]'s
+//! methods, over f32 values and over tensors alike), so both give the same bits.
 //!
 //! Knows nothing of models or data: it sees named variables and gradients in the same order.
 
@@ -228,7 +229,7 @@ impl AdamW {
         let bias1 = 1.0 - b1.powi(t);
         let bias2_sqrt = (1.0 - b2.powi(t)).sqrt();
         let (mut upd_sq, mut par_sq, mut changed, mut total) = (0f64, 0f64, 0f64, 0usize);
-        let host = HostStep {
+        let host = Step {
             clip: max_norm.map(|_| clip as f32),
             b1: b1 as f32,
             one_b1: (1.0 - b1) as f32,
@@ -241,7 +242,7 @@ impl AdamW {
         };
         for (i, grad) in grads.iter().enumerate() {
             let s = &mut self.slots[i];
-            let host = HostStep {
+            let host = Step {
                 decay_mul: (s.decay && self.cfg.weight_decay != 0.0)
                     .then_some((1.0 - lr * self.cfg.weight_decay) as f32),
                 ..host
@@ -258,7 +259,7 @@ impl AdamW {
                     continue;
                 }
             }
-            let stats = self.update_slices(i, grad, lr, max_norm.map(|_| clip))?;
+            let stats = self.update_slices(i, grad, &host)?;
             upd_sq += stats.upd_sq;
             par_sq += stats.par_sq;
             changed += stats.changed as f64;
@@ -275,18 +276,8 @@ impl AdamW {
     /// of the flattened tensors, each written back in place (the master, the moments, the
     /// working copy). `clip`: the gradient's multiplier when clipping is on. What it issues is
     /// [`Self::update_cost`], declared beside it.
-    fn update_slices(
-        &self,
-        i: usize,
-        grad: &Tensor,
-        lr: f64,
-        clip: Option<f64>,
-    ) -> Result<HostStats> {
+    fn update_slices(&self, i: usize, grad: &Tensor, st: &Step) -> Result<HostStats> {
         let s = &self.slots[i];
-        let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
-        let t = self.step as i32;
-        let bias1 = 1.0 - b1.powi(t);
-        let bias2_sqrt = (1.0 - b2.powi(t)).sqrt();
         let n = s.var.elem_count();
         if grad.elem_count() != n {
             candle_core::bail!("{}: {} gradient values for {n}", s.name, grad.elem_count())
@@ -300,16 +291,8 @@ impl AdamW {
         let mut start = 0;
         while start < n {
             let len = SLICE.min(n - start);
-            let g = grad.narrow(0, start, len)?;
-            let g = match clip {
-                Some(c) => (g * c)?,
-                None => g,
-            };
+            let g = st.grad(grad.narrow(0, start, len)?)?;
             let old = var.narrow(0, start, len)?;
-            let mut p = old.clone();
-            if s.decay && self.cfg.weight_decay != 0.0 {
-                p = (p * (1.0 - lr * self.cfg.weight_decay))?;
-            }
             let m_old = m_all
                 .narrow(0, start, len)?
                 .to_device(dev)?
@@ -318,11 +301,9 @@ impl AdamW {
                 .narrow(0, start, len)?
                 .to_device(dev)?
                 .to_dtype(DType::F32)?;
-            let m = ((m_old * b1)? + (&g * (1.0 - b1))?)?;
-            let v = ((v_old * b2)? + (g.sqr()? * (1.0 - b2))?)?;
-            let denom = ((v.sqrt()? / bias2_sqrt)? + self.cfg.eps)?;
-            let update = (m.broadcast_div(&denom)? * (lr / bias1))?;
-            let new = self.round(&(p - update)?, i, 0, start)?;
+            let m = st.first(&m_old, &g)?;
+            let v = st.second(&v_old, &g)?;
+            let new = self.round(&st.weight(&old, &m, &v)?, i, 0, start)?;
             let m = self.round(&m, i, 1, start)?;
             let v = self.round(&v, i, 2, start)?;
             let diff = (&new - &old)?;
@@ -525,10 +506,75 @@ fn chunked<T: Send>(xs: &[f32], f: impl Fn(&[f32]) -> T + Sync + Send) -> Vec<T>
     xs.par_chunks(CHUNK).map(f).collect()
 }
 
+/// What AdamW's maths is written over, once ([`Step`]'s methods): f32 values (the host
+/// passes) and f32 tensors (candle ops, any device). Both run the same IEEE f32 operations in
+/// the same order, so both give the same bits.
+trait Arith: Sized + Clone {
+    type Error;
+    /// `x * mul + add`, as candle's affine computes it in f32.
+    fn affine(&self, mul: f32, add: f32) -> std::result::Result<Self, Self::Error>;
+    fn plus(&self, o: &Self) -> std::result::Result<Self, Self::Error>;
+    fn minus(&self, o: &Self) -> std::result::Result<Self, Self::Error>;
+    fn over(&self, o: &Self) -> std::result::Result<Self, Self::Error>;
+    fn square(&self) -> std::result::Result<Self, Self::Error>;
+    fn root(&self) -> std::result::Result<Self, Self::Error>;
+}
+
+impl Arith for f32 {
+    type Error = std::convert::Infallible;
+    #[inline(always)]
+    fn affine(&self, mul: f32, add: f32) -> std::result::Result<f32, Self::Error> {
+        Ok(self * mul + add)
+    }
+    #[inline(always)]
+    fn plus(&self, o: &f32) -> std::result::Result<f32, Self::Error> {
+        Ok(self + o)
+    }
+    #[inline(always)]
+    fn minus(&self, o: &f32) -> std::result::Result<f32, Self::Error> {
+        Ok(self - o)
+    }
+    #[inline(always)]
+    fn over(&self, o: &f32) -> std::result::Result<f32, Self::Error> {
+        Ok(self / o)
+    }
+    #[inline(always)]
+    fn square(&self) -> std::result::Result<f32, Self::Error> {
+        Ok(self * self)
+    }
+    #[inline(always)]
+    fn root(&self) -> std::result::Result<f32, Self::Error> {
+        Ok(self.sqrt())
+    }
+}
+
+impl Arith for Tensor {
+    type Error = candle_core::Error;
+    fn affine(&self, mul: f32, add: f32) -> Result<Tensor> {
+        Tensor::affine(self, f64::from(mul), f64::from(add))
+    }
+    fn plus(&self, o: &Tensor) -> Result<Tensor> {
+        self + o
+    }
+    fn minus(&self, o: &Tensor) -> Result<Tensor> {
+        self - o
+    }
+    fn over(&self, o: &Tensor) -> Result<Tensor> {
+        self.broadcast_div(o)
+    }
+    fn square(&self) -> Result<Tensor> {
+        self.sqr()
+    }
+    fn root(&self) -> Result<Tensor> {
+        self.sqrt()
+    }
+}
+
 /// One step's constants, as f32 (candle's `tensor * f64` multiplies by the f64 cast to f32 and
-/// adds 0, `tensor / f64` multiplies by the reciprocal, `tensor + f64` adds it).
+/// adds 0, `tensor / f64` multiplies by the reciprocal, `tensor + f64` adds it), and the maths of
+/// the update over them, written once for both the host passes and the candle ops.
 #[derive(Clone, Copy)]
-struct HostStep {
+struct Step {
     decay_mul: Option<f32>,
     clip: Option<f32>,
     b1: f32,
@@ -540,7 +586,7 @@ struct HostStep {
     step_size: f32,
 }
 
-/// What [`HostStep::apply`] saw of one tensor.
+/// What [`Step::apply`] saw of one tensor.
 #[derive(Default, Clone, Copy)]
 struct HostStats {
     upd_sq: f64,
@@ -548,10 +594,10 @@ struct HostStats {
     changed: usize,
 }
 
-impl HostStep {
+impl Step {
     /// The f32-state update of one parameter in three parallel passes, in place (the tensor ops
-    /// of [`AdamW::step`] make some twenty passes and allocate as many tensors), with the same
-    /// f32 operations in the same order, so the same bits. `None` (nothing done) unless the
+    /// of [`AdamW::step`] make some twenty passes and allocate as many tensors), through the
+    /// same maths, so the same bits. `None` (nothing done) unless the
     /// parameter, its gradient and moments are contiguous f32 on the CPU and the stored dtype is
     /// one "changed" can be judged in here.
     fn apply(&self, slot: &mut Slot, grad: &Tensor, stored: DType) -> Result<Option<HostStats>> {
@@ -589,19 +635,47 @@ impl HostStep {
         Ok(Some(stats))
     }
 
-    /// The clipped gradient, as `grad * clip` computes it.
+    /// The clipped gradient.
     #[inline(always)]
-    fn grad(&self, g: f32) -> f32 {
+    fn grad<T: Arith>(&self, g: T) -> std::result::Result<T, T::Error> {
         match self.clip {
-            Some(c) => g * c + 0.0,
-            None => g,
+            Some(c) => g.affine(c, 0.0),
+            None => Ok(g),
         }
+    }
+
+    /// The first moment: `b1 m + (1 - b1) g`.
+    #[inline(always)]
+    fn first<T: Arith>(&self, m: &T, g: &T) -> std::result::Result<T, T::Error> {
+        m.affine(self.b1, 0.0)?.plus(&g.affine(self.one_b1, 0.0)?)
+    }
+
+    /// The second moment: `b2 v + (1 - b2) g^2`.
+    #[inline(always)]
+    fn second<T: Arith>(&self, v: &T, g: &T) -> std::result::Result<T, T::Error> {
+        v.affine(self.b2, 0.0)?
+            .plus(&g.square()?.affine(self.one_b2, 0.0)?)
+    }
+
+    /// The new weight from the old and the new moments: decayed, then less
+    /// `step_size * m / (sqrt(v) / sqrt(bias2) + eps)`.
+    #[inline(always)]
+    fn weight<T: Arith>(&self, p: &T, m: &T, v: &T) -> std::result::Result<T, T::Error> {
+        let decayed = match self.decay_mul {
+            Some(d) => p.affine(d, 0.0)?,
+            None => p.clone(),
+        };
+        let denom = v
+            .root()?
+            .affine(self.inv_bias2_sqrt, 0.0)?
+            .affine(1.0, self.eps)?;
+        decayed.minus(&m.over(&denom)?.affine(self.step_size, 0.0)?)
     }
 }
 
 /// `m = b1 m + (1 - b1) g` (or `v = b2 v + (1 - b2) g^2`) in place.
 struct Moment {
-    step: HostStep,
+    step: Step,
     second: bool,
 }
 
@@ -624,12 +698,13 @@ impl InplaceOp2 for Moment {
             .zip(g.par_chunks(CHUNK))
             .for_each(|(m, g)| {
                 for (m, &g) in m.iter_mut().zip(g) {
-                    let g = st.grad(g);
-                    *m = if self.second {
-                        (*m * st.b2 + 0.0) + ((g * g) * st.one_b2 + 0.0)
+                    let Ok(g) = st.grad(g);
+                    let Ok(new) = if self.second {
+                        st.second(m, &g)
                     } else {
-                        (*m * st.b1 + 0.0) + (g * st.one_b1 + 0.0)
+                        st.first(m, &g)
                     };
+                    *m = new;
                 }
             });
         Ok(())
@@ -638,7 +713,7 @@ impl InplaceOp2 for Moment {
 
 /// The parameter's update from the new moments, in place, with the statistics.
 struct Update {
-    step: HostStep,
+    step: Step,
     stored: DType,
     stats: std::sync::Mutex<HostStats>,
 }
@@ -669,12 +744,7 @@ impl InplaceOp3 for Update {
                 let mut out = HostStats::default();
                 for ((p, &m), &v) in p.iter_mut().zip(m).zip(v) {
                     let old = *p;
-                    let decayed = match st.decay_mul {
-                        Some(d) => old * d + 0.0,
-                        None => old,
-                    };
-                    let denom = (v.sqrt() * st.inv_bias2_sqrt + 0.0) * 1.0 + st.eps;
-                    let new = decayed - ((m / denom) * st.step_size + 0.0);
+                    let Ok(new) = st.weight(&old, &m, &v);
                     *p = new;
                     let diff = f64::from(new - old);
                     out.upd_sq += diff * diff;
