@@ -369,7 +369,8 @@ pub fn run_train(a: &TrainCount, cfg: &ModelConfig) -> Result<()> {
     let header = format!(
         "what one training micro-batch ({} rows x {} tokens, forward and backward with \
          recompute, loss chunks of {} tokens) and one AdamW step of {} issue on {} in this build \
-         ({} layers; counted at narrow widths and fewer heads, which counts do not depend on{})",
+         ({} layers; counted at narrow widths and fewer heads, which counts do not depend on, \
+         the optimizer's at the real sizes{})",
         a.rows,
         a.seq_len,
         a.loss_chunk_tokens,

@@ -21,6 +21,13 @@ use crate::model::cost::{backward_counted, Cost};
 use crate::model::layer_ops::{Counts, Place};
 use crate::model::ops::{cat_cost, matmul, matmul_cost};
 
+/// Adds `cost` at `place` to the counts, when counting.
+fn note(counts: &mut Option<&mut Counts>, place: Place, what: &'static str, cost: Cost) {
+    if let Some(c) = counts.as_deref_mut() {
+        c.add(place, what, cost);
+    }
+}
+
 /// candle's `scatter_add` and `index_add` on a GPU: a new buffer, a copy of the input into it,
 /// then the kernel that adds.
 const COPY_AND_ADD: Cost = Cost {
@@ -339,64 +346,49 @@ impl Trainable {
         }
         let counting = counts.is_some();
         attn.count = counting;
-        let mut note = |place: Place, what: &'static str, cost: Cost| {
-            if let Some(c) = counts.as_deref_mut() {
-                c.add(place, what, cost);
-            }
-        };
-        note(Place::Outside, "inputs", Cost::UPLOAD * 2);
+        let out = Place::Outside;
+        note(&mut counts, out, "inputs", Cost::UPLOAD * 2);
         // Forward, keeping only each layer's input.
         let rope = m.rope_rows_counted(&positions, &mut spent)?;
-        note(Place::Outside, "rope_rows", std::mem::take(&mut spent));
+        note(&mut counts, out, "rope_rows", std::mem::take(&mut spent));
         let layers = m.num_layers();
         let mut xs = Vec::with_capacity(layers + 1);
         xs.push(m.embed_counted(&tokens, &mut spent)?.detach());
-        note(Place::Outside, "embedding", std::mem::take(&mut spent));
+        note(&mut counts, out, "embedding", std::mem::take(&mut spent));
         for i in 0..layers {
             let x = m.layer_forward_counted(i, &xs[i], &rope, &mut attn, counts.as_deref_mut())?;
             xs.push(x.detach());
         }
         attn.take_backward_cost(); // this pass has no backward
-        let mut note = |place: Place, what: &'static str, cost: Cost| {
-            if let Some(c) = counts.as_deref_mut() {
-                c.add(place, what, cost);
-            }
-        };
-        // The norm and the head.
+                                   // The norm and the head.
         let x = Var::from_tensor(&xs.pop().expect("layers + 1 inputs"))?;
-        note(Place::Outside, "input_var", Cost::kernels(1));
+        note(&mut counts, out, "input_var", Cost::kernels(1));
         let hidden = m.final_norm_counted(x.as_tensor(), &mut spent)?;
-        note(Place::Outside, "final_norm", std::mem::take(&mut spent));
+        note(&mut counts, out, "final_norm", std::mem::take(&mut spent));
         let (loss, gh, gw) = head_grads(&hidden.detach(), &w, b, scale, chunk, host, &mut spent)?;
-        note(Place::Outside, "head_loss", std::mem::take(&mut spent));
-        note(Place::Outside, "grad_sums", sums.add(self.head, &gw)?);
+        note(&mut counts, out, "head_loss", std::mem::take(&mut spent));
+        note(&mut counts, out, "grad_sums", sums.add(self.head, &gw)?);
         let (mut gx, c) = self.drive(&hidden, gh, &x, sums, counting)?;
-        note(Place::Outside, "final_norm_backward", c);
+        note(&mut counts, out, "final_norm_backward", c);
         // Each layer again, last to first.
         for i in (0..layers).rev() {
             let place = Place::Layer(i, m.config().layer_kinds[i]);
             let x = Var::from_tensor(&xs.pop().expect("an input per layer"))?;
-            if let Some(c) = counts.as_deref_mut() {
-                c.add(place, "input_var", Cost::kernels(1));
-            }
-            let out =
+            note(&mut counts, place, "input_var", Cost::kernels(1));
+            let y =
                 m.layer_forward_counted(i, x.as_tensor(), &rope, &mut attn, counts.as_deref_mut())?;
-            let (g, c) = self.drive(&out, gx, &x, sums, counting)?;
+            let (g, c) = self.drive(&y, gx, &x, sums, counting)?;
             gx = g;
-            if let Some(counts) = counts.as_deref_mut() {
-                counts.add(place, "backward", c);
-                let attend = attn.take_backward_cost();
-                if attend != Cost::default() {
-                    counts.add(place, "attend_backward", attend);
-                }
+            note(&mut counts, place, "backward", c);
+            let attend = attn.take_backward_cost();
+            if attend != Cost::default() {
+                note(&mut counts, place, "attend_backward", attend);
             }
         }
         let e = m.embed_counted(&tokens, &mut spent)?;
-        let (_, c) = self.drive_to_params(&e, gx, sums, counting)?;
-        if let Some(counts) = counts {
-            counts.add(Place::Outside, "embedding", spent);
-            counts.add(Place::Outside, "embedding_backward", c);
-        }
+        note(&mut counts, out, "embedding", spent);
+        let (_, c) = self.backward_of(&e, gx, sums, counting)?;
+        note(&mut counts, out, "embedding_backward", c);
         Ok(loss)
     }
 
@@ -419,18 +411,7 @@ impl Trainable {
         Ok((g, spent))
     }
 
-    /// [`Self::drive`] where no input's gradient is wanted (the embedding).
-    fn drive_to_params(
-        &self,
-        out: &Tensor,
-        seed: Tensor,
-        sums: &mut GradSums,
-        counting: bool,
-    ) -> anyhow::Result<((), Cost)> {
-        self.backward_of(out, seed, sums, counting)
-            .map(|(_, c)| ((), c))
-    }
-
+    /// [`Self::drive`]'s backward pass, its store kept for the caller.
     fn backward_of(
         &self,
         out: &Tensor,
