@@ -419,19 +419,7 @@ fn count_train(a: &TrainCount, cfg: &ModelConfig, cuda: bool) -> Result<Vec<Phas
     let mut t = Trainable::from_tensors(&small, &weights, &Device::Cpu, dtype)?;
     drop(weights);
     t.model.set_composed(true)?;
-    let prompt = a.seq_len / 4;
-    let rows: Vec<(Vec<u32>, Vec<u32>)> = (0..a.rows)
-        .map(|r| {
-            let tok = |i: usize| ((r * 7919 + i * 104_729) % small.vocab_size) as u32;
-            let p = (0..prompt).map(tok).collect();
-            (p, (prompt..a.seq_len).map(tok).collect())
-        })
-        .collect();
-    let refs: Vec<(&[u32], &[u32])> = rows
-        .iter()
-        .map(|(p, c)| (p.as_slice(), c.as_slice()))
-        .collect();
-    let batch = PackedBatch::pack(&refs);
+    let batch = PackedBatch::synthetic(a.rows, a.seq_len, small.vocab_size);
     let g = GradOptions {
         loss_chunk_tokens: a.loss_chunk_tokens,
         recompute: true,

@@ -141,20 +141,7 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
     let composed = t.model.composed();
     let params = t.num_params();
     let prompt = a.seq_len / 4;
-    let rows: Vec<(Vec<u32>, Vec<u32>)> = (0..a.rows)
-        .map(|r| {
-            let tok = |i: usize| ((r * 7919 + i * 104_729) % cfg.vocab_size) as u32;
-            (
-                (0..prompt).map(tok).collect(),
-                (prompt..a.seq_len).map(tok).collect(),
-            )
-        })
-        .collect();
-    let refs: Vec<(&[u32], &[u32])> = rows
-        .iter()
-        .map(|(p, c)| (p.as_slice(), c.as_slice()))
-        .collect();
-    let batch = PackedBatch::pack(&refs);
+    let batch = PackedBatch::synthetic(a.rows, a.seq_len, cfg.vocab_size);
     let tokens = batch.tokens.len();
     let share = batch.loss_tokens() as f64 / tokens as f64;
     let scale = 1.0 / batch.loss_tokens() as f64;

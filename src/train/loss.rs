@@ -49,6 +49,26 @@ impl PackedBatch {
     }
 
     /// Tokens the loss counts.
+    /// `rows` rows of `seq_len` made-up tokens below `vocab`, the first quarter of each prompt
+    /// (masked from the loss): the benchmarks' batch.
+    pub fn synthetic(rows: usize, seq_len: usize, vocab: usize) -> PackedBatch {
+        let prompt = seq_len / 4;
+        let rows: Vec<(Vec<u32>, Vec<u32>)> = (0..rows)
+            .map(|r| {
+                let tok = |i: usize| ((r * 7919 + i * 104_729) % vocab) as u32;
+                (
+                    (0..prompt).map(tok).collect(),
+                    (prompt..seq_len).map(tok).collect(),
+                )
+            })
+            .collect();
+        let refs: Vec<(&[u32], &[u32])> = rows
+            .iter()
+            .map(|(p, c)| (p.as_slice(), c.as_slice()))
+            .collect();
+        PackedBatch::pack(&refs)
+    }
+
     pub fn loss_tokens(&self) -> usize {
         self.weights.iter().filter(|&&w| w > 0.0).count()
     }
