@@ -6,13 +6,11 @@
 //! nothing of scheduling or config files.
 
 pub mod attention;
-pub mod block_attention;
 pub mod cards;
 pub mod config;
 pub mod cost;
 pub mod cpu_op;
 pub mod diff_ops;
-pub mod fused_attention;
 pub mod host_linear;
 pub mod init;
 pub mod layer_ops;

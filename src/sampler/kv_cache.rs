@@ -984,6 +984,3 @@ fn weighted_values<'v, const W: usize>(
         o[c..c + W].copy_from_slice(&acc);
     }
 }
-
-#[cfg(test)]
-mod tests;

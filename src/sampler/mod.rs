@@ -8,6 +8,8 @@
 //! draw, planned and its costs declared by `gpu_plan` (any build). The sampling job that feeds it problems and writes Parquet is [`crate::jobs::sample`].
 //! Knows nothing of Parquet, grading or stages.
 
+#[cfg(test)]
+mod attention_conformance;
 pub mod backend;
 pub mod block_pool;
 pub mod engine;

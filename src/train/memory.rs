@@ -7,7 +7,7 @@
 //! Activations are counted from what the differentiable forward keeps per token and layer (norm
 //! intermediates, projections, RoPE, the attention's output and per-row log-sum-exp, the SwiGLU
 //! intermediates) in the compute dtype; attention keeps no `(heads, L, L)` tensor on any path
-//! (the fused CPU op, or the query-blocked one of `model::block_attention`), only one block's
+//! (the fused CPU op, or the query-blocked one of `model::attention::block`), only one block's
 //! f32 scores while a layer runs. The peak is the larger of the backward's (activations, the
 //! head's chunk and the fresh gradients) and the update's. Also here: the GPUs a plan can name
 //! and their peak rates, for MFU. Knows nothing of the training loop.
@@ -233,7 +233,7 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
     };
     // one attention block's f32 scores, exponentials, probabilities and their gradient while a
     // layer runs (the CPU's fused op keeps less)
-    let block = crate::model::block_attention::BLOCK as u64;
+    let block = crate::model::attention::block::BLOCK as u64;
     let has_attention = cfg
         .layer_kinds
         .iter()

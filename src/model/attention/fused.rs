@@ -1,7 +1,7 @@
 //! Causal attention over packed sequences as one candle op with its own backward pass, for f32
 //! on CPU: the (heads, L, L) scores and probabilities never exist as tensors.
 //!
-//! The composed version ([`super::attention::attend_one`]) materialises the scores, adds a mask,
+//! The composed version ([`super::attend_one`]) materialises the scores, adds a mask,
 //! runs a softmax out of five ops and multiplies by V; its backward runs as many again, each a
 //! single-threaded pass over an (H, L, L) tensor. Here one task per (sequence, KV head) computes
 //! each query row's scores into a scratch row, softmaxes it and accumulates the output; the
@@ -19,7 +19,7 @@ use std::sync::Arc;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::cpu_op::{slice, view};
+use crate::model::cpu_op::{slice, view};
 use crate::simd::SendPtr;
 
 /// The op: which sequences the step packs, and the head layout.
@@ -31,7 +31,7 @@ pub struct FusedCausal {
 
 /// Causal attention of `q` (T, Hq, D) over `k`, `v` (T, Hkv, D) within each sequence of
 /// `seq_lens`, a query seeing the `window` keys ending at its own when given (a sliding-window
-/// layer); differentiable. f32 tensors on the CPU only (see [`super::diff_ops::supported`]).
+/// layer); differentiable. f32 tensors on the CPU only (see [`crate::model::diff_ops::supported`]).
 pub fn fused_causal(
     q: &Tensor,
     k: &Tensor,
@@ -500,83 +500,6 @@ mod kernels {
             for c in 0..d {
                 dk[c] = dkt[c * lp + j];
                 dv[c] = dvt[c * lp + j];
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use candle_core::{Device, Tensor, Var};
-
-    use super::super::attention::attend_one;
-    use super::super::block_attention::causal_mask;
-    use super::fused_causal;
-    use crate::model::tests::max_abs_diff;
-
-    fn composed(
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        seq_lens: &[usize],
-        window: Option<usize>,
-    ) -> Tensor {
-        let mut outs = Vec::new();
-        let mut start = 0;
-        for &len in seq_lens {
-            let mask = causal_mask(len, len, 0, window, q.device()).unwrap();
-            outs.push(
-                attend_one(
-                    &q.narrow(0, start, len).unwrap(),
-                    &k.narrow(0, start, len).unwrap(),
-                    &v.narrow(0, start, len).unwrap(),
-                    Some(&mask),
-                )
-                .unwrap(),
-            );
-            start += len;
-        }
-        Tensor::cat(&outs, 0).unwrap()
-    }
-
-    /// Output and all three gradients equal the composed ops', for GQA, MQA and plain heads,
-    /// head dims with and without a tail past the 8 lanes, packed sequences of mixed length,
-    /// and sliding windows shorter and longer than the sequences.
-    #[test]
-    fn matches_the_composed_attention_and_its_gradients() {
-        let dev = Device::Cpu;
-        for (hq, hkv, d, seq_lens, window) in [
-            (4, 2, 16, vec![5, 1, 9], None),
-            (4, 1, 12, vec![7], None),
-            (2, 2, 64, vec![3, 17, 2], None),
-            (4, 2, 16, vec![5, 1, 9], Some(3)),
-            (4, 1, 12, vec![40], Some(1)),
-            (2, 2, 64, vec![3, 37, 2], Some(20)),
-            (4, 2, 8, vec![6], Some(64)),
-        ] {
-            let t: usize = seq_lens.iter().sum();
-            let q = Var::from_tensor(&Tensor::randn(0f32, 1.0, (t, hq, d), &dev).unwrap()).unwrap();
-            let k =
-                Var::from_tensor(&Tensor::randn(0f32, 1.0, (t, hkv, d), &dev).unwrap()).unwrap();
-            let v =
-                Var::from_tensor(&Tensor::randn(0f32, 1.0, (t, hkv, d), &dev).unwrap()).unwrap();
-            // A random upstream gradient, so every output element matters.
-            let up = Tensor::randn(0f32, 1.0, (t, hq, d), &dev).unwrap();
-            let a = fused_causal(&q, &k, &v, &seq_lens, window).unwrap();
-            let b = composed(&q, &k, &v, &seq_lens, window);
-            assert!(
-                max_abs_diff(&a, &b) < 1e-5,
-                "output differs for {hq}/{hkv}/{d} window {window:?}"
-            );
-            let ga = (a * &up).unwrap().sum_all().unwrap().backward().unwrap();
-            let gb = (b * &up).unwrap().sum_all().unwrap().backward().unwrap();
-            for (name, x) in [("q", &q), ("k", &k), ("v", &v)] {
-                let (ga, gb) = (ga.get(x).unwrap(), gb.get(x).unwrap());
-                let diff = max_abs_diff(ga, gb);
-                assert!(
-                    diff < 1e-4,
-                    "d{name} differs by {diff} for {hq}/{hkv}/{d} window {window:?}"
-                );
             }
         }
     }

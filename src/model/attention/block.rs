@@ -9,15 +9,15 @@
 //! scores, softmax and their gradients are f32. The op records its own backward (a candle
 //! [`CustomOp3`] whose forward hands back the output computed outside it), so it is the same code
 //! on every device, and the CPU tests check it against PyTorch through the whole model. The fused
-//! CPU kernel ([`super::fused_attention`]) stays the CPU's fast path. Knows nothing of layers.
+//! CPU kernel ([`super::fused`]) stays the CPU's fast path. Knows nothing of layers.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{
     CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor, D,
 };
 
-use super::cost::Cost;
-use super::ops::matmul;
+use crate::model::cost::Cost;
+use crate::model::ops::matmul;
 
 /// Query rows per block: a block's f32 scores are `heads * BLOCK * L * 4` bytes (32 heads at
 /// L = 4,096: 128 MiB).
@@ -72,7 +72,7 @@ pub fn causal(
 /// pass, through [`Attach`]) backward, read off the code above and below, line by line: the
 /// forward's work runs with no graph and the backward is a custom op's, so no graph walk can
 /// see either. `n_rep`: query heads per KV head; `low`: inputs below f32 (the scores convert);
-/// `mm`: what one of our [`matmul`]s issues on this device ([`super::ops::matmul_cost`]).
+/// `mm`: what one of our [`matmul`]s issues on this device ([`crate::model::ops::matmul_cost`]).
 /// Assumes more than one head (a transpose of `(L, H, D)` copies unless `L` is 1).
 pub fn costs(
     l: usize,
@@ -82,7 +82,7 @@ pub fn costs(
     low: bool,
     mm: Cost,
 ) -> (Cost, Cost) {
-    use super::ops::cat_cost;
+    use crate::model::ops::cat_cost;
     let k = |n: u64| Cost::kernels(n);
     let (t, low, rep) = (
         k(u64::from(l > 1)),
@@ -318,11 +318,9 @@ pub fn causal_mask(
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{DType, Device, Tensor, Var};
+    use candle_core::Device;
 
     use super::causal_mask;
-    use crate::model::attention::attend_one;
-    use crate::model::tests::max_abs_diff;
 
     /// Query i at position offset + i sees keys 0..=offset + i: 0 there, -inf after.
     #[test]
@@ -335,35 +333,6 @@ mod tests {
             for (j, &x) in row.iter().enumerate() {
                 let want = if j <= 2 + i { 0.0 } else { f32::NEG_INFINITY };
                 assert_eq!(x, want, "({i}, {j})");
-            }
-        }
-    }
-
-    /// `CausalAttention` with a window (the trainer's and the logits' backend; the fused CPU
-    /// kernel has no window, so both execution paths take the block attention) attends within
-    /// each packed sequence over its window.
-    #[test]
-    fn causal_attention_keeps_windows_inside_each_sequence() {
-        use crate::model::attention::{AttentionBackend, CausalAttention};
-        let dev = Device::Cpu;
-        let (lens, hq, hkv, d) = ([5usize, 12], 4, 2, 8);
-        let t: usize = lens.iter().sum();
-        let r =
-            |h: usize, s: f64| (Tensor::randn(0f32, 1.0, (t, h, d), &dev).unwrap() * s).unwrap();
-        let (q, k, v) = (r(hq, 1.0), r(hkv, 1.1), r(hkv, 1.2));
-        for composed in [false, true] {
-            let mut att = CausalAttention::with_composed(lens.to_vec(), composed);
-            let got = att.attend(0, &q, &k, &v, Some(3)).unwrap();
-            let mut start = 0;
-            for &len in &lens {
-                let part = |x: &Tensor| x.narrow(0, start, len).unwrap();
-                let mask = causal_mask(len, len, 0, Some(3), &dev).unwrap();
-                let want = attend_one(&part(&q), &part(&k), &part(&v), Some(&mask)).unwrap();
-                assert!(
-                    max_abs_diff(&part(&got), &want) < 1e-5,
-                    "composed {composed}"
-                );
-                start += len;
             }
         }
     }
@@ -386,53 +355,5 @@ mod tests {
                 assert_eq!(x, want, "({i}, {j})");
             }
         }
-    }
-
-    /// Output and the three gradients equal the composed attention's (which materialises the
-    /// scores), for blocks that divide the length and blocks that do not, with grouped heads.
-    #[test]
-    fn block_attention_equals_the_composed_attention() {
-        let dev = Device::Cpu;
-        let (l, hq, hkv, d) = (37, 4, 2, 8);
-        let var = |shape: (usize, usize, usize), s: u64| {
-            let t = Tensor::randn(0f32, 1.0, shape, &dev).unwrap();
-            Var::from_tensor(&(t * (1.0 + s as f64 * 0.1)).unwrap()).unwrap()
-        };
-        let (q, k, v) = (var((l, hq, d), 0), var((l, hkv, d), 1), var((l, hkv, d), 2));
-        let up = Tensor::randn(0f32, 1.0, (l, hq, d), &dev).unwrap();
-        let grads = |out: &Tensor| {
-            let g = (out * &up).unwrap().sum_all().unwrap().backward().unwrap();
-            [&q, &k, &v].map(|x| g.get(x.as_tensor()).unwrap().clone())
-        };
-        // and with sliding windows (a window of 1 sees only the query's own key)
-        for window in [None, Some(1), Some(5), Some(16)] {
-            let mask = causal_mask(l, l, 0, window, &dev).unwrap();
-            let want =
-                attend_one(q.as_tensor(), k.as_tensor(), v.as_tensor(), Some(&mask)).unwrap();
-            let want_g = grads(&want);
-            for block in [1, 8, 16, 37, 64] {
-                let got = super::causal(q.as_tensor(), k.as_tensor(), v.as_tensor(), block, window)
-                    .unwrap();
-                let diff = max_abs_diff(&got, &want);
-                assert!(
-                    diff < 1e-5,
-                    "block {block}, window {window:?}: output by {diff}"
-                );
-                for (name, (g, w)) in ["q", "k", "v"].iter().zip(grads(&got).iter().zip(&want_g)) {
-                    let diff = max_abs_diff(g, w);
-                    assert!(
-                        diff < 1e-4,
-                        "block {block}, window {window:?}: d{name} differs by {diff}"
-                    );
-                }
-            }
-        }
-        let mask = causal_mask(l, l, 0, None, &dev).unwrap();
-        let want = attend_one(q.as_tensor(), k.as_tensor(), v.as_tensor(), Some(&mask)).unwrap();
-        // bf16 inputs: the same within bf16's resolution
-        let bf = |x: &Var| x.as_tensor().to_dtype(DType::BF16).unwrap();
-        let got = super::causal(&bf(&q), &bf(&k), &bf(&v), 8, None).unwrap();
-        let diff = max_abs_diff(&got.to_dtype(DType::F32).unwrap(), &want);
-        assert!(diff < 5e-2, "bf16 output differs by {diff}");
     }
 }

@@ -1,15 +1,30 @@
-//! The interface between the model's layers and what a step remembers, and the contiguous causal
-//! backend (prefill, training, full-recompute references).
+//! Attention, the one operation every attention layer calls, and where each of its
+//! implementations lives.
 //!
-//! The model hands each attention layer's rotated queries, keys and values for the tokens of this
-//! step to an [`AttentionBackend`]; the backend decides what they attend to: the sequence's own
-//! tokens ([`CausalAttention`]) or a paged KV cache (the sampler's backend). A recurrent layer
-//! (Gated DeltaNet) asks the backend instead for each sequence's state at the start of the step
-//! and hands back the state at its end ([`AttentionBackend::recurrent_state`]). Differentiable: f32 on the
-//! CPU runs the fused op of [`super::fused_attention`] (its own backward pass, no score tensors);
-//! other devices and dtypes, and the device-generic path on the CPU, run FlashAttention's
-//! algorithm in query blocks of candle ops ([`super::block_attention`]); [`attend_one`] is the
-//! plain composed reference. Knows nothing of weights.
+//! A layer hands its rotated queries, keys and values for the tokens of a step to an
+//! [`AttentionBackend`] (through [`super::layer_ops::LayerOps::attend`]); the backend decides
+//! what they attend to. The maths is one: softmax(q k^T / sqrt(D) + causal or sliding-window
+//! mask) v, grouped-query heads sharing their KV head, each sequence of a packed step on its own.
+//! [`attend_one`] writes it plainly in candle ops (the reference every implementation is
+//! checked against); the implementations differ in where keys come from and on what device:
+//!
+//! | implementation | keys from | device | backward |
+//! |---|---|---|---|
+//! | [`fused`] ([`CausalAttention`], f32) | the step itself | CPU host kernel | its own |
+//! | [`block`] ([`CausalAttention`], composed) | the step itself | any (candle) | candle's, with a recompute |
+//! | `sampler::kv_cache::PagedAttention` | the paged host cache | CPU host kernel | none |
+//! | `sampler::window_ring` | a sliding window's ring | CPU host kernel | none |
+//! | `sampler::gpu::paged::GpuPagedAttention` | the paged GPU cache | CUDA (`kernels/paged_attention.cu`) | none |
+//!
+//! The paged ones live with their caches (they read the sampler's block tables); one
+//! conformance test (`sampler::attention_conformance`) runs every implementation a CPU has over
+//! one table of shapes, GQA ratios, packed lengths and windows against [`attend_one`], and
+//! `tests/cuda.rs` the GPU's against the host's. A recurrent layer (Gated DeltaNet) asks the
+//! backend instead for each sequence's state at the start of the step and hands back the state at
+//! its end ([`AttentionBackend::recurrent_state`]). Knows nothing of weights.
+
+pub mod block;
+pub mod fused;
 
 use candle_core::{DType, Device, Result, Tensor, D};
 
@@ -172,9 +187,9 @@ impl AttentionBackend for CausalAttention {
                 self.spent += Cost::kernels(1);
                 self.backward += Cost::kernels(1);
             }
-            return super::fused_attention::fused_causal(q, k, v, &self.seq_lens, window);
+            return fused::fused_causal(q, k, v, &self.seq_lens, window);
         }
-        let block = super::block_attention::BLOCK;
+        let block = block::BLOCK;
         let mut outs = Vec::with_capacity(self.seq_lens.len());
         let mut start = 0;
         for &len in &self.seq_lens {
@@ -185,11 +200,11 @@ impl AttentionBackend for CausalAttention {
                 let n_rep = q.dim(1)? / k.dim(1)?.max(1);
                 let low = q.dtype() != DType::F32;
                 let mm = super::ops::matmul_cost(&q);
-                let (f, b) = super::block_attention::costs(len, n_rep, block, window, low, mm);
+                let (f, b) = block::costs(len, n_rep, block, window, low, mm);
                 self.spent += f;
                 self.backward += b;
             }
-            outs.push(super::block_attention::causal(&q, &k, &v, block, window)?);
+            outs.push(block::causal(&q, &k, &v, block, window)?);
             start += len;
         }
         if self.count && outs.len() > 1 {
@@ -225,8 +240,8 @@ pub fn attend_one(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> 
     let (_, hkv, _) = k.dims3()?;
     // (L, H, D) -> (H, L, D)
     let q = q.transpose(0, 1)?.contiguous()?;
-    let k = super::block_attention::repeat_kv(&k.transpose(0, 1)?.contiguous()?, hq / hkv)?;
-    let v = super::block_attention::repeat_kv(&v.transpose(0, 1)?.contiguous()?, hq / hkv)?;
+    let k = block::repeat_kv(&k.transpose(0, 1)?.contiguous()?, hq / hkv)?;
+    let v = block::repeat_kv(&v.transpose(0, 1)?.contiguous()?, hq / hkv)?;
     let scale = 1.0 / (d as f64).sqrt();
     // (H, Lq, D) x (H, D, Lk) -> (H, Lq, Lk)
     let dtype = q.dtype();
