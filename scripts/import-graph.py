@@ -23,7 +23,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 
 # Lowest first. A module not listed is placed with `data`.
 LAYERS = [
-    ["simd", "gemm", "cuda", "bytes", "rng", "fault", "machine", "logging", "names"],
+    ["simd", "gemm", "cuda", "bytes", "device", "rng", "fault", "machine", "logging", "names"],
     ["store", "digest", "verify", "data", "arith", "progress", "tensorboard"],
     ["model"],
     ["sampler", "train"],

@@ -77,6 +77,50 @@ pub fn parse_bytes(text: &str) -> Result<u64, ByteSizeError> {
     Ok(bytes.round() as u64)
 }
 
+/// A size as a person wrote it ("4 GiB"), parsed once where it enters: its bytes, and the text
+/// it prints and serialises as (a config's stage key keeps the spelling).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ByteSize {
+    text: String,
+    bytes: u64,
+}
+
+impl ByteSize {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl std::str::FromStr for ByteSize {
+    type Err = ByteSizeError;
+
+    fn from_str(text: &str) -> Result<Self, ByteSizeError> {
+        Ok(ByteSize {
+            text: text.to_string(),
+            bytes: parse_bytes(text)?,
+        })
+    }
+}
+
+impl std::fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl serde::Serialize for ByteSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// The largest settings file read ([`read_settings_file`]): a config, an eval set's definition,
 /// a spec or a chat template. The shipped ones are under 20 KiB.
 pub const MAX_SETTINGS_FILE: u64 = 4 << 20;

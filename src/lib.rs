@@ -27,6 +27,7 @@ pub mod cmd;
 pub mod config;
 pub mod cuda;
 pub mod data;
+pub mod device;
 pub mod digest;
 pub mod eval;
 pub mod fault;

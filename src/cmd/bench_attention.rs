@@ -25,7 +25,7 @@ pub struct AttentionBenchArgs {
     pub shape: String,
     /// `cpu`, or `cuda` (a binary built with `--features cuda`).
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: crate::device::DeviceSpec,
     /// Sequences decoding one token each.
     #[arg(long, default_value_t = 128)]
     pub batch: usize,
@@ -67,7 +67,7 @@ fn decode_steps(
 const CPU_CACHE_LIMIT: usize = 8 << 30;
 
 pub fn run_attention(a: &AttentionBenchArgs) -> Result<()> {
-    if a.device == "cpu" {
+    if a.device.is_cpu() {
         return run_cpu(a);
     }
     #[cfg(not(feature = "cuda"))]
@@ -181,7 +181,7 @@ fn run_gpu(a: &AttentionBenchArgs) -> Result<()> {
     use crate::sampler::kv_cache::SeqStep;
     let mut cfg = shape(&a.shape)?;
     cfg.layer_kinds = vec![LayerKind::Attention];
-    let dev = crate::model::parse_device("cuda")?;
+    let dev = crate::model::open_device(a.device)?;
     let (bw, _) = super::bench_sample::gpu_ceilings(&dev)?;
     let (b, ctx, bs) = (a.batch, a.context.max(1), a.block_size.max(1));
     let (hq, hkv, d) = (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim);

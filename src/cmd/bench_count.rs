@@ -20,6 +20,7 @@ use anyhow::Result;
 use candle_core::{DType, Device, Tensor};
 use serde_json::json;
 
+use crate::device::DeviceSpec;
 use crate::model::attention::{AttentionBackend, RecurrentStep};
 use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::cost::KEEP_BACKWARD_GRAPH;
@@ -189,15 +190,12 @@ fn kind_name(k: LayerKind) -> &'static str {
 pub fn run(
     shape: &str,
     cfg: &ModelConfig,
-    device: &str,
+    device: DeviceSpec,
     batches: &[usize],
     prompt_len: usize,
     json_out: bool,
 ) -> Result<()> {
-    let cuda = device.starts_with("cuda");
-    if !cuda && device != "cpu" {
-        anyhow::bail!("--device {device}: use cpu, cuda or cuda:N");
-    }
+    let cuda = device.is_cuda();
     let small = narrowed(cfg);
     let mut model = random_model(&small)?;
     if cuda {
@@ -248,7 +246,7 @@ pub fn run(
 
 /// The phases' counts: one JSON object each (`json_out`), or `header` and a table of each layer
 /// kind, outside the layers and the whole phase.
-fn report(shape: &str, device: &str, phases: &[Phase], json_out: bool, header: &str) {
+fn report(shape: &str, device: DeviceSpec, phases: &[Phase], json_out: bool, header: &str) {
     if json_out {
         for p in phases {
             let (kinds, _) = p.counts.by_kind();
@@ -263,7 +261,7 @@ fn report(shape: &str, device: &str, phases: &[Phase], json_out: bool, header: &
                 .collect();
             let line = json!({
                 "shape": shape,
-                "device": device,
+                "device": device.to_string(),
                 "batch": p.batch,
                 "phase": p.name,
                 "tokens": p.tokens,
@@ -325,7 +323,7 @@ fn report(shape: &str, device: &str, phases: &[Phase], json_out: bool, header: &
 /// What `bench train --count` counts: its flags.
 pub struct TrainCount<'a> {
     pub shape: &'a str,
-    pub device: &'a str,
+    pub device: DeviceSpec,
     pub ops: TrainOps,
     pub compute_dtype: ComputeDtype,
     pub rows: usize,
@@ -345,10 +343,7 @@ pub struct TrainCount<'a> {
 /// [`KEEP_BACKWARD_GRAPH`] set before the counting thread's first backward pass, which this
 /// sets), the block attention, the head and loss and the optimizer as their code declares.
 pub fn run_train(a: &TrainCount, cfg: &ModelConfig) -> Result<()> {
-    let cuda = a.device.starts_with("cuda");
-    if !cuda && a.device != "cpu" {
-        anyhow::bail!("--device {}: use cpu, cuda or cuda:N", a.device);
-    }
+    let cuda = a.device.is_cuda();
     if !cuda && a.ops != TrainOps::Generic {
         anyhow::bail!(
             "--count --device cpu counts the device-generic ops (add --ops generic): the CPU's \
@@ -409,7 +404,7 @@ fn count_train(a: &TrainCount, cfg: &ModelConfig, cuda: bool) -> Result<Vec<Phas
         DType::F16
     } else {
         let s = TrainSettings {
-            device: a.device.to_string(),
+            device: a.device,
             compute_dtype: a.compute_dtype,
             ..TrainSettings::default()
         };
@@ -488,7 +483,7 @@ mod tests {
         let cfg = crate::model::init::shape("tiny").unwrap();
         let c = TrainCount {
             shape: "tiny",
-            device: "cpu",
+            device: DeviceSpec::Cpu,
             ops: TrainOps::Auto,
             compute_dtype: ComputeDtype::Auto,
             rows: 1,

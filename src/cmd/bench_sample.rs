@@ -13,6 +13,8 @@ use candle_core::DType;
 #[cfg(feature = "cuda")]
 use candle_core::{Device, Tensor};
 
+use crate::device::DeviceSpec;
+use crate::jobs::sample::settings::{LogitsEngine, SampleDtype};
 use crate::machine::{
     fma_peak, matmul_ceiling, packed_matmul_ceiling, packed_matmul_rate, read_bandwidth, CEILING_N,
 };
@@ -53,10 +55,10 @@ pub struct SampleBenchArgs {
     pub top_p: f32,
     /// `cpu`, or `cuda` / `cuda:N` (a binary built with `--features cuda`).
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: DeviceSpec,
     /// Weights' dtype: `auto` (f32 on the CPU, bf16 on a GPU), `f32` or `bf16`.
-    #[arg(long, default_value = "auto")]
-    pub dtype: String,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub dtype: SampleDtype,
     /// Keys and values in fp8 e4m3 (CUDA with bf16 weights).
     #[arg(long)]
     pub kv_fp8: bool,
@@ -65,8 +67,8 @@ pub struct SampleBenchArgs {
     pub gemm_rates: bool,
     /// `selfdistill` (ours) or `mistralrs` (mistral.rs with its own sampler, on the same
     /// weights written as a Hugging Face folder; a binary built with `--features mistralrs`).
-    #[arg(long, default_value = "selfdistill")]
-    pub engine: String,
+    #[arg(long, value_enum, default_value = "selfdistill")]
+    pub engine: LogitsEngine,
     /// Instead of timing: count what one step issues (kernel launches, device allocations,
     /// copies, waits) per layer kind and outside the layers, for a decode step at each batch and
     /// a prefill at the first; `--device cuda` counts a GPU's step on any machine.
@@ -167,21 +169,21 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
         bail!("--json: only with --count");
     }
     if a.count {
-        return super::bench_count::run(&a.shape, &cfg, &a.device, &batches, a.prompt_len, a.json);
+        return super::bench_count::run(&a.shape, &cfg, a.device, &batches, a.prompt_len, a.json);
     }
-    let dev = crate::model::parse_device(&a.device)?;
-    let dtype = crate::model::parse_dtype(&a.dtype, &dev)?;
-    match a.engine.as_str() {
-        crate::jobs::sample::settings::ENGINE_OURS => {}
+    let dev = crate::model::open_device(a.device)?;
+    let dtype = a
+        .dtype
+        .resolve(a.device)
+        .map_err(|e| anyhow::anyhow!("--{e}"))?;
+    match a.engine {
+        LogitsEngine::Selfdistill => {}
         #[cfg(feature = "mistralrs")]
-        crate::jobs::sample::settings::ENGINE_MISTRALRS => {
-            return run_mistralrs(a, &cfg, &batches, &dev, dtype)
-        }
+        LogitsEngine::Mistralrs => return run_mistralrs(a, &cfg, &batches, &dev, dtype),
         #[cfg(not(feature = "mistralrs"))]
-        crate::jobs::sample::settings::ENGINE_MISTRALRS => {
+        LogitsEngine::Mistralrs => {
             bail!("--engine mistralrs: this binary was built without the mistralrs feature")
         }
-        e => bail!("--engine {e}: use selfdistill or mistralrs"),
     }
     if !dev.is_cpu() {
         #[cfg(feature = "cuda")]

@@ -51,7 +51,7 @@ pub struct TrainBenchArgs {
     pub recompute_only: bool,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
-    pub device: String,
+    pub device: crate::device::DeviceSpec,
     /// auto (bf16 on a GPU, f32 on the CPU), f32 or bf16.
     #[arg(long, default_value = "auto", value_parser = parse_compute)]
     pub compute_dtype: ComputeDtype,
@@ -115,7 +115,7 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
     if a.count {
         let c = super::bench_count::TrainCount {
             shape: &a.shape,
-            device: &a.device,
+            device: a.device,
             ops: a.ops,
             compute_dtype: a.compute_dtype,
             rows: a.rows,
@@ -126,13 +126,13 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
         return super::bench_count::run_train(&c, &cfg);
     }
     let base = TrainSettings {
-        device: a.device.clone(),
+        device: a.device,
         compute_dtype: a.compute_dtype,
         ops: a.ops,
         ..TrainSettings::default()
     };
     base.validate().map_err(|e| anyhow::anyhow!("--{e}"))?;
-    let dev = crate::model::parse_device(&a.device)?;
+    let dev = crate::model::open_device(a.device)?;
     let compute = base.compute();
     let weights = crate::model::init::random_weights(&cfg)?;
     let mut t = Trainable::from_tensors(&cfg, &weights, &dev, compute)?;

@@ -31,12 +31,12 @@ pub struct EvalArgs {
     pub enable_thinking: Option<bool>,
     /// `cpu`, or `cuda` / `cuda:N` (default: the set's, cpu).
     #[arg(long)]
-    pub device: Option<String>,
+    pub device: Option<crate::device::DeviceSpec>,
     #[arg(long)]
     pub max_num_seqs: Option<usize>,
     /// `selfdistill` (ours) or `mistralrs` (a binary built with `--features mistralrs`).
-    #[arg(long)]
-    pub engine: Option<String>,
+    #[arg(long, value_enum)]
+    pub engine: Option<crate::jobs::sample::settings::LogitsEngine>,
     #[arg(long)]
     pub output: PathBuf,
 }
@@ -51,9 +51,9 @@ pub fn run(a: &EvalArgs, matches: &clap::ArgMatches) -> Result<()> {
         }
     };
     job("enable_thinking", a.enable_thinking.map(Into::into));
-    job("device", a.device.clone().map(Into::into));
+    job("device", a.device.map(|d| d.to_string().into()));
     job("max_num_seqs", a.max_num_seqs.map(|n| (n as i64).into()));
-    job("engine", a.engine.clone().map(Into::into));
+    job("engine", a.engine.map(|e| e.as_str().into()));
     let cfg = EvalConfig {
         sets: a.sets.clone(),
         model: None,

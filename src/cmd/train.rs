@@ -42,7 +42,7 @@ pub struct TrainArgs {
     pub stop_after: Option<u64>,
     /// Overrides `device`: cpu, cuda or cuda:N.
     #[arg(long)]
-    pub device: Option<String>,
+    pub device: Option<crate::device::DeviceSpec>,
     /// Overrides `compute_dtype`: auto (bf16 on a GPU, f32 on the CPU), f32 or bf16.
     #[arg(long)]
     pub compute_dtype: Option<String>,
@@ -84,8 +84,8 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     if let Some(lr) = a.lr {
         s.lr = lr;
     }
-    if let Some(d) = &a.device {
-        s.device = d.clone();
+    if let Some(d) = a.device {
+        s.device = d;
     }
     let value = |v: &str| toml::Value::String(v.to_string());
     if let Some(c) = &a.compute_dtype {

@@ -45,7 +45,7 @@ fn misspelled_key_names_file_line_and_closest_key() {
 }
 
 #[test]
-fn sample_device_dtype_and_kv_cache_dtype_are_checked_at_parse_time() {
+fn sample_device_dtype_and_kv_cache_dtype_are_typed_where_they_are_read() {
     let with =
         |extra: &str| format!("{OK}[sample]\nmodel = \"m\"\nprompt_template = \"raw\"\n{extra}\n");
     assert!(parse(&with("device = \"cpu\"")).is_ok());
@@ -53,7 +53,7 @@ fn sample_device_dtype_and_kv_cache_dtype_are_checked_at_parse_time() {
     for (extra, want) in [
         (
             "device = \"cdua\"",
-            "sample.device must be cpu, cuda or cuda:N, got `cdua`",
+            "pipelines/t.toml:16:1: `sample.device`: must be cpu, cuda or cuda:N, got `cdua`",
         ),
         ("dtype = \"bf16\"", "sample.dtype bf16 needs a cuda device"),
         (
@@ -62,7 +62,8 @@ fn sample_device_dtype_and_kv_cache_dtype_are_checked_at_parse_time() {
         ),
         (
             "device = \"cuda\"\nkv_cache_dtype = \"int4\"",
-            "sample.kv_cache_dtype must be auto or fp8, got `int4`",
+            "pipelines/t.toml:17:1: `sample.kv_cache_dtype`: unknown variant `int4`, expected \
+             `auto` or `fp8`",
         ),
     ] {
         let e = parse(&with(extra)).unwrap_err().0;

@@ -27,6 +27,7 @@ pub(crate) mod tests;
 
 use std::path::{Path, PathBuf};
 
+use crate::device::DeviceSpec;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
@@ -333,15 +334,11 @@ fn hub_snapshot(id: &str) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// `cpu`, `cuda` or `cuda:N` (a CUDA device needs a binary built with `--features cuda`).
-pub fn parse_device(s: &str) -> anyhow::Result<Device> {
-    match s {
-        "cpu" => Ok(Device::Cpu),
-        "cuda" => cuda_device(0),
-        _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
-            Some(Ok(n)) => cuda_device(n),
-            _ => anyhow::bail!("device `{s}`: use cpu, cuda or cuda:N"),
-        },
+/// The candle device of `spec` (a CUDA device needs a binary built with `--features cuda`).
+pub fn open_device(spec: DeviceSpec) -> anyhow::Result<Device> {
+    match spec.ordinal() {
+        None => Ok(Device::Cpu),
+        Some(n) => cuda_device(n),
     }
 }
 
@@ -353,16 +350,4 @@ fn cuda_device(n: usize) -> anyhow::Result<Device> {
 #[cfg(not(feature = "cuda"))]
 fn cuda_device(_: usize) -> anyhow::Result<Device> {
     anyhow::bail!("this binary was built without the cuda feature (cargo build --features cuda)")
-}
-
-/// Weights' dtype: `auto` (f32 on the CPU, bf16 on a GPU), `f32` or `bf16`; the CPU sampler
-/// runs f32 only.
-pub fn parse_dtype(s: &str, dev: &Device) -> anyhow::Result<DType> {
-    match s {
-        "auto" | "f32" if dev.is_cpu() => Ok(DType::F32),
-        _ if dev.is_cpu() => anyhow::bail!("dtype `{s}`: the CPU sampler runs f32 weights"),
-        "auto" | "bf16" => Ok(DType::BF16),
-        "f32" => Ok(DType::F32),
-        other => anyhow::bail!("dtype `{other}`: use auto, f32 or bf16"),
-    }
 }

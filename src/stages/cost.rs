@@ -124,7 +124,7 @@ fn stage_cost(
     price: Option<f64>,
     records: &Records,
 ) -> StageCost {
-    let on_gpu = w.device != "cpu";
+    let on_gpu = w.device.is_cuda();
     let (g, assumed_gpu) = match gpu {
         Some(g) if g.bandwidth > 0.0 => (Some(g), false),
         _ if on_gpu => (crate::train::memory::parse_gpu("h100").ok(), true),
@@ -345,7 +345,7 @@ mod tests {
             tokens,
             train,
             params: 4_020_000_000,
-            device: device.into(),
+            device: device.parse().unwrap(),
             batch: 128,
             basis: String::new(),
         }

@@ -59,7 +59,7 @@ pub fn plan(
     let mut gpu_bytes = 0;
     let models = 1 + teacher.is_some() as u64 + trained.len() as u64;
     let mut tokens = Some(0u64);
-    let mut device = String::from("cpu");
+    let mut device = crate::device::DeviceSpec::Cpu;
     let mut batch = 0;
     let mut cards = Vec::new();
     for s in sets {
@@ -97,7 +97,7 @@ pub fn plan(
             p * st.params.n as u64 * super::expected_completion_tokens(st.params.max_new_tokens)
         });
         tokens = tokens.zip(set_tokens).map(|(a, b)| a + b * models);
-        device = st.device.clone();
+        device = st.device;
         batch = st.max_num_seqs;
     }
     let config = serde_json::to_value(e)?;

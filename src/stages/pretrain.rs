@@ -102,7 +102,7 @@ pub fn plan(
                 tokens: trained * row_tokens,
                 train: true,
                 params,
-                device: p.train.device.clone(),
+                device: p.train.device,
                 batch: 0,
                 basis: format!(
                     "{trained} rows ({steps} steps) x {row_tokens} tokens (a source row's bytes / \

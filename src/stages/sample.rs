@@ -161,7 +161,7 @@ pub fn plan(
             tokens: r * expected,
             train: false,
             params: facts.config.num_params() as u64,
-            device: s.device.clone(),
+            device: s.device,
             batch: s.max_num_seqs,
             basis: format!(
                 "{} problems x n {} x {expected} tokens (half of max_new_tokens, assumed){}",

@@ -129,8 +129,7 @@ pub struct Work {
     /// Training (6 FLOPs per parameter and token) rather than generating.
     pub train: bool,
     pub params: u64,
-    /// `cpu`, `cuda` or `cuda:N`.
-    pub device: String,
+    pub device: crate::device::DeviceSpec,
     /// Sequences decoded at once (generation).
     pub batch: usize,
     /// How `tokens` was counted, said in the table.

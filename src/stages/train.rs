@@ -64,7 +64,7 @@ pub fn plan(
             tokens: rows * per_row * s.epochs,
             train: true,
             params,
-            device: s.device.clone(),
+            device: s.device,
             batch: 0,
             basis: format!(
                 "at most {rows} SFT rows x {per_row} tokens (assumed) x {} epoch(s)",

@@ -115,8 +115,8 @@ pub struct TrainSettings {
     #[serde(default = "d_dtype")]
     pub dtype: TrainDtype,
     /// Where the model trains: `cpu`, `cuda` or `cuda:N`.
-    #[serde(default = "d_device")]
-    pub device: String,
+    #[serde(default)]
+    pub device: crate::device::DeviceSpec,
     /// The forward and backward passes' dtype (the master weights and AdamW are f32 either way).
     #[serde(default = "d_compute")]
     pub compute_dtype: ComputeDtype,
@@ -192,9 +192,6 @@ fn d_true() -> bool {
 }
 fn d_dtype() -> TrainDtype {
     TrainDtype::Auto
-}
-pub fn d_device() -> String {
-    "cpu".into()
 }
 fn d_compute() -> ComputeDtype {
     ComputeDtype::Auto
@@ -298,7 +295,6 @@ impl TrainSettings {
         if let Some(p) = self.peak_tflops {
             pos("peak_tflops", p)?;
         }
-        check_device(&self.device).map_err(|e| format!("device {e}"))?;
         if self.optimizer_offload && !self.on_gpu() {
             return Err(
                 "optimizer_offload moves the moments from a GPU to the host: the run is on the \
@@ -331,7 +327,7 @@ impl TrainSettings {
 
     /// Whether the run computes on a GPU.
     pub fn on_gpu(&self) -> bool {
-        self.device != "cpu"
+        self.device.is_cuda()
     }
 
     /// The compute dtype `auto` resolves to: bf16 on a GPU, f32 on the CPU.
@@ -345,19 +341,6 @@ impl TrainSettings {
     /// Whether a tensor gets weight decay.
     pub fn decays(&self, name: &str) -> bool {
         !self.no_decay.iter().any(|p| name.contains(p.as_str()))
-    }
-}
-
-/// `cpu`, `cuda` or `cuda:N`; the error says what was given.
-pub fn check_device(d: &str) -> Result<(), String> {
-    let ok = d == "cpu"
-        || d == "cuda"
-        || d.strip_prefix("cuda:")
-            .is_some_and(|n| n.parse::<usize>().is_ok());
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("must be cpu, cuda or cuda:N, got `{d}`"))
     }
 }
 
@@ -395,10 +378,11 @@ mod tests {
             .unwrap_err()
             .starts_with("micro_batch_tokens"));
         assert!(toml::from_str::<TrainSettings>("learning_rate = 1e-5").is_err());
-        let bad: TrainSettings = toml::from_str("device = \"gpu\"").unwrap();
-        assert_eq!(
-            bad.validate().unwrap_err(),
-            "device must be cpu, cuda or cuda:N, got `gpu`"
+        let bad = toml::from_str::<TrainSettings>("device = \"gpu\"").unwrap_err();
+        assert!(
+            bad.message()
+                .contains("must be cpu, cuda or cuda:N, got `gpu`"),
+            "{bad}"
         );
         assert!(toml::from_str::<TrainSettings>("compute_dtype = \"fp8\"").is_err());
         let gpu: TrainSettings = toml::from_str("device = \"cuda:1\"").unwrap();

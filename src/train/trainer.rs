@@ -404,7 +404,7 @@ impl<'a> Prepared<'a> {
         let plan = plan_steps(&rows, s);
         let total = plan.len() as u64;
         let dtype = model_dtype(s, &ck);
-        let device = crate::model::parse_device(&s.device)
+        let device = crate::model::open_device(s.device)
             .with_context(|| format!("train.device = \"{}\"", s.device))?;
         let mut t = Trainable::load_as(&ck, &device, s.compute())?;
         t.model.set_composed(s.ops == TrainOps::Generic)?;

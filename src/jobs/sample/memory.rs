@@ -5,7 +5,7 @@
 
 use anyhow::{bail, Result};
 
-use super::settings::SampleSettings;
+use super::settings::{KvCacheDtype, LogitsEngine, SampleDtype, SampleSettings};
 use crate::sampler::state_slots::StateSlots;
 
 /// What the KV cache must hold, in blocks, for a run's prompts (up to `prompt` tokens), `n`
@@ -97,7 +97,7 @@ pub fn host_memory_estimate(
             config.max_position_embeddings
         );
     }
-    if s.device != "cpu" {
+    if s.device.is_cuda() {
         return Ok(stored);
     }
     let per_token = crate::sampler::kv_cache::KvCache::bytes_per_token(config) as u64;
@@ -116,9 +116,7 @@ fn planned_kv(
     blocks: impl Fn(&KvNeed) -> usize,
 ) -> Result<u64> {
     Ok(match &s.kv_cache {
-        Some(text) => {
-            crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
-        }
+        Some(size) => size.bytes(),
         None => {
             let need = KvNeed::new(ESTIMATE_PROMPT_TOKENS, s, s.max_num_seqs);
             (blocks(&need) * s.block_size) as u64 * per_token
@@ -131,20 +129,20 @@ fn planned_kv(
 /// (`kv_cache`, or the least that runs these settings: see [`KvNeed`]; the default cache takes
 /// what is left, 90% of it). 0 on the CPU.
 pub fn gpu_memory_estimate(s: &SampleSettings, config: &crate::model::ModelConfig) -> Result<u64> {
-    if s.device == "cpu" {
+    if s.device.is_cpu() {
         return Ok(0);
     }
-    if s.engine == "selfdistill" {
+    if s.engine == LogitsEngine::Selfdistill {
         if let Err(e) = crate::sampler::backend::check_gpu_model(config) {
             bail!("sample.device = {}: {e}", s.device);
         }
     }
     let params = config.num_params() as u64;
-    let weight = if s.dtype == "f32" { 4 } else { 2 };
+    let weight = if s.dtype == SampleDtype::F32 { 4 } else { 2 };
     // the CPU cache stores f32; on the GPU the weights' dtype, or one byte with fp8
     let per_token_f32 = crate::sampler::kv_cache::KvCache::bytes_per_token(config) as u64;
-    let per_token = match (s.kv_cache_dtype.as_str(), weight) {
-        ("fp8", _) => per_token_f32 / 4,
+    let per_token = match (s.kv_cache_dtype, weight) {
+        (KvCacheDtype::Fp8, _) => per_token_f32 / 4,
         (_, 2) => per_token_f32 / 2,
         _ => per_token_f32,
     };

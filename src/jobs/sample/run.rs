@@ -19,7 +19,7 @@ use super::parts::{
     problems_digest, PartsKey,
 };
 use super::prompt::{build_prompts, PromptTemplate};
-use super::settings::{SampleSettings, ENGINE_MISTRALRS, ENGINE_OURS};
+use super::settings::{KvCacheDtype, LogitsEngine, SampleSettings, ENGINE_OURS};
 use crate::data::schema::{Completion, Grade, Logprobs, Problem};
 use crate::model::{TextTokenizer, Transformer};
 use crate::sampler::backend::{kv_cache_bytes_per_token, kv_cache_memory};
@@ -32,8 +32,8 @@ use crate::verify::{grade, GradeOptions};
 #[derive(Debug, Clone)]
 pub struct JobConfig {
     pub model_name: String,
-    /// [`ENGINE_OURS`] or [`ENGINE_MISTRALRS`]; part of the sampling hash when not ours.
-    pub engine: String,
+    /// Ours or mistral.rs; part of the sampling hash when not ours.
+    pub engine: LogitsEngine,
     /// The content digest of the model's files (see [`crate::model::Checkpoint::digest`]).
     pub model_digest: String,
     /// The sampling parameters (`n` and `logprobs` among them: `logprobs` is not part of the
@@ -102,9 +102,9 @@ pub fn run_settings(
     let ck = crate::model::Checkpoint::open(&s.model)?;
     let tok = ck.tokenizer()?;
     let (template, prompts) = prompts_of(s, &ck, &tok, problems)?;
-    let device = crate::model::parse_device(&s.device)?;
-    let dtype = crate::model::parse_dtype(&s.dtype, &device)?;
-    let kv_fp8 = s.kv_cache_dtype == "fp8";
+    let device = crate::model::open_device(s.device)?;
+    let dtype = s.dtype.resolve(s.device).map_err(anyhow::Error::msg)?;
+    let kv_fp8 = s.kv_cache_dtype == KvCacheDtype::Fp8;
     let vocab = ck.config.vocab_size;
     // before the KV cache is sized for it: a length past the context is the model's limit
     let context = ck.config.max_position_embeddings;
@@ -140,7 +140,7 @@ pub fn run_settings(
     };
     let mut cfg = JobConfig {
         model_name: s.model.clone(),
-        engine: s.engine.clone(),
+        engine: s.engine,
         model_digest: ck.digest()?.hex,
         params: s.params.clone(),
         block_size: s.block_size,
@@ -160,9 +160,12 @@ pub fn run_settings(
         progress: progress.clone(),
     };
     let eos = ck.eos_token_ids()?;
-    if s.engine == ENGINE_MISTRALRS {
+    if s.engine == LogitsEngine::Mistralrs {
         #[cfg(not(feature = "mistralrs"))]
-        bail!("engine: `{ENGINE_MISTRALRS}` needs a binary built with `--features mistralrs`");
+        bail!(
+            "engine: `{}` needs a binary built with `--features mistralrs`",
+            s.engine.as_str()
+        );
         #[cfg(feature = "mistralrs")]
         return run_mistralrs(
             s, &ck, device, dtype, &tok, &eos, problems, &prompts, &cfg, &template, output,
@@ -177,9 +180,7 @@ pub fn run_settings(
     let need = KvNeed::new(longest, s, problems.len());
     let block_bytes = per_token * s.block_size as u64;
     cfg.kv_cache_bytes = match &s.kv_cache {
-        Some(text) => {
-            crate::bytes::parse_bytes(text).map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?
-        }
+        Some(size) => size.bytes(),
         None => {
             // on a GPU the recurrent layers' state slots take their memory beside the cache
             let states = if device.is_cuda() {
@@ -221,12 +222,7 @@ fn run_mistralrs(
     template: &PromptTemplate,
     output: &Path,
 ) -> Result<JobSummary> {
-    let kv_cache_bytes = s
-        .kv_cache
-        .as_deref()
-        .map(crate::bytes::parse_bytes)
-        .transpose()
-        .map_err(|e| anyhow::anyhow!("kv_cache: {e}"))?;
+    let kv_cache_bytes = s.kv_cache.as_ref().map(|k| k.bytes());
     let opts = crate::jobs::mistralrs::Options {
         model_dir: ck.dir.clone(),
         device,
@@ -329,13 +325,13 @@ pub fn run(
     let parts = parts_dir(output);
     std::fs::create_dir_all(&parts)
         .with_context(|| format!("cannot create {}", parts.display()))?;
-    let shash = sampling_hash(&cfg.model_name, &cfg.params, template, &cfg.engine);
+    let shash = sampling_hash(&cfg.model_name, &cfg.params, template, cfg.engine.as_str());
     let key = PartsKey {
         model: cfg.model_name.clone(),
         model_digest: cfg.model_digest.clone(),
         problems: problems_digest(problems),
         prompt_template: format!("{template:?}"),
-        engine: cfg.engine.clone(),
+        engine: cfg.engine.as_str().to_string(),
         thinking: format!("{:?}", cfg.thinking),
         grading: format!("{:?}", cfg.grade),
         shard: format!("{}/{}", cfg.shard.0, cfg.shard.1),

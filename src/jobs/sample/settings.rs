@@ -10,7 +10,63 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::device::DeviceSpec;
 use crate::sampler::params::SamplingParams;
+
+/// The sampler's weights: `auto` (f32 on the CPU, bf16 on a GPU), `f32` or `bf16`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SampleDtype {
+    Auto,
+    F32,
+    Bf16,
+}
+
+impl SampleDtype {
+    /// The dtype on `device`; the CPU sampler runs f32 only.
+    pub fn resolve(self, device: DeviceSpec) -> std::result::Result<candle_core::DType, String> {
+        use candle_core::DType;
+        match (self, device.is_cpu()) {
+            (SampleDtype::Auto | SampleDtype::F32, true) | (SampleDtype::F32, false) => {
+                Ok(DType::F32)
+            }
+            (SampleDtype::Bf16, true) => {
+                Err("dtype bf16 needs a cuda device (the CPU sampler runs f32)".into())
+            }
+            (SampleDtype::Auto | SampleDtype::Bf16, false) => Ok(DType::BF16),
+        }
+    }
+}
+
+/// The KV cache's dtype: `auto` (the weights') or `fp8` (e4m3: half the bytes of bf16; CUDA with
+/// bf16 weights).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheDtype {
+    Auto,
+    Fp8,
+}
+
+/// Which engine computes the logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogitsEngine {
+    /// Ours.
+    #[default]
+    Selfdistill,
+    /// mistral.rs (a binary built with `--features mistralrs`).
+    Mistralrs,
+}
+
+impl LogitsEngine {
+    /// The name as configs spell it (and the sampling hash reads it).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogitsEngine::Selfdistill => ENGINE_OURS,
+            LogitsEngine::Mistralrs => ENGINE_MISTRALRS,
+        }
+    }
+}
 
 fn d_chat() -> String {
     "chat".into()
@@ -23,12 +79,6 @@ fn d_budget() -> usize {
 }
 fn d_block() -> usize {
     16
-}
-fn d_cpu() -> String {
-    "cpu".into()
-}
-fn d_auto() -> String {
-    "auto".into()
 }
 fn d_close() -> String {
     "\n</think>\n\n".into()
@@ -74,23 +124,23 @@ pub struct SampleSettings {
     /// KV cache size ("4 GiB"); default: what the run needs, at most a quarter of free memory.
     #[serde(default)]
     #[arg(long)]
-    pub kv_cache: Option<String>,
+    pub kv_cache: Option<crate::bytes::ByteSize>,
     #[serde(default = "d_block")]
     #[arg(long, default_value_t = d_block())]
     pub block_size: usize,
     /// `cpu`, or `cuda` / `cuda:N` (a binary built with `--features cuda`).
-    #[serde(default = "d_cpu")]
-    #[arg(long, default_value_t = d_cpu())]
-    pub device: String,
+    #[serde(default)]
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceSpec,
     /// Weights' dtype: `auto` (f32 on the CPU, bf16 on a GPU), `f32` or `bf16`.
     #[serde(default = "d_auto")]
-    #[arg(long, default_value_t = d_auto())]
-    pub dtype: String,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub dtype: SampleDtype,
     /// `auto` (the weights' dtype) or `fp8` (e4m3 keys and values: half the bytes of bf16;
     /// CUDA with bf16 weights).
-    #[serde(default = "d_auto")]
-    #[arg(long, default_value_t = d_auto())]
-    pub kv_cache_dtype: String,
+    #[serde(default = "d_kv_auto")]
+    #[arg(long, value_enum, default_value = "auto")]
+    pub kv_cache_dtype: KvCacheDtype,
     /// Stop sampling a problem once this many of its samples are correct (needs gold answers).
     #[serde(default)]
     #[arg(long)]
@@ -106,9 +156,9 @@ pub struct SampleSettings {
     /// Which engine computes the logits: `selfdistill` (ours) or `mistralrs` (mistral.rs, in a
     /// binary built with `--features mistralrs`). Prompts, the draw of every token (our sampler,
     /// seeded per sample), stop rules, grading and the Parquet are the same with both.
-    #[serde(default = "d_engine", skip_serializing_if = "is_default_engine")]
-    #[arg(long, default_value_t = d_engine())]
-    pub engine: String,
+    #[serde(default, skip_serializing_if = "is_default_engine")]
+    #[arg(long, value_enum, default_value = ENGINE_OURS)]
+    pub engine: LogitsEngine,
 }
 
 /// The default sampling engine: ours.
@@ -116,11 +166,14 @@ pub const ENGINE_OURS: &str = "selfdistill";
 /// mistral.rs (the `mistralrs` feature).
 pub const ENGINE_MISTRALRS: &str = "mistralrs";
 
-fn d_engine() -> String {
-    ENGINE_OURS.into()
+fn d_auto() -> SampleDtype {
+    SampleDtype::Auto
 }
-fn is_default_engine(e: &String) -> bool {
-    e == ENGINE_OURS
+fn d_kv_auto() -> KvCacheDtype {
+    KvCacheDtype::Auto
+}
+fn is_default_engine(e: &LogitsEngine) -> bool {
+    *e == LogitsEngine::Selfdistill
 }
 
 impl Default for SampleSettings {
@@ -183,43 +236,17 @@ impl SampleSettings {
                 return Err(format!("{name} must be at least 1"));
             }
         }
-        if let Some(s) = &self.kv_cache {
-            crate::bytes::parse_bytes(s).map_err(|e| format!("kv_cache: {e}"))?;
-        }
-        let gpu = match self.device.as_str() {
-            "cpu" => false,
-            d if d == "cuda"
-                || d.strip_prefix("cuda:")
-                    .is_some_and(|n| n.parse::<usize>().is_ok()) =>
-            {
-                true
-            }
-            d => return Err(format!("device must be cpu, cuda or cuda:N, got `{d}`")),
-        };
-        match (self.dtype.as_str(), gpu) {
-            ("auto" | "f32", _) | ("bf16", true) => {}
-            ("bf16", false) => {
-                return Err("dtype bf16 needs a cuda device (the CPU sampler runs f32)".into())
-            }
-            (d, _) => return Err(format!("dtype must be auto, f32 or bf16, got `{d}`")),
-        }
-        match (self.kv_cache_dtype.as_str(), gpu) {
-            ("auto", _) => {}
-            ("fp8", true) if self.dtype != "f32" => {}
-            ("fp8", _) => {
-                return Err("kv_cache_dtype fp8 needs a cuda device and bf16 weights".into())
-            }
-            (d, _) => return Err(format!("kv_cache_dtype must be auto or fp8, got `{d}`")),
+        let gpu = self.device.is_cuda();
+        self.dtype.resolve(self.device)?;
+        if self.kv_cache_dtype == KvCacheDtype::Fp8 && (!gpu || self.dtype == SampleDtype::F32) {
+            return Err("kv_cache_dtype fp8 needs a cuda device and bf16 weights".into());
         }
         if self.target_correct == Some(0) {
             return Err("target_correct must be at least 1".into());
         }
-        match self.engine.as_str() {
-            ENGINE_OURS => Ok(()),
-            ENGINE_MISTRALRS => self.validate_mistralrs(gpu),
-            e => Err(format!(
-                "engine must be {ENGINE_OURS} or {ENGINE_MISTRALRS}, got `{e}`"
-            )),
+        match self.engine {
+            LogitsEngine::Selfdistill => Ok(()),
+            LogitsEngine::Mistralrs => self.validate_mistralrs(gpu),
         }
     }
 
