@@ -502,6 +502,7 @@ fn run_model_with(
             problem_id: format!("p{i}"),
             prompt: p.clone(),
             n,
+            settings: None,
         })
         .unwrap();
     }

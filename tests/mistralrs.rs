@@ -513,6 +513,7 @@ fn a_cancel_drops_the_unsent_and_running_samples_and_keeps_finished_ones() {
             problem_id: "p".into(),
             prompt: prompt.clone(),
             n: 6,
+            settings: None,
         })
         .unwrap();
     let other = e
@@ -520,6 +521,7 @@ fn a_cancel_drops_the_unsent_and_running_samples_and_keeps_finished_ones() {
             problem_id: "q".into(),
             prompt,
             n: 2,
+            settings: None,
         })
         .unwrap();
     // one sequence at a time, two in flight: when the first sample is back, at least three

@@ -126,6 +126,7 @@ fn timed_run(
             problem_id: format!("bench/{b}"),
             prompt: bench_prompt(b, prompt_len, cfg.vocab_size),
             n: 1,
+            settings: None,
         })?;
     }
     let t0 = Instant::now();

@@ -548,6 +548,13 @@ fn load(rt: &tokio::runtime::Runtime, opts: &Options) -> Result<mistralrs::Model
 
 impl SampleEngine for MistralRsEngine {
     fn add(&mut self, req: Request) -> Result<usize> {
+        if req.settings.is_some() {
+            bail!(
+                "problem {}: the mistralrs engine draws every request with the settings it \
+                 started with; settings per request need engine = \"selfdistill\"",
+                req.problem_id
+            );
+        }
         let id = self.requests.len();
         self.requests.push(RequestInfo {
             problem_id: req.problem_id,

@@ -18,6 +18,7 @@
 //! finished samples and may [`Engine::cancel`] a request (the verifier in the loop).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
@@ -59,6 +60,18 @@ pub struct Request {
     pub problem_id: String,
     pub prompt: Vec<u32>,
     pub n: u32,
+    /// What its samples are drawn with; `None`: the engine's ([`EngineConfig::params`] and
+    /// [`EngineConfig::thinking`]). Requests with different settings share the batch: every
+    /// draw reads its own sequence's.
+    pub settings: Option<Arc<RequestSettings>>,
+}
+
+/// What a request's samples are drawn with (temperature, top-k/p, min-p, penalties, stops, seed,
+/// logprobs, max_new_tokens) and its thinking budget. The requests of one set share one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestSettings {
+    pub params: SamplingParams,
+    pub thinking: Option<ThinkingBudget>,
 }
 
 /// A finished sample.
@@ -99,9 +112,9 @@ pub struct ThinkingBudget {
 pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     pub num_blocks: usize,
-    /// Every request's parameters; with `logprobs`, each drawn token's log-probability and
-    /// that many alternatives are recorded (otherwise nothing is, and the GPU keeps its
-    /// candidate-only draw).
+    /// The parameters of the requests that bring none; with `logprobs`, each drawn token's
+    /// log-probability and that many alternatives are recorded (otherwise nothing is, and the
+    /// GPU keeps its candidate-only draw).
     pub params: SamplingParams,
     pub eos_token_ids: Vec<u32>,
     pub thinking: Option<ThinkingBudget>,
@@ -233,6 +246,10 @@ pub struct Engine<'m> {
     seqs: Vec<SeqState>,
     meta: Vec<SeqMeta>,
     requests: Vec<Request>,
+    /// Each request's settings (the engine's own where it brought none).
+    settings: Vec<Arc<RequestSettings>>,
+    /// The engine's settings, for the requests that bring none.
+    default_settings: Arc<RequestSettings>,
     cancelled: Vec<bool>,
     /// One per sampling worker thread.
     scratch: Vec<Scratch>,
@@ -258,6 +275,10 @@ impl<'m> Engine<'m> {
             StateSlots::new_on(model.config(), cfg.scheduler.max_num_seqs, model.device())?;
         let backend = Backend::new(model, cfg.scheduler.block_size, cfg.num_blocks, cfg.kv_fp8)?;
         let sched = Scheduler::new(cfg.scheduler, cfg.num_blocks);
+        let default_settings = Arc::new(RequestSettings {
+            params: cfg.params.clone(),
+            thinking: cfg.thinking.clone(),
+        });
         Ok(Engine {
             model,
             cfg,
@@ -266,6 +287,8 @@ impl<'m> Engine<'m> {
             seqs: Vec::new(),
             meta: Vec::new(),
             requests: Vec::new(),
+            settings: Vec::new(),
+            default_settings,
             cancelled: Vec::new(),
             scratch: Vec::new(),
             states,
@@ -277,8 +300,18 @@ impl<'m> Engine<'m> {
     }
 
     /// Queues a request; returns its index.
-    pub fn add(&mut self, req: Request) -> Result<usize> {
-        let max_len = req.prompt.len() + self.cfg.params.max_new_tokens;
+    pub fn add(&mut self, mut req: Request) -> Result<usize> {
+        let settings = match req.settings.take() {
+            Some(s) => {
+                if let Err(e) = s.params.validate() {
+                    bail!("problem {}: sampling parameters: {e}", req.problem_id);
+                }
+                s
+            }
+            None => self.default_settings.clone(),
+        };
+        let max_new_tokens = settings.params.max_new_tokens;
+        let max_len = req.prompt.len() + max_new_tokens;
         let capacity = self.cfg.num_blocks * self.cfg.scheduler.block_size;
         if req.prompt.is_empty() {
             bail!("problem {}: empty prompt", req.problem_id);
@@ -289,13 +322,14 @@ impl<'m> Engine<'m> {
                  tokens) or the model's context ({})",
                 req.problem_id,
                 req.prompt.len(),
-                self.cfg.params.max_new_tokens,
+                max_new_tokens,
                 self.model.config().max_position_embeddings
             );
         }
         let r = self.requests.len();
         let (n, prompt) = (req.n, req.prompt.clone());
         self.requests.push(req);
+        self.settings.push(settings);
         self.cancelled.push(false);
         if n > 0 {
             // A recurrent model's samples fork before the prompt's last token (their states
@@ -327,7 +361,7 @@ impl<'m> Engine<'m> {
             .get(request)
             .map(|r| r.problem_id.as_str())
             .unwrap_or("");
-        let rng = SampleRng::new(self.cfg.params.seed, problem_id, sample_index);
+        let rng = SampleRng::new(self.settings[request].params.seed, problem_id, sample_index);
         let id = SeqId(self.seqs.len());
         self.seqs.push(SeqState {
             num_tokens: prompt.len(),
@@ -518,34 +552,42 @@ impl<'m> Engine<'m> {
         logits: Logits,
         decode: Option<Decoder>,
     ) -> Result<Vec<Sample>> {
-        // Logprobs need every row's alternatives: the rows go to the host whole.
+        // Logprobs need their rows' alternatives: the rows go to the host whole.
+        let wants: Vec<Option<usize>> = samplers
+            .iter()
+            .map(|&id| self.settings_of(id).params.logprobs)
+            .collect();
         let logits = match logits {
-            Logits::Device(t) if self.cfg.params.logprobs.is_some() => {
+            Logits::Device(t) if wants.iter().any(Option::is_some) => {
                 Logits::Host(logits_to_host(&t)?)
             }
             l => l,
         };
         let drawn = self.draw(&samplers, &logits)?;
         let mut tops = Vec::new();
-        if let (Some(k), Logits::Host(rows)) = (self.cfg.params.logprobs, &logits) {
-            let vocab = (rows.len() / samplers.len()).max(1);
-            tops = rows
-                .par_chunks(vocab)
-                .map(|row| super::sampling::top_logprobs(row, k))
-                .collect();
+        if let Logits::Host(rows) = &logits {
+            if wants.iter().any(Option::is_some) {
+                let vocab = (rows.len() / samplers.len()).max(1);
+                tops = rows
+                    .par_chunks(vocab)
+                    .zip(&wants)
+                    .map(|(row, k)| k.map(|k| super::sampling::top_logprobs(row, k)))
+                    .collect();
+            }
         }
         if let Logits::Host(rows) = logits {
             self.backend.recycle(rows);
         }
         let mut tops = tops.into_iter();
         let mut finished = Vec::new();
-        for (id, (s, rng)) in samplers.into_iter().zip(drawn) {
+        for ((id, (s, rng)), want) in samplers.into_iter().zip(drawn).zip(&wants) {
             self.fork_siblings(id)?;
             self.meta[id.0].rng = rng;
-            if self.cfg.params.logprobs.is_some() {
+            let top = tops.next().flatten();
+            if want.is_some() {
                 self.meta[id.0].token_logprobs.push(TokenLogprob {
                     logprob: Some(s.logprob),
-                    top: tops.next().unwrap_or_default(),
+                    top: top.unwrap_or_default(),
                 });
             }
             if let Some(done) = self.take_token(id, s, decode) {
@@ -573,8 +615,16 @@ impl<'m> Engine<'m> {
             .map(|id| self.meta[id.0].tokens.len() - self.meta[id.0].prompt_len)
             .min()
             .unwrap_or(0);
-        if let Some(rows) = self.backend.candidates(logits, &self.cfg.params, fewest)? {
-            return self.draw_from_candidates(samplers, logits, &rows);
+        // the candidate kernel takes one set of settings per launch: rows of requests with
+        // different settings go to the host whole
+        let first = samplers.first().map(|&id| self.settings_of(id));
+        let shared = samplers
+            .iter()
+            .all(|&id| first.is_some_and(|f| Arc::ptr_eq(f, self.settings_of(id))));
+        if let Some(f) = first.filter(|_| shared) {
+            if let Some(rows) = self.backend.candidates(logits, &f.params.clone(), fewest)? {
+                return self.draw_from_candidates(samplers, logits, &rows);
+            }
         }
         let host = logits_to_host(logits)?;
         Ok(self.draw_tokens(samplers, &host))
@@ -591,10 +641,11 @@ impl<'m> Engine<'m> {
             self.scratch.push(Scratch::new());
         }
         let scratch = &mut self.scratch[0];
-        let (params, eos) = (&self.cfg.params, &self.cfg.eos_token_ids);
+        let eos = &self.cfg.eos_token_ids;
         let mut out = Vec::with_capacity(samplers.len());
         for (i, (id, row)) in samplers.iter().zip(rows).enumerate() {
             let m = &self.meta[id.0];
+            let params = &self.settings[m.request].params;
             let mut rng = m.rng.clone();
             let s = match super::sampling::sample_candidates(row, params, &mut rng, scratch) {
                 Some(s) => s,
@@ -620,7 +671,7 @@ impl<'m> Engine<'m> {
             self.scratch.resize_with(workers, Scratch::new);
         }
         let per = samplers.len().div_ceil(workers).max(1);
-        let (meta, params, eos) = (&self.meta, &self.cfg.params, &self.cfg.eos_token_ids);
+        let (meta, settings, eos) = (&self.meta, &self.settings, &self.cfg.eos_token_ids);
         samplers
             .par_chunks(per)
             .zip(logits.par_chunks(per * vocab.max(1)))
@@ -630,6 +681,7 @@ impl<'m> Engine<'m> {
                     .zip(rows.chunks(vocab.max(1)))
                     .map(|(id, row)| {
                         let m = &meta[id.0];
+                        let params = &settings[m.request].params;
                         let mut rng = m.rng.clone();
                         let (prompt, generated) = m.tokens.split_at(m.prompt_len);
                         let s = sample(row, params, prompt, generated, eos, &mut rng, scratch);
@@ -687,12 +739,11 @@ impl<'m> Engine<'m> {
         self.seqs[id.0].num_tokens += 1;
         self.stats.generated_tokens += 1;
         let generated = &m.tokens[m.prompt_len..];
-        let cfg = &self.cfg;
-        let thinking = cfg.thinking.as_ref();
+        let settings = &self.settings[m.request];
         let after = after_token(
-            &cfg.params,
-            &cfg.eos_token_ids,
-            thinking,
+            &settings.params,
+            &self.cfg.eos_token_ids,
+            settings.thinking.as_ref(),
             generated,
             m.thinking_closed,
             decode,
@@ -707,7 +758,7 @@ impl<'m> Engine<'m> {
             After::Close(add) => {
                 // Force the closing text in; the next steps compute it like a prompt chunk.
                 m.tokens.extend_from_slice(add);
-                if self.cfg.params.logprobs.is_some() {
+                if settings.params.logprobs.is_some() {
                     m.token_logprobs.extend(add.iter().map(|_| TokenLogprob {
                         logprob: None,
                         top: Vec::new(),
@@ -716,7 +767,7 @@ impl<'m> Engine<'m> {
                 self.seqs[id.0].num_tokens += add.len();
                 m.thinking_closed = true;
                 m.thinking_forced = true;
-                (m.tokens.len() - m.prompt_len >= self.cfg.params.max_new_tokens)
+                (m.tokens.len() - m.prompt_len >= settings.params.max_new_tokens)
                     .then_some(FinishReason::Length)
             }
         };
@@ -732,8 +783,7 @@ impl<'m> Engine<'m> {
             tokens: m.tokens[m.prompt_len..].to_vec(),
             finish_reason: reason,
             cumulative_logprob: m.logprob,
-            logprobs: self
-                .cfg
+            logprobs: settings
                 .params
                 .logprobs
                 .map(|_| std::mem::take(&mut m.token_logprobs)),
@@ -741,6 +791,11 @@ impl<'m> Engine<'m> {
         // Siblings are forked before the leader's blocks go (see `step`).
         self.finish_seq(id);
         Some(sample)
+    }
+
+    /// The settings sequence `id` draws with (its request's).
+    fn settings_of(&self, id: SeqId) -> &Arc<RequestSettings> {
+        &self.settings[self.meta[id.0].request]
     }
 
     /// Removes a finished sequence: its blocks and its state slot go back.

@@ -334,7 +334,9 @@ fn paged_greedy_equals_full_recompute_on_a_random_mqa_llama() {
 }
 
 mod engine {
-    use super::super::engine::{Engine, EngineConfig, FinishReason, Request, Sample};
+    use super::super::engine::{
+        Engine, EngineConfig, FinishReason, Request, RequestSettings, Sample,
+    };
     use super::super::params::SamplingParams;
     use super::super::scheduler::SchedulerConfig;
     use super::*;
@@ -379,6 +381,28 @@ mod engine {
         num_blocks: usize,
         n: u32,
     ) -> (Vec<Sample>, u64) {
+        let requests = prompts()
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| Request {
+                problem_id: format!("p{i}"),
+                prompt: p,
+                n,
+                settings: None,
+            })
+            .collect();
+        run_requests(model, params, max_num_seqs, num_blocks, requests)
+    }
+
+    /// `requests` through one engine whose own parameters are `params`: every finished sample,
+    /// by request and sample index, and the preemptions.
+    fn run_requests(
+        model: &Transformer,
+        params: SamplingParams,
+        max_num_seqs: usize,
+        num_blocks: usize,
+        requests: Vec<Request>,
+    ) -> (Vec<Sample>, u64) {
         let cfg = EngineConfig {
             scheduler: SchedulerConfig {
                 block_size: 4,
@@ -392,13 +416,8 @@ mod engine {
             thinking: None,
         };
         let mut e = Engine::new(model, cfg).unwrap();
-        for (i, p) in prompts().into_iter().enumerate() {
-            e.add(Request {
-                problem_id: format!("p{i}"),
-                prompt: p,
-                n,
-            })
-            .unwrap();
+        for r in requests {
+            e.add(r).unwrap();
         }
         let mut out = Vec::new();
         while !e.is_idle() {
@@ -406,6 +425,141 @@ mod engine {
         }
         out.sort_by_key(|a| (a.request, a.sample_index));
         (out, e.preemptions())
+    }
+
+    /// Settings unlike each other in every way a draw reads: nucleus sampling, greedy with
+    /// logprobs and a short length, min-p with penalties and a stop id, each its own seed.
+    fn three_settings() -> Vec<SamplingParams> {
+        vec![
+            sampling(),
+            SamplingParams {
+                temperature: 0.0,
+                max_new_tokens: 7,
+                logprobs: Some(3),
+                ..SamplingParams::default()
+            },
+            SamplingParams {
+                temperature: 0.7,
+                min_p: 0.05,
+                repetition_penalty: 1.3,
+                presence_penalty: 0.5,
+                stop_token_ids: vec![220],
+                max_new_tokens: 12,
+                seed: 99,
+                ..SamplingParams::default()
+            },
+        ]
+    }
+
+    /// Every request carries its own settings: sets with different settings sampled in one
+    /// batch give each set the tokens (and logprobs) it gets alone, at max_num_seqs 1 and 64 and
+    /// under preemption, whatever the engine's own parameters.
+    #[test]
+    fn requests_with_their_own_settings_sample_as_they_would_alone() {
+        let Some(model) = fixture_model() else { return };
+        let sets = three_settings();
+        let alone: Vec<Vec<Sample>> = sets
+            .iter()
+            .map(|p| run(&model, p.clone(), 1, 512, 2).0)
+            .collect();
+        assert!(alone[1]
+            .iter()
+            .all(|s| s.tokens.len() <= 7 && s.logprobs.is_some()));
+        assert!(alone[0].iter().all(|s| s.logprobs.is_none()));
+        let together = |max_num_seqs: usize, num_blocks: usize| {
+            let shared: Vec<_> = sets
+                .iter()
+                .map(|p| {
+                    std::sync::Arc::new(RequestSettings {
+                        params: p.clone(),
+                        thinking: None,
+                    })
+                })
+                .collect();
+            // the sets' requests interleaved, so every batch mixes them
+            let mut requests = Vec::new();
+            for (i, p) in prompts().into_iter().enumerate() {
+                for s in &shared {
+                    requests.push(Request {
+                        problem_id: format!("p{i}"),
+                        prompt: p.clone(),
+                        n: 2,
+                        settings: Some(s.clone()),
+                    });
+                }
+            }
+            let other = SamplingParams {
+                temperature: 1.0,
+                seed: 5,
+                max_new_tokens: 3,
+                ..SamplingParams::default()
+            };
+            run_requests(&model, other, max_num_seqs, num_blocks, requests)
+        };
+        for (max_num_seqs, num_blocks) in [(1, 512), (64, 512), (64, 24)] {
+            let (got, preempted) = together(max_num_seqs, num_blocks);
+            if num_blocks == 24 {
+                assert!(preempted > 0, "the tight cache should force preemptions");
+            }
+            for (k, want) in alone.iter().enumerate() {
+                let mine: Vec<&Sample> = got.iter().filter(|s| s.request % 3 == k).collect();
+                assert_eq!(mine.len(), want.len(), "set {k}");
+                for (a, b) in want.iter().zip(mine) {
+                    let what = format!("set {k}, {} sample {}", a.problem_id, a.sample_index);
+                    assert_eq!(
+                        (&a.problem_id, a.sample_index, &a.tokens, a.finish_reason),
+                        (&b.problem_id, b.sample_index, &b.tokens, b.finish_reason),
+                        "{what} at max_num_seqs {max_num_seqs}, {num_blocks} blocks"
+                    );
+                    assert!((a.cumulative_logprob - b.cumulative_logprob).abs() < 1e-3);
+                    let tops = |s: &Sample| {
+                        s.logprobs
+                            .as_ref()
+                            .map(|l| l.iter().map(|t| t.top.len()).collect::<Vec<_>>())
+                    };
+                    assert_eq!(tops(a), tops(b), "{what}");
+                }
+            }
+        }
+    }
+
+    /// A request's own parameters are checked when it is added, naming its problem.
+    #[test]
+    fn a_request_with_bad_settings_is_refused_naming_its_problem() {
+        let Some(model) = fixture_model() else { return };
+        let cfg = EngineConfig {
+            scheduler: SchedulerConfig {
+                block_size: 4,
+                max_num_seqs: 2,
+                max_num_batched_tokens: 64,
+            },
+            num_blocks: 64,
+            params: sampling(),
+            eos_token_ids: vec![482],
+            kv_fp8: false,
+            thinking: None,
+        };
+        let mut e = Engine::new(&model, cfg).unwrap();
+        let bad = RequestSettings {
+            params: SamplingParams {
+                top_p: 1.5,
+                ..sampling()
+            },
+            thinking: None,
+        };
+        let err = e
+            .add(Request {
+                problem_id: "q7".into(),
+                prompt: vec![1, 2],
+                n: 1,
+                settings: Some(std::sync::Arc::new(bad)),
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("problem q7: sampling parameters: top_p"),
+            "{err}"
+        );
     }
 
     fn sampling() -> SamplingParams {
@@ -553,6 +707,7 @@ mod engine {
                 problem_id: "p".into(),
                 prompt: prompts()[0].clone(),
                 n: 6,
+                settings: None,
             })
             .unwrap();
         let mut done = Vec::new();
@@ -597,6 +752,7 @@ mod engine {
             problem_id: "p".into(),
             prompt: prompts()[0].clone(),
             n: 3,
+            settings: None,
         })
         .unwrap();
         let mut out = Vec::new();
@@ -652,6 +808,7 @@ mod engine {
             problem_id: "p0".into(),
             prompt: prompts()[0].clone(),
             n: 1,
+            settings: None,
         })
         .unwrap();
         let decode = |ids: &[u32]| tok.decode(ids).unwrap_or_default();

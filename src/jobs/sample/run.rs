@@ -353,6 +353,7 @@ pub fn run(
             problem_id: p.problem_id.clone(),
             prompt: ids.clone(),
             n: cfg.params.n,
+            settings: None,
         })?;
         index_of_request.push(i);
     }
