@@ -6,7 +6,9 @@
 //
 // Per row (one block of 1024 threads):
 //   value(x) = sanitize(x) when greedy, sanitize(x / temperature) otherwise (IEEE division, as
-//              on the CPU); sanitize: NaN -> -inf, +inf -> FLT_MAX
+//              on the CPU); sanitize: NaN -> -inf, +inf -> FLT_MAX. The temperature is the
+//              launch's, or the row's own where `temperatures` is given (rows of requests with
+//              their own settings); a row's temperature 0 means greedy.
 //   the kk = min(k, #finite values) best values, ordered by (value desc, token id asc), with
 //   their ids and sanitized raw logits; and the raw row's max and sum of exp(x - max) for the
 //   chosen token's log-probability under the raw model distribution.
@@ -195,8 +197,13 @@ __device__ void top_candidates(const T* __restrict__ logits, int vocab, int k, i
 
 #define TOPK(NAME, T)                                                                          \
   extern "C" __global__ void __launch_bounds__(THREADS) top_candidates_##NAME(                 \
-      const T* logits, int vocab, int k, int greedy, float temperature, uint32_t* out_ids,     \
-      float* out_vals, float* out_raw, uint32_t* out_count, float* out_max, float* out_sum) {  \
+      const T* logits, int vocab, int k, int greedy, float temperature,                        \
+      const float* temperatures, uint32_t* out_ids, float* out_vals, float* out_raw,           \
+      uint32_t* out_count, float* out_max, float* out_sum) {                                   \
+    if (temperatures != nullptr) {                                                             \
+      temperature = temperatures[blockIdx.x];                                                  \
+      greedy = !(temperature > 0.0f);                                                          \
+    }                                                                                          \
     top_candidates<T>(logits, vocab, k, greedy, temperature, out_ids, out_vals, out_raw,       \
                       out_count, out_max, out_sum);                                            \
   }

@@ -311,6 +311,7 @@ fn fixture_named(name: &str) -> PathBuf {
 
 #[test]
 fn gpu_candidates_equal_the_cpu_reference() {
+    use selfdistill::sampler::gpu::sampling::{top_candidates as gpu_top_candidates, Temperatures};
     use selfdistill::sampler::sampling::{top_candidates, SampleRng};
     let dev = gpu();
     for (ti, &(temperature, k)) in [(0.0f32, 1usize), (0.6, 20), (1.0, 5), (0.9, 300)]
@@ -354,15 +355,38 @@ fn gpu_candidates_equal_the_cpu_reference() {
                 .unwrap()
                 .to_vec1()
                 .unwrap();
-            let got = selfdistill::sampler::gpu::sampling::top_candidates(
-                &t,
-                k,
-                params.is_greedy(),
+            let one = Temperatures::One {
+                greedy: params.is_greedy(),
                 temperature,
-            )
-            .unwrap();
+            };
+            let got = gpu_top_candidates(&t, k, &one).unwrap();
+            // and each row at its own temperature (requests with their own settings), row 2
+            // greedy
+            let row_params: Vec<SamplingParams> = (0..n)
+                .map(|r| SamplingParams {
+                    temperature: if r == 2 { 0.0 } else { 0.3 + 0.2 * r as f32 },
+                    ..params.clone()
+                })
+                .collect();
+            let per_row = Temperatures::PerRow(
+                row_params
+                    .iter()
+                    .map(|p| if p.is_greedy() { 0.0 } else { p.temperature })
+                    .collect(),
+            );
+            let mixed = gpu_top_candidates(&t, k, &per_row).unwrap();
             for r in 0..n {
-                let want = top_candidates(&host[r * vocab..(r + 1) * vocab], &params, k);
+                let row = &host[r * vocab..(r + 1) * vocab];
+                let want = top_candidates(row, &row_params[r], k);
+                assert_eq!(
+                    mixed[r].ids, want.ids,
+                    "setting {ti} {dtype:?} row {r}, own"
+                );
+                assert_eq!(
+                    mixed[r].values, want.values,
+                    "setting {ti} {dtype:?} row {r}, own"
+                );
+                let want = top_candidates(row, &params, k);
                 let g = &got[r];
                 assert_eq!(g.ids, want.ids, "setting {ti} {dtype:?} row {r}");
                 assert_eq!(g.values, want.values, "setting {ti} {dtype:?} row {r}");

@@ -217,30 +217,55 @@ impl Backend {
         }
     }
 
-    /// Each device row's best candidates, when the sampling settings let a draw use them alone
-    /// ([`super::sampling::candidates_needed`], for sequences with at least `fewest` generated
-    /// tokens); `None`: the draw needs the whole rows.
+    /// Each device row's best candidates, where the row's sampling settings let a draw use them
+    /// alone ([`super::sampling::candidates_needed`] for its `(settings, generated tokens)` in
+    /// `rows`): `None` for a row whose draw needs the whole row. `None` overall where no row's
+    /// can (and on the CPU, whose rows are on the host): the rows go to the host.
     pub fn candidates(
         &self,
         logits: &Tensor,
-        params: &SamplingParams,
-        fewest: usize,
-    ) -> Result<Option<Vec<CandidateRow>>> {
+        rows: &[(&SamplingParams, usize)],
+    ) -> Result<Option<Vec<Option<CandidateRow>>>> {
         match self {
             Backend::Cpu { .. } => {
-                let _ = (logits, params, fewest);
+                let _ = (logits, rows);
                 Ok(None)
             }
             #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => match super::sampling::candidates_needed(params, fewest) {
-                Some(k) => Ok(Some(super::gpu::sampling::top_candidates(
-                    logits,
-                    k,
-                    params.is_greedy(),
-                    params.temperature,
-                )?)),
-                None => Ok(None),
-            },
+            Backend::Cuda(_) => {
+                use super::gpu::sampling::{top_candidates, Temperatures};
+                let needs: Vec<Option<usize>> = rows
+                    .iter()
+                    .map(|&(p, generated)| super::sampling::candidates_needed(p, generated))
+                    .collect();
+                let Some(k) = needs.iter().flatten().max().copied() else {
+                    return Ok(None);
+                };
+                // a row's temperature (0: greedy), one for the launch when all rows agree
+                let rank = |p: &SamplingParams| if p.is_greedy() { 0.0 } else { p.temperature };
+                let per_row: Vec<f32> = rows.iter().map(|&(p, _)| rank(p)).collect();
+                let temperatures = match rows.first() {
+                    Some(&(p, _)) if per_row.iter().all(|t| t.to_bits() == rank(p).to_bits()) => {
+                        Temperatures::One {
+                            greedy: p.is_greedy(),
+                            temperature: p.temperature,
+                        }
+                    }
+                    _ => Temperatures::PerRow(per_row),
+                };
+                let got = top_candidates(logits, k, &temperatures)?;
+                Ok(Some(
+                    got.into_iter()
+                        .zip(needs)
+                        .map(|(mut c, need)| {
+                            need.map(|n| {
+                                c.truncate(n);
+                                c
+                            })
+                        })
+                        .collect(),
+                ))
+            }
         }
     }
 }

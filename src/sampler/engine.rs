@@ -602,40 +602,35 @@ impl<'m> Engine<'m> {
         self.backend.synchronize(dev, self.sync_timing)
     }
 
-    /// Draws one token per sampling sequence from `logits` (one row each). On a GPU, when the
-    /// sampling settings allow it ([`super::sampling::candidates_needed`]), only each row's best candidates cross
-    /// to the host; otherwise the rows do.
+    /// Draws one token per sampling sequence from `logits` (one row each). On a GPU, where a
+    /// row's settings allow it ([`super::sampling::candidates_needed`]), only its best candidates
+    /// cross to the host; otherwise its row does.
     fn draw(&mut self, samplers: &[SeqId], logits: &Logits) -> Result<Vec<(Sampled, SampleRng)>> {
         let logits = match logits {
             Logits::Host(rows) => return Ok(self.draw_tokens(samplers, rows)),
             Logits::Device(t) => t,
         };
-        let fewest = samplers
+        let rows: Vec<(&SamplingParams, usize)> = samplers
             .iter()
-            .map(|id| self.meta[id.0].tokens.len() - self.meta[id.0].prompt_len)
-            .min()
-            .unwrap_or(0);
-        // the candidate kernel takes one set of settings per launch: rows of requests with
-        // different settings go to the host whole
-        let first = samplers.first().map(|&id| self.settings_of(id));
-        let shared = samplers
-            .iter()
-            .all(|&id| first.is_some_and(|f| Arc::ptr_eq(f, self.settings_of(id))));
-        if let Some(f) = first.filter(|_| shared) {
-            if let Some(rows) = self.backend.candidates(logits, &f.params.clone(), fewest)? {
-                return self.draw_from_candidates(samplers, logits, &rows);
-            }
+            .map(|&id| {
+                let m = &self.meta[id.0];
+                (&self.settings_of(id).params, m.tokens.len() - m.prompt_len)
+            })
+            .collect();
+        if let Some(rows) = self.backend.candidates(logits, &rows)? {
+            return self.draw_from_candidates(samplers, logits, &rows);
         }
         let host = logits_to_host(logits)?;
         Ok(self.draw_tokens(samplers, &host))
     }
 
-    /// [`super::sampling::sample_candidates`] per row; a row without candidates is sampled densely.
+    /// [`super::sampling::sample_candidates`] per row; a row without candidates (or whose
+    /// settings need the whole row) is sampled densely.
     fn draw_from_candidates(
         &mut self,
         samplers: &[SeqId],
         logits: &Tensor,
-        rows: &[super::sampling::CandidateRow],
+        rows: &[Option<super::sampling::CandidateRow>],
     ) -> Result<Vec<(Sampled, SampleRng)>> {
         if self.scratch.is_empty() {
             self.scratch.push(Scratch::new());
@@ -647,7 +642,10 @@ impl<'m> Engine<'m> {
             let m = &self.meta[id.0];
             let params = &self.settings[m.request].params;
             let mut rng = m.rng.clone();
-            let s = match super::sampling::sample_candidates(row, params, &mut rng, scratch) {
+            let drawn = row
+                .as_ref()
+                .and_then(|row| super::sampling::sample_candidates(row, params, &mut rng, scratch));
+            let s = match drawn {
                 Some(s) => s,
                 None => {
                     let dense = logits_to_host(&logits.get(i)?)?;

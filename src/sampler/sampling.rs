@@ -251,6 +251,16 @@ pub struct CandidateRow {
     pub sum_exp: f64,
 }
 
+impl CandidateRow {
+    /// The best `n` (of a launch that took more for other rows): candidates are ordered, so
+    /// these are exactly what a launch of `n` gives.
+    pub fn truncate(&mut self, n: usize) {
+        self.ids.truncate(n);
+        self.values.truncate(n);
+        self.raw.truncate(n);
+    }
+}
+
 /// The CPU reference of the GPU kernel: the best `k` candidates of `logits` under `params`.
 pub fn top_candidates(logits: &[f32], params: &SamplingParams, k: usize) -> CandidateRow {
     let value = |x: f32| {

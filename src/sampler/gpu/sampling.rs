@@ -13,17 +13,31 @@ use candle_core::{bail, DType, Result, Tensor};
 use crate::cuda::kernels::{checked, module_fn, slice_ptr, tensor_ptr, SAMPLING_PTX};
 use crate::sampler::sampling::{CandidateRow, MAX_CANDIDATES};
 
-/// The best `k` candidates of every row of `logits` (N, vocab), f32 or bf16 on a CUDA device:
-/// greedy ranks the sanitized logits, otherwise the logits divided by `temperature`.
+/// How the rows of a launch rank their values.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Temperatures {
+    /// Every row alike: greedy (the sanitized logits), or the logits divided by `temperature`.
+    One { greedy: bool, temperature: f32 },
+    /// Each row its own (rows of requests with their own settings): 0 for a greedy row. One
+    /// upload of the values.
+    PerRow(Vec<f32>),
+}
+
+/// The best `k` candidates of every row of `logits` (N, vocab), f32 or bf16 on a CUDA device,
+/// each row ranked as `temperatures` says.
 pub fn top_candidates(
     logits: &Tensor,
     k: usize,
-    greedy: bool,
-    temperature: f32,
+    temperatures: &Temperatures,
 ) -> Result<Vec<CandidateRow>> {
     let (n, vocab) = logits.dims2()?;
     if k == 0 || k > MAX_CANDIDATES {
         bail!("top_candidates: k = {k} (1..={MAX_CANDIDATES})");
+    }
+    if let Temperatures::PerRow(t) = temperatures {
+        if t.len() != n {
+            bail!("top_candidates: {} temperatures for {n} rows", t.len());
+        }
     }
     let logits = logits.contiguous()?;
     let dev = logits.device().as_cuda_device()?.clone();
@@ -48,14 +62,29 @@ pub fn top_candidates(
         slice_ptr(&dev, &max),
         slice_ptr(&dev, &sum),
     );
-    let (vocab_i, k_i, greedy_i) = (vocab as i32, k as i32, greedy as i32);
     let stream = dev.cuda_stream();
+    let (greedy, temperature, per_row) = match temperatures {
+        Temperatures::One {
+            greedy,
+            temperature,
+        } => (*greedy, *temperature, None),
+        Temperatures::PerRow(t) => {
+            let up = stream
+                .clone_htod(t)
+                .map_err(|e| candle_core::Error::Msg(format!("copy to the device: {e:?}")))?;
+            (false, 0.0, Some(up))
+        }
+    };
+    // a null pointer: the launch's temperature for every row
+    let tp = per_row.as_ref().map_or(0, |t| slice_ptr(&dev, t));
+    let (vocab_i, k_i, greedy_i) = (vocab as i32, k as i32, greedy as i32);
     let mut b = stream.launch_builder(&f);
     b.arg(&lp)
         .arg(&vocab_i)
         .arg(&k_i)
         .arg(&greedy_i)
         .arg(&temperature)
+        .arg(&tp)
         .arg(&ip)
         .arg(&vp)
         .arg(&rp)
