@@ -164,6 +164,82 @@ fn eval_writes_samples_metrics_and_a_table_and_reuses_samples() {
     assert!(text(&o).contains("gsm8k_test"), "{}", text(&o));
 }
 
+/// Sets with different sampling settings (n, temperature, top-k, min-p, logprobs, seed,
+/// max_new_tokens) sampled together, the model loaded once, give each set the samples and
+/// metrics it gets alone.
+#[test]
+fn sets_sampled_together_give_what_each_gives_alone() {
+    let Some(model) = shared("fixtures/tiny-qwen3") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    toy_set(dir.path());
+    let toy = std::fs::read_to_string(dir.path().join("toy.toml")).unwrap();
+    let variant = |name: &str, sample: &str| {
+        let t = toy
+            .replace(
+                "n = 3\ntemperature = 0.8\nmax_new_tokens = 8\nseed = 5\n",
+                sample,
+            )
+            .replace("name = \"toy\"", &format!("name = \"{name}\""));
+        assert_ne!(t, toy);
+        std::fs::write(dir.path().join(format!("{name}.toml")), t).unwrap();
+    };
+    variant(
+        "greedy",
+        "n = 2\ntemperature = 0.0\nmax_new_tokens = 5\nlogprobs = 2\n",
+    );
+    variant(
+        "topk",
+        "n = 4\ntemperature = 1.1\ntop_k = 20\nmin_p = 0.02\nmax_new_tokens = 11\nseed = 9\n",
+    );
+    let m = model.to_str().unwrap();
+    let eval = |sets: &str, out: &str| {
+        let o = run(
+            &["eval", "--model", m, "--sets", sets, "--output", out],
+            dir.path(),
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+    };
+    let log = eval("toy.toml,greedy.toml,topk.toml", "together");
+    let loads = log.matches("the model loaded once").count();
+    assert_eq!(loads, 1, "{log}");
+    assert!(log.contains("on toy, greedy, topk"), "{log}");
+    let slug = selfdistill::eval::model_slug(m);
+    for set in ["toy", "greedy", "topk"] {
+        eval(&format!("{set}.toml"), &format!("alone-{set}"));
+        let read = |out: &str| {
+            let d = dir.path().join(out).join(&slug).join(set);
+            let rows = read_completions(&d.join("samples.parquet")).unwrap();
+            let metrics: Value =
+                serde_json::from_slice(&std::fs::read(d.join("metrics.json")).unwrap()).unwrap();
+            (rows, metrics)
+        };
+        let (together, m_together) = read("together");
+        let (alone, m_alone) = read(&format!("alone-{set}"));
+        assert_eq!(m_together["metrics"], m_alone["metrics"], "{set}");
+        assert_eq!(together.len(), alone.len(), "{set}");
+        assert!(!alone.is_empty());
+        for (a, b) in together.iter().zip(&alone) {
+            let what = format!("{set} {} sample {}", a.problem_id, a.sample_index);
+            assert_eq!(
+                (&a.problem_id, a.sample_index, &a.completion_token_ids),
+                (&b.problem_id, b.sample_index, &b.completion_token_ids),
+                "{what}"
+            );
+            assert_eq!(
+                (&a.completion, &a.grade, &a.finish_reason, &a.sampling_hash),
+                (&b.completion, &b.grade, &b.finish_reason, &b.sampling_hash),
+                "{what}"
+            );
+            assert_eq!(a.logprobs.is_some(), set == "greedy", "{what}");
+            let (x, y) = (a.cumulative_logprob.unwrap(), b.cumulative_logprob.unwrap());
+            assert!((x - y).abs() < 1e-3, "{what}: {x} vs {y}");
+        }
+    }
+}
+
 /// `pipeline eval`'s sampling flags set only what they name over each set's own settings, a
 /// flag typed at its default included (`--temperature 0` makes the set's 0.8 greedy); flags not
 /// typed leave the set's values.

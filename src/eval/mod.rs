@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::source::SourceSpec;
 use crate::data::{hub, load_source};
-use crate::jobs::sample::run::run_settings;
+use crate::jobs::sample::run::{engine_difference, run_jobs, JobSpec};
 use crate::jobs::sample::settings::{KeyError, SampleOverrides, SampleSettings};
 use metrics::{Outcome, SetMetrics};
 
@@ -369,6 +369,9 @@ pub fn model_slug(model: &str) -> String {
 }
 
 /// Samples, grades and scores every set with every model; writes the layout of the module doc.
+/// Each model is loaded once: the sets whose settings share an engine
+/// ([`engine_difference`]: normally all of them) run as one continuous batch, each request
+/// with its set's sampling parameters, each set's samples and metrics what it gets alone.
 pub fn evaluate(
     models: &[String],
     sets: &[EvalSet],
@@ -379,44 +382,100 @@ pub fn evaluate(
     if models.is_empty() || sets.is_empty() {
         bail!("eval: give at least one --model and one set");
     }
-    let mut results = Vec::new();
-    for set in sets {
-        let problems = set.problems(ov.limit.or(set.source.limit))?;
-        if problems.iter().any(|p| p.gold_answer.is_empty()) {
+    let mut problems = Vec::with_capacity(sets.len());
+    for (i, set) in sets.iter().enumerate() {
+        if let Some(other) = sets[..i].iter().find(|o| o.name == set.name) {
+            bail!(
+                "eval sets {} and {} are both named `{}`: their samples would share a folder",
+                other.file.display(),
+                set.file.display(),
+                set.name
+            );
+        }
+        let p = set.problems(ov.limit.or(set.source.limit))?;
+        if p.iter().any(|p| p.gold_answer.is_empty()) {
             bail!("eval set `{}`: some problems have no gold answer", set.name);
         }
-        let levels: HashMap<&str, &str> = problems
-            .iter()
-            .filter_map(|p| Some((p.problem_id.as_str(), p.level.as_deref()?)))
-            .collect();
-        for model in models {
-            let s = ov.settings(set, model)?;
+        problems.push(p);
+    }
+    // (set, model) -> result, reported in set order then model order
+    let mut by_pair: HashMap<(usize, usize), EvalResult> = HashMap::new();
+    for (mi, model) in models.iter().enumerate() {
+        let mut settings = Vec::with_capacity(sets.len());
+        let mut dirs = Vec::with_capacity(sets.len());
+        let mut targets = Vec::with_capacity(sets.len());
+        for set in sets {
             let dir = out.join(model_slug(model)).join(&set.name);
             std::fs::create_dir_all(&dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
-            let samples = dir.join("samples.parquet");
-            tracing::info!(
-                "eval: {} on {} ({} problems, n = {})",
-                model,
-                set.name,
-                problems.len(),
-                s.params.n
-            );
-            let target = crate::progress::Target::new(
+            settings.push(ov.settings(set, model)?);
+            dirs.push(dir);
+            targets.push(crate::progress::Target::new(
                 format!("eval {} {}", set.name, model_slug(model)),
                 progress_file.map(Path::to_path_buf),
+            ));
+        }
+        // the sets that can share an engine, in set order
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for i in 0..sets.len() {
+            let joins = groups
+                .iter_mut()
+                .find(|g| engine_difference(&settings[g[0]], &settings[i]).is_none());
+            match joins {
+                Some(g) => g.push(i),
+                None => groups.push(vec![i]),
+            }
+        }
+        for group in groups {
+            let samples: Vec<PathBuf> = group
+                .iter()
+                .map(|&i| dirs[i].join("samples.parquet"))
+                .collect();
+            let specs: Vec<JobSpec> = group
+                .iter()
+                .zip(&samples)
+                .map(|(&i, out)| JobSpec {
+                    settings: &settings[i],
+                    problems: &problems[i],
+                    shard: (0, 1),
+                    problem_set: None,
+                    output: out,
+                    progress: &targets[i],
+                })
+                .collect();
+            let names: Vec<&str> = group.iter().map(|&i| sets[i].name.as_str()).collect();
+            tracing::info!(
+                "eval: {model} on {} ({} problems), the model loaded once",
+                names.join(", "),
+                group.iter().map(|&i| problems[i].len()).sum::<usize>()
             );
-            let summary = run_settings(&s, &problems, (0, 1), None, &samples, &target)?;
-            let outcomes = outcomes(&samples, &levels)?;
-            let m = metrics::compute(&outcomes, s.params.seed);
-            let r = EvalResult {
-                model: model.clone(),
-                set: set.name.clone(),
-                metrics: m,
-                tokens_per_second: summary.generated_tokens as f64 / summary.seconds.max(1e-9),
-            };
-            crate::store::write_json_atomic(&dir.join("metrics.json"), &r)?;
-            results.push(r);
+            let overall = crate::progress::Target::new(
+                format!("eval {}", model_slug(model)),
+                progress_file.map(Path::to_path_buf),
+            );
+            let summaries = run_jobs(&specs, &overall)?;
+            for ((&i, samples), summary) in group.iter().zip(&samples).zip(summaries) {
+                let levels: HashMap<&str, &str> = problems[i]
+                    .iter()
+                    .filter_map(|p| Some((p.problem_id.as_str(), p.level.as_deref()?)))
+                    .collect();
+                let outcomes = outcomes(samples, &levels)?;
+                let m = metrics::compute(&outcomes, settings[i].params.seed);
+                let r = EvalResult {
+                    model: model.clone(),
+                    set: sets[i].name.clone(),
+                    metrics: m,
+                    tokens_per_second: summary.generated_tokens as f64 / summary.seconds.max(1e-9),
+                };
+                crate::store::write_json_atomic(&dirs[i].join("metrics.json"), &r)?;
+                by_pair.insert((i, mi), r);
+            }
+        }
+    }
+    let mut results = Vec::with_capacity(by_pair.len());
+    for i in 0..sets.len() {
+        for mi in 0..models.len() {
+            results.extend(by_pair.remove(&(i, mi)));
         }
     }
     crate::store::write_json_atomic(&out.join("metrics.json"), &results)?;

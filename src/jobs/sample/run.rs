@@ -1,33 +1,28 @@
-//! The run of a sampling job: settings to a loaded model and engine ([`run_settings`]), then
-//! the loop ([`run`]) that feeds the engine the problems not yet committed, grades each finished
-//! sample, stops a problem at `target_correct`, commits finished problems in parts
-//! ([`super::parts`]) and joins them into the output.
+//! A run of one or more sampling jobs on one model: settings to jobs ([`prepare_job`]: prompts,
+//! checks, the job's config), the model loaded once and one engine sized for every job
+//! ([`run_jobs`]), then [`super::feed`]'s loop. Jobs that share a run must agree on what the
+//! engine is ([`engine_difference`]); each may have its own sampling parameters, prompts and
+//! output.
 //!
 //! Knows nothing of stages, configs or the command line.
 
-use std::collections::HashMap;
-use std::path::Path;
-use std::time::Instant;
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::engine::SampleEngine;
 use super::memory::KvNeed;
-use super::parts::{
-    check_key, commit_part, committed_problems, join_parts, next_part_index, parts_dir,
-    problems_digest, PartsKey,
-};
 use super::prompt::{build_prompts, PromptTemplate};
 use super::settings::{KvCacheDtype, LogitsEngine, SampleSettings, ENGINE_OURS};
-use crate::data::schema::{Completion, Grade, Logprobs, Problem};
-use crate::model::{TextTokenizer, Transformer};
+use crate::data::schema::Problem;
+use crate::model::{Checkpoint, TextTokenizer, Transformer};
+use crate::progress::Target;
 use crate::sampler::backend::{kv_cache_bytes_per_token, kv_cache_memory};
-use crate::sampler::engine::{Engine, EngineConfig, Request, Sample, ThinkingBudget};
+use crate::sampler::engine::{Engine, EngineConfig, ThinkingBudget};
 use crate::sampler::params::SamplingParams;
 use crate::sampler::scheduler::SchedulerConfig;
 use crate::sampler::state_slots::StateSlots;
-use crate::verify::{grade, GradeOptions};
+use crate::verify::GradeOptions;
 
 #[derive(Debug, Clone)]
 pub struct JobConfig {
@@ -87,6 +82,27 @@ pub fn prompts_of(
     Ok((template, prompts))
 }
 
+/// One job of a run: its settings, its problems (gold answers, where not empty, are graded),
+/// its shard and where it writes and reports.
+pub struct JobSpec<'a> {
+    pub settings: &'a SampleSettings,
+    pub problems: &'a [Problem],
+    pub shard: (usize, usize),
+    /// The whole set's digest, for a shard (see [`JobConfig::problem_set`]).
+    pub problem_set: Option<&'a str>,
+    pub output: &'a Path,
+    pub progress: &'a Target,
+}
+
+/// A job ready to run: its problems' prompts, template and config, and its output.
+pub struct Job<'a> {
+    pub problems: &'a [Problem],
+    pub prompts: Vec<Prompt>,
+    pub template: PromptTemplate,
+    pub cfg: JobConfig,
+    pub output: PathBuf,
+}
+
 /// Loads the model and runs the job described by `s` over `problems` (gold answers, where not
 /// empty, are graded).
 pub fn run_settings(
@@ -95,16 +111,150 @@ pub fn run_settings(
     shard: (usize, usize),
     problem_set: Option<&str>,
     output: &Path,
-    progress: &crate::progress::Target,
+    progress: &Target,
 ) -> Result<JobSummary> {
-    s.validate()
-        .map_err(|e| anyhow::anyhow!("sample settings: {e}"))?;
-    let ck = crate::model::Checkpoint::open(&s.model)?;
+    let spec = JobSpec {
+        settings: s,
+        problems,
+        shard,
+        problem_set,
+        output,
+        progress,
+    };
+    let mut done = run_jobs(&[spec], progress)?;
+    Ok(done.remove(0))
+}
+
+/// The first setting in which `b` runs another engine than `a` (another model, device, dtype,
+/// cache, batch or engine): jobs that differ in one cannot share a run. `None`: they can.
+pub fn engine_difference(a: &SampleSettings, b: &SampleSettings) -> Option<&'static str> {
+    [
+        ("model", a.model == b.model),
+        ("device", a.device == b.device),
+        ("dtype", a.dtype == b.dtype),
+        ("kv_cache_dtype", a.kv_cache_dtype == b.kv_cache_dtype),
+        ("kv_cache", a.kv_cache == b.kv_cache),
+        ("block_size", a.block_size == b.block_size),
+        ("max_num_seqs", a.max_num_seqs == b.max_num_seqs),
+        (
+            "max_num_batched_tokens",
+            a.max_num_batched_tokens == b.max_num_batched_tokens,
+        ),
+        ("engine", a.engine == b.engine),
+    ]
+    .into_iter()
+    .find(|(_, same)| !same)
+    .map(|(key, _)| key)
+}
+
+/// Loads the model once and runs every job of `specs` through one engine: their requests in
+/// one continuous batch, each with its own job's settings, each job's output what it would be
+/// alone. The jobs must agree on the engine ([`engine_difference`]); mistral.rs runs one job.
+/// `overall` reports the run where there are several jobs.
+pub fn run_jobs(specs: &[JobSpec], overall: &Target) -> Result<Vec<JobSummary>> {
+    let Some(first) = specs.first() else {
+        return Ok(Vec::new());
+    };
+    let s = first.settings;
+    for spec in specs {
+        spec.settings
+            .validate()
+            .map_err(|e| anyhow::anyhow!("sample settings: {e}"))?;
+        if let Some(key) = engine_difference(s, spec.settings) {
+            bail!("jobs of one run differ in `{key}`: they need an engine each");
+        }
+    }
+    let ck = Checkpoint::open(&s.model)?;
     let tok = ck.tokenizer()?;
-    let (template, prompts) = prompts_of(s, &ck, &tok, problems)?;
+    let digest = ck.digest()?.hex;
+    let jobs = specs
+        .iter()
+        .map(|spec| prepare_job(spec, &ck, &tok, &digest))
+        .collect::<Result<Vec<_>>>()?;
     let device = crate::model::open_device(s.device)?;
     let dtype = s.dtype.resolve(s.device).map_err(anyhow::Error::msg)?;
+    let eos = ck.eos_token_ids()?;
+    if s.engine == LogitsEngine::Mistralrs {
+        #[cfg(not(feature = "mistralrs"))]
+        bail!(
+            "engine: `{}` needs a binary built with `--features mistralrs`",
+            s.engine.as_str()
+        );
+        #[cfg(feature = "mistralrs")]
+        return run_mistralrs(s, &ck, device, dtype, &tok, &eos, jobs, overall);
+    }
+    let mut model = ck.load_transformer(&device, dtype)?;
+    model.set_fused_inference(true)?;
+    let mut jobs = jobs;
+    let engine_cfg = size_engine(s, &model, &device, &eos, &mut jobs)?;
+    let mut engine = Engine::new(&model, engine_cfg)?;
+    super::feed::run(&mut engine, &tok, &jobs, overall)
+}
+
+/// The engine's settings for `jobs` on `model`, with the KV cache `kv_cache` gives, or by
+/// default what max_num_seqs sequences of the longest prompt plus the longest max_new_tokens
+/// need, capped at a quarter of the available memory (on a GPU: 90% of its free memory); each
+/// job's config records the cache.
+fn size_engine(
+    s: &SampleSettings,
+    model: &Transformer,
+    device: &candle_core::Device,
+    eos: &[u32],
+    jobs: &mut [Job],
+) -> Result<EngineConfig> {
+    let longest = jobs
+        .iter()
+        .flat_map(|j| j.prompts.iter().map(|(_, ids)| ids.len()))
+        .max()
+        .unwrap_or(0);
+    // the jobs together: the most samples and tokens any asks for, over all their problems
+    let mut all = s.clone();
+    all.params.n = jobs.iter().map(|j| j.cfg.params.n).max().unwrap_or(1);
+    all.params.max_new_tokens = jobs
+        .iter()
+        .map(|j| j.cfg.params.max_new_tokens)
+        .max()
+        .unwrap_or(0);
+    let problems = jobs.iter().map(|j| j.problems.len()).sum();
     let kv_fp8 = s.kv_cache_dtype == KvCacheDtype::Fp8;
+    let per_token = kv_cache_bytes_per_token(model, kv_fp8) as u64;
+    let need = KvNeed::new(longest, &all, problems);
+    let block_bytes = per_token * s.block_size as u64;
+    let bytes = match &s.kv_cache {
+        Some(size) => size.bytes(),
+        None => {
+            // on a GPU the recurrent layers' state slots take their memory beside the cache
+            let states = if device.is_cuda() {
+                (s.max_num_seqs * StateSlots::bytes_per_seq(model.config())) as u64
+            } else {
+                0
+            };
+            (need.default_blocks as u64 * block_bytes)
+                .min(kv_cache_memory(device)?.saturating_sub(states))
+        }
+    };
+    need.check(bytes / block_bytes.max(1), block_bytes, &all)?;
+    for j in jobs.iter_mut() {
+        j.cfg.kv_cache_bytes = bytes;
+    }
+    Ok(engine_config(
+        model,
+        eos,
+        longest + all.params.max_new_tokens,
+        &jobs[0].cfg,
+    ))
+}
+
+/// `spec` as a job on the checkpoint `ck` (content digest `digest`): its prompts, its checks
+/// against the model (context, stop ids, thinking budget) and its config.
+fn prepare_job<'a>(
+    spec: &JobSpec<'a>,
+    ck: &Checkpoint,
+    tok: &TextTokenizer,
+    digest: &str,
+) -> Result<Job<'a>> {
+    let s = spec.settings;
+    let (template, prompts) = prompts_of(s, ck, tok, spec.problems)?;
     let vocab = ck.config.vocab_size;
     // before the KV cache is sized for it: a length past the context is the model's limit
     let context = ck.config.max_position_embeddings;
@@ -138,16 +288,16 @@ pub fn run_settings(
             closing: tok.encode(&s.thinking_close_text.replace("\\n", "\n"))?,
         }),
     };
-    let mut cfg = JobConfig {
+    let cfg = JobConfig {
         model_name: s.model.clone(),
         engine: s.engine,
-        model_digest: ck.digest()?.hex,
+        model_digest: digest.to_string(),
         params: s.params.clone(),
         block_size: s.block_size,
         max_num_seqs: s.max_num_seqs,
         max_num_batched_tokens: s.max_num_batched_tokens,
         kv_cache_bytes: 0,
-        kv_fp8,
+        kv_fp8: s.kv_cache_dtype == KvCacheDtype::Fp8,
         target_correct: s.target_correct,
         part_problems: 8,
         grade: GradeOptions {
@@ -155,54 +305,17 @@ pub fn run_settings(
             ..GradeOptions::default()
         },
         thinking,
-        shard,
-        problem_set: problem_set.map(str::to_string),
-        progress: progress.clone(),
+        shard: spec.shard,
+        problem_set: spec.problem_set.map(str::to_string),
+        progress: spec.progress.clone(),
     };
-    let eos = ck.eos_token_ids()?;
-    if s.engine == LogitsEngine::Mistralrs {
-        #[cfg(not(feature = "mistralrs"))]
-        bail!(
-            "engine: `{}` needs a binary built with `--features mistralrs`",
-            s.engine.as_str()
-        );
-        #[cfg(feature = "mistralrs")]
-        return run_mistralrs(
-            s, &ck, device, dtype, &tok, &eos, problems, &prompts, &cfg, &template, output,
-        );
-    }
-    let mut model = ck.load_transformer(&device, dtype)?;
-    model.set_fused_inference(true)?;
-    // Default KV cache: what max_num_seqs sequences of the longest prompt plus max_new_tokens
-    // need, capped at a quarter of the available memory (on a GPU: 90% of its free memory).
-    let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
-    let per_token = kv_cache_bytes_per_token(&model, kv_fp8) as u64;
-    let need = KvNeed::new(longest, s, problems.len());
-    let block_bytes = per_token * s.block_size as u64;
-    cfg.kv_cache_bytes = match &s.kv_cache {
-        Some(size) => size.bytes(),
-        None => {
-            // on a GPU the recurrent layers' state slots take their memory beside the cache
-            let states = if device.is_cuda() {
-                (s.max_num_seqs * StateSlots::bytes_per_seq(model.config())) as u64
-            } else {
-                0
-            };
-            (need.default_blocks as u64 * block_bytes)
-                .min(kv_cache_memory(&device)?.saturating_sub(states))
-        }
-    };
-    need.check(cfg.kv_cache_bytes / block_bytes.max(1), block_bytes, s)?;
-    let mut engine = Engine::new(&model, engine_config(&model, &eos, &prompts, &cfg))?;
-    run(
-        &mut engine,
-        &tok,
-        problems,
-        &prompts,
-        &cfg,
-        &template,
-        output,
-    )
+    Ok(Job {
+        problems: spec.problems,
+        prompts,
+        template,
+        cfg,
+        output: spec.output.to_path_buf(),
+    })
 }
 
 /// The job on mistral.rs ([`crate::jobs::mistralrs`]): its model and scheduler, our prompts, draws
@@ -211,17 +324,21 @@ pub fn run_settings(
 #[allow(clippy::too_many_arguments)]
 fn run_mistralrs(
     s: &SampleSettings,
-    ck: &crate::model::Checkpoint,
+    ck: &Checkpoint,
     device: candle_core::Device,
     dtype: candle_core::DType,
     tok: &TextTokenizer,
     eos: &[u32],
-    problems: &[Problem],
-    prompts: &[(String, Vec<u32>)],
-    cfg: &JobConfig,
-    template: &PromptTemplate,
-    output: &Path,
-) -> Result<JobSummary> {
+    jobs: Vec<Job>,
+    overall: &Target,
+) -> Result<Vec<JobSummary>> {
+    if jobs.len() != 1 {
+        bail!(
+            "engine: the mistralrs engine runs one job at a time ({} given)",
+            jobs.len()
+        );
+    }
+    let job = &jobs[0];
     let kv_cache_bytes = s.kv_cache.as_ref().map(|k| k.bytes());
     let opts = crate::jobs::mistralrs::Options {
         model_dir: ck.dir.clone(),
@@ -230,17 +347,22 @@ fn run_mistralrs(
         max_num_seqs: s.max_num_seqs,
         block_size: s.block_size,
         kv_cache_bytes,
-        kv_fp8: cfg.kv_fp8,
-        context: prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0)
+        kv_fp8: job.cfg.kv_fp8,
+        context: job
+            .prompts
+            .iter()
+            .map(|(_, ids)| ids.len())
+            .max()
+            .unwrap_or(0)
             + s.params.max_new_tokens,
     };
     let draws = crate::jobs::mistralrs::Draws {
-        params: cfg.params.clone(),
+        params: job.cfg.params.clone(),
         eos_token_ids: eos.to_vec(),
-        thinking: cfg.thinking.clone(),
+        thinking: job.cfg.thinking.clone(),
     };
     let mut engine = crate::jobs::mistralrs::MistralRsEngine::new(&opts, draws, tok.clone())?;
-    run(&mut engine, tok, problems, prompts, cfg, template, output)
+    super::feed::run(&mut engine, tok, &jobs, overall)
 }
 
 /// Figures for the end-of-run summary.
@@ -310,148 +432,18 @@ pub fn sampling_hash(
         .to_string()
 }
 
-/// Runs the job; `problems` and `prompts` are in input order.
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    engine: &mut dyn SampleEngine,
-    tok: &TextTokenizer,
-    problems: &[Problem],
-    prompts: &[(String, Vec<u32>)],
-    cfg: &JobConfig,
-    template: &PromptTemplate,
-    output: &Path,
-) -> Result<JobSummary> {
-    let t0 = Instant::now();
-    let parts = parts_dir(output);
-    std::fs::create_dir_all(&parts)
-        .with_context(|| format!("cannot create {}", parts.display()))?;
-    let shash = sampling_hash(&cfg.model_name, &cfg.params, template, cfg.engine.as_str());
-    let key = PartsKey {
-        model: cfg.model_name.clone(),
-        model_digest: cfg.model_digest.clone(),
-        problems: problems_digest(problems),
-        prompt_template: format!("{template:?}"),
-        engine: cfg.engine.as_str().to_string(),
-        thinking: format!("{:?}", cfg.thinking),
-        grading: format!("{:?}", cfg.grade),
-        shard: format!("{}/{}", cfg.shard.0, cfg.shard.1),
-        params: cfg.params.clone(),
-    };
-    check_key(&parts, &key, &shash)?;
-    let done = committed_problems(&parts)?;
-    let mut summary = JobSummary {
-        problems: problems.len(),
-        ..JobSummary::default()
-    };
-    let mut index_of_request = Vec::new();
-    for (i, (p, (_, ids))) in problems.iter().zip(prompts).enumerate() {
-        if done.contains(&p.problem_id) {
-            summary.problems_resumed += 1;
-            continue;
-        }
-        engine.add(Request {
-            problem_id: p.problem_id.clone(),
-            prompt: ids.clone(),
-            n: cfg.params.n,
-            settings: None,
-        })?;
-        index_of_request.push(i);
-    }
-    if summary.problems_resumed > 0 {
-        tracing::info!(
-            "resuming: {} of {} problems already committed in {}",
-            summary.problems_resumed,
-            problems.len(),
-            parts.display()
-        );
-    }
-    let n = cfg.params.n as u64;
-    let mut tracker = cfg
-        .progress
-        .tracker("samples", Some(problems.len() as u64 * n))
-        .resumed(summary.problems_resumed as u64 * n);
-    let decode = |ids: &[u32]| tok.decode(ids).unwrap_or_default();
-    let mut pending: HashMap<usize, Vec<Completion>> = HashMap::new();
-    let mut finished_problems: Vec<usize> = Vec::new();
-    let mut correct_per_request: HashMap<usize, u32> = HashMap::new();
-    let mut remaining: HashMap<usize, u32> = (0..index_of_request.len())
-        .map(|r| (r, cfg.params.n))
-        .collect();
-    let mut next_part = next_part_index(&parts)?;
-    let mut last_detail: Option<Instant> = None;
-    while !engine.is_idle() {
-        let finished: Vec<Sample> = engine.step(Some(&decode))?;
-        for s in finished {
-            let pi = index_of_request[s.request];
-            let row = to_row(&s, &problems[pi], &prompts[pi], tok, cfg, &shash)?;
-            summary.samples += 1;
-            if row.grade.as_ref().is_some_and(|g| g.correct) {
-                summary.correct += 1;
-                let c = correct_per_request.entry(s.request).or_insert(0);
-                *c += 1;
-                if cfg.target_correct.is_some_and(|k| *c >= k) {
-                    let saved = engine.cancel(s.request);
-                    summary.samples_saved += saved;
-                    tracker.inc(saved);
-                    if let Some(r) = remaining.get_mut(&s.request) {
-                        *r = r.saturating_sub(saved as u32);
-                    }
-                }
-            }
-            pending.entry(s.request).or_default().push(row);
-            tracker.inc(1);
-            if let Some(r) = remaining.get_mut(&s.request) {
-                *r = r.saturating_sub(1);
-                if *r == 0 {
-                    finished_problems.push(s.request);
-                }
-            }
-        }
-        if finished_problems.len() >= cfg.part_problems {
-            commit_part(&parts, &mut next_part, &mut finished_problems, &mut pending)?;
-        }
-        if last_detail.is_none_or(|t| t.elapsed().as_secs_f64() > 0.5) {
-            tracker.detail(detail(engine, problems.len(), &remaining, t0));
-            last_detail = Some(Instant::now());
-        }
-    }
-    commit_part(&parts, &mut next_part, &mut finished_problems, &mut pending)?;
-    tracker.detail(detail(engine, problems.len(), &remaining, t0));
-    tracker.finish();
-    let set = cfg
-        .problem_set
-        .clone()
-        .unwrap_or_else(|| problems_digest(problems));
-    summary.output = join_parts(
-        &parts,
-        problems,
-        (cfg.shard, &set),
-        cfg.params.logprobs.is_some(),
-        &shash,
-        output,
-    )?;
-    std::fs::remove_dir_all(&parts)
-        .with_context(|| format!("cannot remove {}", parts.display()))?;
-    summary.prompt_tokens = engine.prompt_tokens();
-    summary.generated_tokens = engine.generated_tokens();
-    summary.preemptions = engine.preemptions();
-    summary.seconds = t0.elapsed().as_secs_f64();
-    Ok(summary)
-}
-
-/// The engine's settings for this job, with a KV cache of `cfg.kv_cache_bytes` (said on
-/// stderr, with how many sequences of the longest prompt it holds).
+/// The engine's settings for a run whose engine-wide settings are `cfg`'s, with a KV cache of
+/// `cfg.kv_cache_bytes` (said on stderr, with how many sequences of `per_seq` tokens, the
+/// longest prompt plus max_new_tokens, it holds).
 fn engine_config(
     model: &Transformer,
     eos: &[u32],
-    prompts: &[(String, Vec<u32>)],
+    per_seq: usize,
     cfg: &JobConfig,
 ) -> EngineConfig {
     let per_block = (kv_cache_bytes_per_token(model, cfg.kv_fp8) * cfg.block_size).max(1) as u64;
     let num_blocks = (cfg.kv_cache_bytes / per_block) as usize;
     let tokens = num_blocks * cfg.block_size;
-    let longest = prompts.iter().map(|(_, ids)| ids.len()).max().unwrap_or(0);
-    let per_seq = longest + cfg.params.max_new_tokens;
     let state = StateSlots::bytes_per_seq(model.config());
     let states = if state > 0 {
         format!(
@@ -482,77 +474,4 @@ fn engine_config(
         kv_fp8: cfg.kv_fp8,
         thinking: cfg.thinking.clone(),
     }
-}
-
-fn to_row(
-    s: &Sample,
-    p: &Problem,
-    prompt: &(String, Vec<u32>),
-    tok: &TextTokenizer,
-    cfg: &JobConfig,
-    shash: &str,
-) -> Result<Completion> {
-    let text = tok.decode(&s.tokens)?;
-    // A stop string ends the completion where it starts.
-    let text = match crate::sampler::sampling::stop_string_hit(&text, &cfg.params.stop_strings) {
-        Some(i) => text.get(..i).unwrap_or(&text).to_string(),
-        None => text,
-    };
-    let grade_row = (!p.gold_answer.is_empty()).then(|| {
-        let v = grade(&text, &p.gold_answer, &cfg.grade);
-        Grade {
-            gold_answer: p.gold_answer.clone(),
-            extracted_answer: v.extracted,
-            correct: v.correct,
-            reason: v.reason.as_str().to_string(),
-        }
-    });
-    Ok(Completion {
-        problem_id: s.problem_id.clone(),
-        sample_index: s.sample_index as i32,
-        prompt: prompt.0.clone(),
-        prompt_token_ids: Some(prompt.1.iter().map(|&t| t as i32).collect()),
-        completion: text,
-        completion_token_ids: Some(s.tokens.iter().map(|&t| t as i32).collect()),
-        finish_reason: Some(s.finish_reason.as_str().to_string()),
-        num_completion_tokens: Some(s.tokens.len() as i32),
-        cumulative_logprob: Some(s.cumulative_logprob),
-        seed: Some(cfg.params.seed as i64),
-        model: Some(cfg.model_name.clone()),
-        sampling_hash: Some(shash.to_string()),
-        grade: grade_row,
-        logprobs: s.logprobs.as_ref().map(|lp| Logprobs {
-            token: lp.iter().map(|t| t.logprob).collect(),
-            top_ids: lp
-                .iter()
-                .map(|t| t.top.iter().map(|&(id, _)| id as i32).collect())
-                .collect(),
-            top: lp
-                .iter()
-                .map(|t| t.top.iter().map(|&(_, p)| p).collect())
-                .collect(),
-        }),
-        rationalized: false,
-    })
-}
-
-/// The sampler's side of a progress line: problems finished, tokens/s, batch, KV use.
-fn detail(
-    engine: &dyn SampleEngine,
-    total: usize,
-    remaining: &HashMap<usize, u32>,
-    t0: Instant,
-) -> String {
-    let open = remaining.values().filter(|r| **r > 0).count();
-    let secs = t0.elapsed().as_secs_f64();
-    let tps = engine.generated_tokens() as f64 / secs.max(1e-9);
-    let kv = engine
-        .kv_usage()
-        .map(|u| format!("  KV {:.0}%", 100.0 * u))
-        .unwrap_or_default();
-    format!(
-        "problems {}/{total}  {tps:.0} tok/s  running {}{kv}",
-        total - open,
-        engine.num_running(),
-    )
 }
