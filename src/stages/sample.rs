@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use super::{output_file, Counts, Estimate, Plan, PlannedStage, StageOutput};
 use crate::data::schema::{read_problems, Problem};
 use crate::jobs::sample::rationalize::{self, Rationalize, HINTED, RATIONALIZED};
-use crate::jobs::sample::run::{run_settings, JobSummary};
+use crate::jobs::sample::run::{JobSpec, JobSummary, Loaded};
 use crate::jobs::sample::settings::SampleSettings;
 use crate::jobs::sample::shard::{in_shard, merge_ordered};
 use crate::store::{self, InputRef};
@@ -304,11 +304,23 @@ pub fn run_shard(
     );
     let t0 = std::time::Instant::now();
     let settings = settings_for(s, stage);
-    let summary = run_settings(&settings, &problems, shard, Some(&set), &out, &target)?;
+    // the passes share the loaded model
+    let loaded = Loaded::open(&settings)?;
+    let spec = JobSpec {
+        settings: &settings,
+        problems: &problems,
+        shard,
+        problem_set: Some(&set),
+        output: &out,
+        progress: &target,
+    };
+    let summary = loaded.run(&[spec], &target)?.remove(0);
     summary.print(&out);
     let mut counts = counts(&summary);
     if let Some(r) = rationalize_of(stage)? {
-        let rs = rationalize::run(&settings, &r, &problems, &out, &dir, shard, &target)?;
+        let rs = rationalize::run(
+            &loaded, &settings, &r, &problems, &out, &dir, shard, &target,
+        )?;
         counts.extend(rs.counts());
     }
     crate::fault::point("sample.before_shard_commit");
@@ -392,7 +404,17 @@ pub fn run(s: &SampleSettings, plan: &Plan, stage: &PlannedStage) -> Result<Stag
     let target =
         crate::progress::Target::new(stage.name.clone(), Some(stage.dir.join(store::PROGRESS)));
     let settings = settings_for(s, stage);
-    let summary = run_settings(&settings, &problems, (0, 1), None, &out, &target)?;
+    // the passes share the loaded model
+    let loaded = Loaded::open(&settings)?;
+    let spec = JobSpec {
+        settings: &settings,
+        problems: &problems,
+        shard: (0, 1),
+        problem_set: None,
+        output: &out,
+        progress: &target,
+    };
+    let summary = loaded.run(&[spec], &target)?.remove(0);
     summary.print(&out);
     let mut counts = counts(&summary);
     if resampled {
@@ -400,7 +422,16 @@ pub fn run(s: &SampleSettings, plan: &Plan, stage: &PlannedStage) -> Result<Stag
     }
     let mut outputs = vec![output_file(&stage.dir, &out, summary.output.rows)?];
     if let Some(r) = rationalize_of(stage)? {
-        let rs = rationalize::run(&settings, &r, &problems, &out, &stage.dir, (0, 1), &target)?;
+        let rs = rationalize::run(
+            &loaded,
+            &settings,
+            &r,
+            &problems,
+            &out,
+            &stage.dir,
+            (0, 1),
+            &target,
+        )?;
         counts.extend(rs.counts());
         outputs.push(output_file(
             &stage.dir,

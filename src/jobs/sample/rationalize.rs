@@ -16,7 +16,7 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
-use super::run::{prompts_of, run_settings, JobSummary};
+use super::run::{prompts_of, JobSpec, JobSummary, Loaded};
 use super::settings::SampleSettings;
 use crate::data::schema::{pass_rates, read_completions, write_completions, Problem};
 
@@ -120,8 +120,11 @@ impl Summary {
 }
 
 /// Samples the problems of `problems` that `completions` (the first pass, in `dir`) left
-/// unsolved with the hint into `dir`'s [`HINTED`], then writes [`RATIONALIZED`].
+/// unsolved with the hint into `dir`'s [`HINTED`], then writes [`RATIONALIZED`]; on the first
+/// pass's model, `loaded`.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
+    loaded: &Loaded,
     s: &SampleSettings,
     r: &Rationalize,
     problems: &[Problem],
@@ -153,12 +156,19 @@ pub fn run(
         }
         return Ok(Summary::default());
     }
-    let summary: JobSummary =
-        run_settings(&settings, &hinted, shard, None, &dir.join(HINTED), progress)?;
+    let out = dir.join(HINTED);
+    let spec = JobSpec {
+        settings: &settings,
+        problems: &hinted,
+        shard,
+        problem_set: None,
+        output: &out,
+        progress,
+    };
+    let summary: JobSummary = loaded.run(&[spec], progress)?.remove(0);
     // the same rows under the prompts without the hint
-    let ck = crate::model::Checkpoint::open(&s.model)?;
-    let tok = ck.tokenizer()?;
-    let (_, prompts) = prompts_of(s, &ck, &tok, &unsolved)?;
+    let (ck, tok) = (loaded.checkpoint(), loaded.tokenizer());
+    let (_, prompts) = prompts_of(s, ck, tok, &unsolved)?;
     let original: std::collections::HashMap<&str, &(String, Vec<u32>)> = unsolved
         .iter()
         .map(|p| p.problem_id.as_str())

@@ -147,48 +147,105 @@ pub fn engine_difference(a: &SampleSettings, b: &SampleSettings) -> Option<&'sta
     .map(|(key, _)| key)
 }
 
-/// Loads the model once and runs every job of `specs` through one engine: their requests in
-/// one continuous batch, each with its own job's settings, each job's output what it would be
-/// alone. The jobs must agree on the engine ([`engine_difference`]); mistral.rs runs one job.
+/// Loads the model once and runs every job of `specs` through one engine (see [`Loaded::run`]).
 /// `overall` reports the run where there are several jobs.
 pub fn run_jobs(specs: &[JobSpec], overall: &Target) -> Result<Vec<JobSummary>> {
     let Some(first) = specs.first() else {
         return Ok(Vec::new());
     };
-    let s = first.settings;
-    for spec in specs {
-        spec.settings
-            .validate()
+    Loaded::open(first.settings)?.run(specs, overall)
+}
+
+/// A model loaded for sampling with the engine-wide settings of its runs: the checkpoint, its
+/// tokenizer and content digest, the device and dtype, and the weights (none for mistral.rs,
+/// which loads its own for each run). Every run of a stage's passes or of an evaluation's sets
+/// on one model goes through one of these.
+pub struct Loaded {
+    settings: SampleSettings,
+    ck: Checkpoint,
+    tok: TextTokenizer,
+    digest: String,
+    device: candle_core::Device,
+    /// The weights' dtype, for mistral.rs to load them in (ours are loaded already).
+    #[cfg(feature = "mistralrs")]
+    dtype: candle_core::DType,
+    eos: Vec<u32>,
+    model: Option<Transformer>,
+}
+
+impl Loaded {
+    /// The model and engine `s` names, loaded (its settings checked first).
+    pub fn open(s: &SampleSettings) -> Result<Loaded> {
+        s.validate()
             .map_err(|e| anyhow::anyhow!("sample settings: {e}"))?;
-        if let Some(key) = engine_difference(s, spec.settings) {
-            bail!("jobs of one run differ in `{key}`: they need an engine each");
+        let ck = Checkpoint::open(&s.model)?;
+        let tok = ck.tokenizer()?;
+        let digest = ck.digest()?.hex;
+        let device = crate::model::open_device(s.device)?;
+        let dtype = s.dtype.resolve(s.device).map_err(anyhow::Error::msg)?;
+        let eos = ck.eos_token_ids()?;
+        let model = match s.engine {
+            LogitsEngine::Mistralrs if !cfg!(feature = "mistralrs") => bail!(
+                "engine: `{}` needs a binary built with `--features mistralrs`",
+                s.engine.as_str()
+            ),
+            LogitsEngine::Mistralrs => None,
+            LogitsEngine::Selfdistill => {
+                let mut model = ck.load_transformer(&device, dtype)?;
+                model.set_fused_inference(true)?;
+                Some(model)
+            }
+        };
+        Ok(Loaded {
+            settings: s.clone(),
+            ck,
+            tok,
+            digest,
+            device,
+            #[cfg(feature = "mistralrs")]
+            dtype,
+            eos,
+            model,
+        })
+    }
+
+    pub fn checkpoint(&self) -> &Checkpoint {
+        &self.ck
+    }
+
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        &self.tok
+    }
+
+    /// Runs every job of `specs` through one engine on this model: their requests in one
+    /// continuous batch, each with its own job's settings, each job's output what it would be
+    /// alone. The jobs must agree with the model's settings on the engine
+    /// ([`engine_difference`]); mistral.rs runs one job. `overall` reports the run where there
+    /// are several jobs.
+    pub fn run(&self, specs: &[JobSpec], overall: &Target) -> Result<Vec<JobSummary>> {
+        let s = &self.settings;
+        for spec in specs {
+            spec.settings
+                .validate()
+                .map_err(|e| anyhow::anyhow!("sample settings: {e}"))?;
+            if let Some(key) = engine_difference(s, spec.settings) {
+                bail!("jobs of one run differ in `{key}`: they need an engine each");
+            }
         }
+        let mut jobs = specs
+            .iter()
+            .map(|spec| prepare_job(spec, &self.ck, &self.tok, &self.digest))
+            .collect::<Result<Vec<_>>>()?;
+        let Some(model) = &self.model else {
+            #[cfg(feature = "mistralrs")]
+            return run_mistralrs(self, jobs, overall);
+            #[cfg(not(feature = "mistralrs"))]
+            unreachable!("a model without weights is mistral.rs's, refused at open");
+        };
+        let engine_cfg = size_engine(s, model, &self.device, &self.eos, &mut jobs)?;
+        let mut engine = Engine::new(model, engine_cfg)?;
+        super::feed::run(&mut engine, &self.tok, &jobs, overall)
     }
-    let ck = Checkpoint::open(&s.model)?;
-    let tok = ck.tokenizer()?;
-    let digest = ck.digest()?.hex;
-    let jobs = specs
-        .iter()
-        .map(|spec| prepare_job(spec, &ck, &tok, &digest))
-        .collect::<Result<Vec<_>>>()?;
-    let device = crate::model::open_device(s.device)?;
-    let dtype = s.dtype.resolve(s.device).map_err(anyhow::Error::msg)?;
-    let eos = ck.eos_token_ids()?;
-    if s.engine == LogitsEngine::Mistralrs {
-        #[cfg(not(feature = "mistralrs"))]
-        bail!(
-            "engine: `{}` needs a binary built with `--features mistralrs`",
-            s.engine.as_str()
-        );
-        #[cfg(feature = "mistralrs")]
-        return run_mistralrs(s, &ck, device, dtype, &tok, &eos, jobs, overall);
-    }
-    let mut model = ck.load_transformer(&device, dtype)?;
-    model.set_fused_inference(true)?;
-    let mut jobs = jobs;
-    let engine_cfg = size_engine(s, &model, &device, &eos, &mut jobs)?;
-    let mut engine = Engine::new(&model, engine_cfg)?;
-    super::feed::run(&mut engine, &tok, &jobs, overall)
 }
 
 /// The engine's settings for `jobs` on `model`, with the KV cache `kv_cache` gives, or by
@@ -321,32 +378,21 @@ fn prepare_job<'a>(
 /// The job on mistral.rs ([`crate::jobs::mistralrs`]): its model and scheduler, our prompts, draws
 /// and stop rules.
 #[cfg(feature = "mistralrs")]
-#[allow(clippy::too_many_arguments)]
-fn run_mistralrs(
-    s: &SampleSettings,
-    ck: &Checkpoint,
-    device: candle_core::Device,
-    dtype: candle_core::DType,
-    tok: &TextTokenizer,
-    eos: &[u32],
-    jobs: Vec<Job>,
-    overall: &Target,
-) -> Result<Vec<JobSummary>> {
+fn run_mistralrs(loaded: &Loaded, jobs: Vec<Job>, overall: &Target) -> Result<Vec<JobSummary>> {
     if jobs.len() != 1 {
         bail!(
             "engine: the mistralrs engine runs one job at a time ({} given)",
             jobs.len()
         );
     }
-    let job = &jobs[0];
-    let kv_cache_bytes = s.kv_cache.as_ref().map(|k| k.bytes());
+    let (s, job) = (&loaded.settings, &jobs[0]);
     let opts = crate::jobs::mistralrs::Options {
-        model_dir: ck.dir.clone(),
-        device,
-        dtype,
+        model_dir: loaded.ck.dir.clone(),
+        device: loaded.device.clone(),
+        dtype: loaded.dtype,
         max_num_seqs: s.max_num_seqs,
         block_size: s.block_size,
-        kv_cache_bytes,
+        kv_cache_bytes: s.kv_cache.as_ref().map(|k| k.bytes()),
         kv_fp8: job.cfg.kv_fp8,
         context: job
             .prompts
@@ -354,15 +400,16 @@ fn run_mistralrs(
             .map(|(_, ids)| ids.len())
             .max()
             .unwrap_or(0)
-            + s.params.max_new_tokens,
+            + job.cfg.params.max_new_tokens,
     };
     let draws = crate::jobs::mistralrs::Draws {
         params: job.cfg.params.clone(),
-        eos_token_ids: eos.to_vec(),
+        eos_token_ids: loaded.eos.clone(),
         thinking: job.cfg.thinking.clone(),
     };
-    let mut engine = crate::jobs::mistralrs::MistralRsEngine::new(&opts, draws, tok.clone())?;
-    super::feed::run(&mut engine, tok, &jobs, overall)
+    let tok = loaded.tok.clone();
+    let mut engine = crate::jobs::mistralrs::MistralRsEngine::new(&opts, draws, tok)?;
+    super::feed::run(&mut engine, &loaded.tok, &jobs, overall)
 }
 
 /// Figures for the end-of-run summary.
