@@ -401,73 +401,10 @@ pub fn evaluate(
     // (set, model) -> result, reported in set order then model order
     let mut by_pair: HashMap<(usize, usize), EvalResult> = HashMap::new();
     for (mi, model) in models.iter().enumerate() {
-        let mut settings = Vec::with_capacity(sets.len());
-        let mut dirs = Vec::with_capacity(sets.len());
-        let mut targets = Vec::with_capacity(sets.len());
-        for set in sets {
-            let dir = out.join(model_slug(model)).join(&set.name);
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
-            settings.push(ov.settings(set, model)?);
-            dirs.push(dir);
-            targets.push(crate::progress::Target::new(
-                format!("eval {} {}", set.name, model_slug(model)),
-                progress_file.map(Path::to_path_buf),
-            ));
-        }
-        // the sets that can share an engine, in set order
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        for i in 0..sets.len() {
-            let joins = groups
-                .iter_mut()
-                .find(|g| engine_difference(&settings[g[0]], &settings[i]).is_none());
-            match joins {
-                Some(g) => g.push(i),
-                None => groups.push(vec![i]),
-            }
-        }
-        for group in groups {
-            let samples: Vec<PathBuf> = group
-                .iter()
-                .map(|&i| dirs[i].join("samples.parquet"))
-                .collect();
-            let specs: Vec<JobSpec> = group
-                .iter()
-                .zip(&samples)
-                .map(|(&i, out)| JobSpec {
-                    settings: &settings[i],
-                    problems: &problems[i],
-                    shard: (0, 1),
-                    problem_set: None,
-                    output: out,
-                    progress: &targets[i],
-                })
-                .collect();
-            let names: Vec<&str> = group.iter().map(|&i| sets[i].name.as_str()).collect();
-            tracing::info!(
-                "eval: {model} on {} ({} problems), the model loaded once",
-                names.join(", "),
-                group.iter().map(|&i| problems[i].len()).sum::<usize>()
-            );
-            let overall = crate::progress::Target::new(
-                format!("eval {}", model_slug(model)),
-                progress_file.map(Path::to_path_buf),
-            );
-            let summaries = run_jobs(&specs, &overall)?;
-            for ((&i, samples), summary) in group.iter().zip(&samples).zip(summaries) {
-                let levels: HashMap<&str, &str> = problems[i]
-                    .iter()
-                    .filter_map(|p| Some((p.problem_id.as_str(), p.level.as_deref()?)))
-                    .collect();
-                let outcomes = outcomes(samples, &levels)?;
-                let m = metrics::compute(&outcomes, settings[i].params.seed);
-                let r = EvalResult {
-                    model: model.clone(),
-                    set: sets[i].name.clone(),
-                    metrics: m,
-                    tokens_per_second: summary.generated_tokens as f64 / summary.seconds.max(1e-9),
-                };
-                crate::store::write_json_atomic(&dirs[i].join("metrics.json"), &r)?;
+        let runs = SetRuns::new(model, sets, ov, out, progress_file)?;
+        for group in runs.groups() {
+            let done = run_group(model, &group, sets, &problems, &runs, progress_file)?;
+            for (i, r) in done {
                 by_pair.insert((i, mi), r);
             }
         }
@@ -483,6 +420,113 @@ pub fn evaluate(
     crate::store::commit_file(&out.join("eval.md"), |tmp| Ok(std::fs::write(tmp, &table)?))?;
     crate::out!("{table}");
     Ok(results)
+}
+
+/// One model's sets as runs: each set's settings, folder and progress target.
+struct SetRuns {
+    settings: Vec<SampleSettings>,
+    dirs: Vec<PathBuf>,
+    targets: Vec<crate::progress::Target>,
+}
+
+impl SetRuns {
+    fn new(
+        model: &str,
+        sets: &[EvalSet],
+        ov: &EvalConfig,
+        out: &Path,
+        progress_file: Option<&Path>,
+    ) -> Result<SetRuns> {
+        let mut runs = SetRuns {
+            settings: Vec::with_capacity(sets.len()),
+            dirs: Vec::with_capacity(sets.len()),
+            targets: Vec::with_capacity(sets.len()),
+        };
+        for set in sets {
+            let dir = out.join(model_slug(model)).join(&set.name);
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            runs.settings.push(ov.settings(set, model)?);
+            runs.dirs.push(dir);
+            runs.targets.push(crate::progress::Target::new(
+                format!("eval {} {}", set.name, model_slug(model)),
+                progress_file.map(Path::to_path_buf),
+            ));
+        }
+        Ok(runs)
+    }
+
+    /// The sets that can share an engine ([`engine_difference`]), in set order.
+    fn groups(&self) -> Vec<Vec<usize>> {
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for (i, s) in self.settings.iter().enumerate() {
+            match groups
+                .iter_mut()
+                .find(|g| engine_difference(&self.settings[g[0]], s).is_none())
+            {
+                Some(g) => g.push(i),
+                None => groups.push(vec![i]),
+            }
+        }
+        groups
+    }
+}
+
+/// The sets `group` (indices into `sets`, `problems` and `runs`) of `model` sampled as one run,
+/// the model loaded once; each set's metrics, written beside its samples.
+fn run_group(
+    model: &str,
+    group: &[usize],
+    sets: &[EvalSet],
+    problems: &[Vec<crate::data::schema::Problem>],
+    runs: &SetRuns,
+    progress_file: Option<&Path>,
+) -> Result<Vec<(usize, EvalResult)>> {
+    let samples: Vec<PathBuf> = group
+        .iter()
+        .map(|&i| runs.dirs[i].join("samples.parquet"))
+        .collect();
+    let specs: Vec<JobSpec> = group
+        .iter()
+        .zip(&samples)
+        .map(|(&i, out)| JobSpec {
+            settings: &runs.settings[i],
+            problems: &problems[i],
+            shard: (0, 1),
+            problem_set: None,
+            output: out,
+            progress: &runs.targets[i],
+        })
+        .collect();
+    let names: Vec<&str> = group.iter().map(|&i| sets[i].name.as_str()).collect();
+    tracing::info!(
+        "eval: {model} on {} ({} problems), the model loaded once",
+        names.join(", "),
+        group.iter().map(|&i| problems[i].len()).sum::<usize>()
+    );
+    let overall = crate::progress::Target::new(
+        format!("eval {}", model_slug(model)),
+        progress_file.map(Path::to_path_buf),
+    );
+    let summaries = run_jobs(&specs, &overall)?;
+    let mut done = Vec::with_capacity(group.len());
+    for ((&i, samples), summary) in group.iter().zip(&samples).zip(summaries) {
+        let levels: HashMap<&str, &str> = problems[i]
+            .iter()
+            .filter_map(|p| Some((p.problem_id.as_str(), p.level.as_deref()?)))
+            .collect();
+        let outcomes = outcomes(samples, &levels)?;
+        let m = metrics::compute(&outcomes, runs.settings[i].params.seed);
+        let r = EvalResult {
+            model: model.to_string(),
+            set: sets[i].name.clone(),
+            metrics: m,
+            tokens_per_second: summary.generated_tokens as f64 / summary.seconds.max(1e-9),
+        };
+        crate::store::write_json_atomic(&runs.dirs[i].join("metrics.json"), &r)?;
+        done.push((i, r));
+    }
+    Ok(done)
 }
 
 /// `<out>/examples.md` (and its `examples/` files): what each model wrote on each set, from the

@@ -26,6 +26,9 @@ use crate::progress::{Target, Tracker};
 use crate::sampler::engine::{Request, RequestSettings, Sample};
 use crate::verify::grade;
 
+/// A request's job and its problem's index in the job.
+type JobProblem = (usize, usize);
+
 /// A job while it runs: its parts, what they hold, and its counts.
 struct Open {
     parts: PathBuf,
@@ -49,9 +52,72 @@ pub fn run(
 ) -> Result<Vec<JobSummary>> {
     let t0 = Instant::now();
     let shared = jobs.len() > 1;
+    let (mut open, request_of) = add_requests(engine, jobs, shared)?;
+    let samples = |j: &Job, problems: usize| problems as u64 * u64::from(j.cfg.params.n);
+    let total: u64 = jobs.iter().map(|j| samples(j, j.problems.len())).sum();
+    let resumed: u64 = jobs
+        .iter()
+        .zip(&open)
+        .map(|(j, o)| samples(j, o.summary.problems_resumed))
+        .sum();
+    let mut all = shared.then(|| overall.tracker("samples", Some(total)).resumed(resumed));
+    let decode = |ids: &[u32]| tok.decode(ids).unwrap_or_default();
+    let mut books = Books {
+        remaining: request_of
+            .iter()
+            .map(|&(j, _)| jobs[j].cfg.params.n)
+            .collect(),
+        request_of,
+        pending: HashMap::new(),
+        correct: HashMap::new(),
+    };
+    let mut last_detail: Option<Instant> = None;
+    while !engine.is_idle() {
+        for s in engine.step(Some(&decode))? {
+            let (j, done) = books.take(&s, jobs, &mut open, engine, tok)?;
+            open[j].tracker.inc(done);
+            if let Some(a) = all.as_mut() {
+                a.inc(done);
+            }
+        }
+        for (job, o) in jobs.iter().zip(&mut open) {
+            // a job's last problems are committed as soon as they are in
+            if o.finished.len() >= job.cfg.part_problems || (o.open == 0 && !o.finished.is_empty())
+            {
+                commit_part(
+                    &o.parts,
+                    &mut o.next_part,
+                    &mut o.finished,
+                    &mut books.pending,
+                )?;
+            }
+        }
+        if last_detail.is_none_or(|t| t.elapsed().as_secs_f64() > 0.5) {
+            report(engine, jobs, &mut open, all.as_mut(), t0);
+            last_detail = Some(Instant::now());
+        }
+    }
+    report(engine, jobs, &mut open, all.as_mut(), t0);
+    if let Some(a) = all {
+        a.finish();
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    jobs.iter()
+        .zip(open)
+        .map(|(job, o)| close(job, o, &mut books.pending, engine, shared, seconds))
+        .collect()
+}
+
+/// Each job's problems not yet committed, added to `engine` (each request with its job's
+/// settings where jobs share the engine): the jobs' open states, and each request's (job,
+/// problem index).
+fn add_requests(
+    engine: &mut dyn SampleEngine,
+    jobs: &[Job],
+    shared: bool,
+) -> Result<(Vec<Open>, Vec<JobProblem>)> {
     let mut open = Vec::with_capacity(jobs.len());
-    // each request: (its job, its problem's index in the job)
-    let mut request_of: Vec<(usize, usize)> = Vec::new();
+    let mut request_of = Vec::new();
     for (j, job) in jobs.iter().enumerate() {
         let (o, todo) = open_job(job, shared)?;
         let settings = shared.then(|| {
@@ -71,101 +137,93 @@ pub fn run(
         }
         open.push(o);
     }
-    let total: u64 = jobs
-        .iter()
-        .map(|j| j.problems.len() as u64 * u64::from(j.cfg.params.n))
-        .sum();
-    let resumed: u64 = jobs
-        .iter()
-        .zip(&open)
-        .map(|(j, o)| o.summary.problems_resumed as u64 * u64::from(j.cfg.params.n))
-        .sum();
-    let mut all = shared.then(|| overall.tracker("samples", Some(total)).resumed(resumed));
-    let decode = |ids: &[u32]| tok.decode(ids).unwrap_or_default();
-    let mut pending: HashMap<usize, Vec<Completion>> = HashMap::new();
-    let mut correct: HashMap<usize, u32> = HashMap::new();
-    let mut remaining: Vec<u32> = request_of
-        .iter()
-        .map(|&(j, _)| jobs[j].cfg.params.n)
-        .collect();
-    let mut last_detail: Option<Instant> = None;
-    while !engine.is_idle() {
-        for s in engine.step(Some(&decode))? {
-            let (j, i) = request_of[s.request];
-            let (job, o) = (&jobs[j], &mut open[j]);
-            let row = to_row(&s, &job.problems[i], &job.prompts[i], tok, job, &o.shash)?;
-            o.summary.samples += 1;
-            o.summary.generated_tokens += s.tokens.len() as u64;
-            let mut done = 1;
-            if row.grade.as_ref().is_some_and(|g| g.correct) {
-                o.summary.correct += 1;
-                let c = correct.entry(s.request).or_insert(0);
-                *c += 1;
-                if job.cfg.target_correct.is_some_and(|k| *c >= k) {
-                    let saved = engine.cancel(s.request);
-                    o.summary.samples_saved += saved;
-                    done += saved;
-                }
-            }
-            pending.entry(s.request).or_default().push(row);
-            o.tracker.inc(done);
-            if let Some(a) = all.as_mut() {
-                a.inc(done);
-            }
-            let r = &mut remaining[s.request];
-            *r = r.saturating_sub(done as u32);
-            if *r == 0 {
-                o.finished.push(s.request);
-                o.open -= 1;
+    Ok((open, request_of))
+}
+
+/// What the loop keeps per request.
+struct Books {
+    request_of: Vec<JobProblem>,
+    /// Finished samples' rows, until their problem is committed.
+    pending: HashMap<usize, Vec<Completion>>,
+    correct: HashMap<usize, u32>,
+    /// Samples not yet in.
+    remaining: Vec<u32>,
+}
+
+impl Books {
+    /// A finished sample: graded into its row, its problem stopped at the job's
+    /// `target_correct`; returns its job and how many samples it settled (itself and any
+    /// cancelled).
+    fn take(
+        &mut self,
+        s: &Sample,
+        jobs: &[Job],
+        open: &mut [Open],
+        engine: &mut dyn SampleEngine,
+        tok: &TextTokenizer,
+    ) -> Result<(usize, u64)> {
+        let (j, i) = self.request_of[s.request];
+        let (job, o) = (&jobs[j], &mut open[j]);
+        let row = to_row(s, &job.problems[i], &job.prompts[i], tok, job, &o.shash)?;
+        o.summary.samples += 1;
+        o.summary.generated_tokens += s.tokens.len() as u64;
+        let mut done = 1;
+        if row.grade.as_ref().is_some_and(|g| g.correct) {
+            o.summary.correct += 1;
+            let c = self.correct.entry(s.request).or_insert(0);
+            *c += 1;
+            if job.cfg.target_correct.is_some_and(|k| *c >= k) {
+                let saved = engine.cancel(s.request);
+                o.summary.samples_saved += saved;
+                done += saved;
             }
         }
-        for (job, o) in jobs.iter().zip(&mut open) {
-            // a job's last problems are committed as soon as they are in
-            if o.finished.len() >= job.cfg.part_problems || (o.open == 0 && !o.finished.is_empty())
-            {
-                commit_part(&o.parts, &mut o.next_part, &mut o.finished, &mut pending)?;
-            }
+        self.pending.entry(s.request).or_default().push(row);
+        let r = &mut self.remaining[s.request];
+        *r = r.saturating_sub(done as u32);
+        if *r == 0 {
+            o.finished.push(s.request);
+            o.open -= 1;
         }
-        if last_detail.is_none_or(|t| t.elapsed().as_secs_f64() > 0.5) {
-            report(engine, jobs, &mut open, all.as_mut(), t0);
-            last_detail = Some(Instant::now());
-        }
+        Ok((j, done))
     }
-    report(engine, jobs, &mut open, all.as_mut(), t0);
-    if let Some(a) = all {
-        a.finish();
+}
+
+/// A job's last part committed, its parts joined into its output and removed; its summary.
+fn close(
+    job: &Job,
+    mut o: Open,
+    pending: &mut HashMap<usize, Vec<Completion>>,
+    engine: &dyn SampleEngine,
+    shared: bool,
+    seconds: f64,
+) -> Result<JobSummary> {
+    commit_part(&o.parts, &mut o.next_part, &mut o.finished, pending)?;
+    o.tracker.finish();
+    let set = job
+        .cfg
+        .problem_set
+        .clone()
+        .unwrap_or_else(|| problems_digest(job.problems));
+    o.summary.output = join_parts(
+        &o.parts,
+        job.problems,
+        (job.cfg.shard, &set),
+        job.cfg.params.logprobs.is_some(),
+        &o.shash,
+        &job.output,
+    )?;
+    std::fs::remove_dir_all(&o.parts)
+        .with_context(|| format!("cannot remove {}", o.parts.display()))?;
+    // a job alone has all the engine computed; jobs that share it keep their own samples'
+    // tokens, and the run's prompt tokens, preemptions and time
+    if !shared {
+        o.summary.generated_tokens = engine.generated_tokens();
     }
-    let seconds = t0.elapsed().as_secs_f64();
-    let mut out = Vec::with_capacity(jobs.len());
-    for (job, mut o) in jobs.iter().zip(open) {
-        commit_part(&o.parts, &mut o.next_part, &mut o.finished, &mut pending)?;
-        o.tracker.finish();
-        let set = job
-            .cfg
-            .problem_set
-            .clone()
-            .unwrap_or_else(|| problems_digest(job.problems));
-        o.summary.output = join_parts(
-            &o.parts,
-            job.problems,
-            (job.cfg.shard, &set),
-            job.cfg.params.logprobs.is_some(),
-            &o.shash,
-            &job.output,
-        )?;
-        std::fs::remove_dir_all(&o.parts)
-            .with_context(|| format!("cannot remove {}", o.parts.display()))?;
-        // a job alone has all the engine computed; jobs that share it keep their own samples'
-        // tokens, and the run's prompt tokens, preemptions and time
-        if !shared {
-            o.summary.generated_tokens = engine.generated_tokens();
-        }
-        o.summary.prompt_tokens = engine.prompt_tokens();
-        o.summary.preemptions = engine.preemptions();
-        o.summary.seconds = seconds;
-        out.push(o.summary);
-    }
-    Ok(out)
+    o.summary.prompt_tokens = engine.prompt_tokens();
+    o.summary.preemptions = engine.preemptions();
+    o.summary.seconds = seconds;
+    Ok(o.summary)
 }
 
 /// A job's parts folder checked against its settings, and the indices of its problems not yet
