@@ -20,8 +20,9 @@ use serde::{Deserialize, Serialize};
 
 use super::{output_file, Counts, Estimate, Plan, PlannedStage, StageOutput};
 use crate::data::schema::{read_problems, Problem};
+use crate::jobs::sample::job::JobSummary;
 use crate::jobs::sample::rationalize::{self, Rationalize, HINTED, RATIONALIZED};
-use crate::jobs::sample::run::{JobSpec, JobSummary, Loaded};
+use crate::jobs::sample::run::{JobSpec, Loaded};
 use crate::jobs::sample::settings::SampleSettings;
 use crate::jobs::sample::shard::{in_shard, merge_ordered};
 use crate::store::{self, InputRef};

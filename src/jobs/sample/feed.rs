@@ -15,11 +15,11 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use super::engine::SampleEngine;
+use super::job::{sampling_hash, Job, JobSummary};
 use super::parts::{
     check_key, commit_part, committed_problems, join_parts, next_part_index, parts_dir,
     problems_digest, PartsKey,
 };
-use super::run::{sampling_hash, Job, JobSummary};
 use crate::data::schema::{Completion, Grade, Logprobs, Problem};
 use crate::model::TextTokenizer;
 use crate::progress::{Target, Tracker};

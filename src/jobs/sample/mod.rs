@@ -13,12 +13,13 @@
 //!
 //! The pieces, each in its file: [`settings`] (the `[sample]` section and flags), [`prompt`]
 //! (problems to prompts), [`rationalize`] (STaR's hinted second pass), [`engine`] (what the loop needs of an engine), [`memory`] (the KV
-//! cache and memory estimates), [`run`] (jobs on one loaded model and engine), [`feed`] (the
-//! loop), [`parts`] (committed parts and
+//! cache and memory estimates), [`job`] (a prepared job and its summary), [`run`] (jobs on one loaded
+//! model and engine), [`feed`] (the loop), [`parts`] (committed parts and
 //! the join), [`shard`] (sharding and merging shards).
 
 pub mod engine;
 pub mod feed;
+pub mod job;
 pub mod memory;
 pub mod parts;
 pub mod prompt;

@@ -16,7 +16,8 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
-use super::run::{prompts_of, JobSpec, JobSummary, Loaded};
+use super::job::JobSummary;
+use super::run::{prompts_of, JobSpec, Loaded};
 use super::settings::SampleSettings;
 use crate::data::schema::{pass_rates, read_completions, write_completions, Problem};
 

@@ -1,7 +1,7 @@
 //! Tests of the sampling job's settings, overrides and hash (`jobs/sample/`).
 
+use super::job::sampling_hash;
 use super::prompt::PromptTemplate;
-use super::run::sampling_hash;
 use super::settings::{KeyError, SampleOverrides, SampleSettings, ENGINE_OURS};
 use crate::sampler::params::SamplingParams;
 
