@@ -46,8 +46,9 @@ impl FromStr for DeviceSpec {
         match s {
             "cpu" => Ok(DeviceSpec::Cpu),
             "cuda" => Ok(DeviceSpec::Cuda(None)),
-            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
-                Some(Ok(n)) => Ok(DeviceSpec::Cuda(Some(n))),
+            // N as digits without leading zeros, so that it prints as typed
+            _ => match s.strip_prefix("cuda:").map(|n| (n, n.parse::<usize>())) {
+                Some((text, Ok(n))) if n.to_string() == text => Ok(DeviceSpec::Cuda(Some(n))),
                 _ => Err(format!("must be cpu, cuda or cuda:N, got `{s}`")),
             },
         }
@@ -97,7 +98,9 @@ mod tests {
             assert_eq!(serde_json::from_str::<DeviceSpec>(&json).unwrap(), d);
         }
         assert_eq!(DeviceSpec::Cuda(None).ordinal(), Some(0));
-        for bad in ["gpu", "cuda:", "cuda:x", "CUDA", "cuda0", ""] {
+        for bad in [
+            "gpu", "cuda:", "cuda:x", "CUDA", "cuda0", "", "cuda:01", "cuda:+1",
+        ] {
             let e = bad.parse::<DeviceSpec>().unwrap_err();
             assert_eq!(e, format!("must be cpu, cuda or cuda:N, got `{bad}`"));
         }

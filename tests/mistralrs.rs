@@ -448,6 +448,52 @@ fn thinking_budget_and_resume_after_a_kill_run_through_our_rules() {
     assert_eq!(key(&clean), key(&resumed));
 }
 
+/// `pipeline eval --engine mistralrs` over two sets: mistral.rs runs one job at a time, so each
+/// set gets its own run (ours shares one engine between the sets), and both are evaluated.
+#[test]
+fn eval_on_mistralrs_runs_each_set_on_its_own() {
+    let Some(model) = shared("fixtures/tiny-qwen3") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let input = toy_problems(dir.path(), 3);
+    for (name, n) in [("one", 2), ("two", 1)] {
+        std::fs::write(
+            dir.path().join(format!("{name}.toml")),
+            format!(
+                "[source]\nname = \"{name}\"\nformat = \"mapped\"\npath = \"{}\"\n\
+                 problem_field = \"problem\"\nanswer_field = \"answer\"\n\
+                 [sample]\nprompt_template = \"raw\"\nn = {n}\ntemperature = 0.7\n\
+                 max_new_tokens = 4\n",
+                input.display()
+            ),
+        )
+        .unwrap();
+    }
+    let o = bin()
+        .args(["eval", "--model", model.to_str().unwrap()])
+        .args(["--sets", "one.toml,two.toml", "--engine", "mistralrs"])
+        .args(["--output", "out"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let log = text(&o);
+    assert_eq!(log.matches("the model loaded once").count(), 2, "{log}");
+    let slug = selfdistill::eval::model_slug(model.to_str().unwrap());
+    for (name, n) in [("one", 2), ("two", 1)] {
+        let rows = read_completions(
+            &dir.path()
+                .join("out")
+                .join(&slug)
+                .join(name)
+                .join("samples.parquet"),
+        )
+        .unwrap();
+        assert_eq!(rows.len(), 3 * n, "{name}");
+    }
+}
+
 #[test]
 fn settings_mistralrs_cannot_honour_are_refused_by_name() {
     if shared("fixtures/tiny-qwen3").is_none() {

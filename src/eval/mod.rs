@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::data::source::SourceSpec;
 use crate::data::{hub, load_source};
 use crate::jobs::sample::run::{engine_difference, run_jobs, JobSpec};
-use crate::jobs::sample::settings::{KeyError, SampleOverrides, SampleSettings};
+use crate::jobs::sample::settings::{KeyError, LogitsEngine, SampleOverrides, SampleSettings};
 use metrics::{Outcome, SetMetrics};
 
 /// One eval set: where its problems come from and how to sample them.
@@ -456,12 +456,15 @@ impl SetRuns {
         Ok(runs)
     }
 
-    /// The sets that can share an engine ([`engine_difference`]), in set order.
+    /// The sets that can share an engine ([`engine_difference`]), in set order; on mistral.rs,
+    /// which runs one job at a time, each set alone.
     fn groups(&self) -> Vec<Vec<usize>> {
         let mut groups: Vec<Vec<usize>> = Vec::new();
         for (i, s) in self.settings.iter().enumerate() {
+            let alone = s.engine == LogitsEngine::Mistralrs;
             match groups
                 .iter_mut()
+                .filter(|_| !alone)
                 .find(|g| engine_difference(&self.settings[g[0]], s).is_none())
             {
                 Some(g) => g.push(i),

@@ -217,15 +217,15 @@ impl Backend {
         }
     }
 
-    /// Each device row's best candidates, where the row's sampling settings let a draw use them
-    /// alone ([`super::sampling::candidates_needed`] for its `(settings, generated tokens)` in
-    /// `rows`): `None` for a row whose draw needs the whole row. `None` overall where no row's
-    /// can (and on the CPU, whose rows are on the host): the rows go to the host.
+    /// Each device row's best candidates, each as many as the row's own settings need
+    /// ([`super::sampling::candidates_needed`] for its `(settings, generated tokens)` in
+    /// `rows`). `None` where some row's draw needs its whole row (and on the CPU, whose rows are
+    /// on the host): the rows go to the host.
     pub fn candidates(
         &self,
         logits: &Tensor,
         rows: &[(&SamplingParams, usize)],
-    ) -> Result<Option<Vec<Option<CandidateRow>>>> {
+    ) -> Result<Option<Vec<CandidateRow>>> {
         match self {
             Backend::Cpu { .. } => {
                 let _ = (logits, rows);
@@ -234,11 +234,16 @@ impl Backend {
             #[cfg(feature = "cuda")]
             Backend::Cuda(_) => {
                 use super::gpu::sampling::{top_candidates, Temperatures};
-                let needs: Vec<Option<usize>> = rows
+                // a row that needs its whole row sends the batch to the host (one copy, the
+                // draws in parallel), as a batch of one setting always did
+                let Some(needs) = rows
                     .iter()
                     .map(|&(p, generated)| super::sampling::candidates_needed(p, generated))
-                    .collect();
-                let Some(k) = needs.iter().flatten().max().copied() else {
+                    .collect::<Option<Vec<usize>>>()
+                else {
+                    return Ok(None);
+                };
+                let Some(k) = needs.iter().max().copied() else {
                     return Ok(None);
                 };
                 // a row's temperature (0: greedy), one for the launch when all rows agree
@@ -257,11 +262,9 @@ impl Backend {
                 Ok(Some(
                     got.into_iter()
                         .zip(needs)
-                        .map(|(mut c, need)| {
-                            need.map(|n| {
-                                c.truncate(n);
-                                c
-                            })
+                        .map(|(mut c, n)| {
+                            c.truncate(n);
+                            c
                         })
                         .collect(),
                 ))

@@ -602,9 +602,9 @@ impl<'m> Engine<'m> {
         self.backend.synchronize(dev, self.sync_timing)
     }
 
-    /// Draws one token per sampling sequence from `logits` (one row each). On a GPU, where a
-    /// row's settings allow it ([`super::sampling::candidates_needed`]), only its best candidates
-    /// cross to the host; otherwise its row does.
+    /// Draws one token per sampling sequence from `logits` (one row each). On a GPU, where every
+    /// row's settings allow it ([`super::sampling::candidates_needed`]), only each row's best
+    /// candidates cross to the host (as many as its own settings need); otherwise the rows do.
     fn draw(&mut self, samplers: &[SeqId], logits: &Logits) -> Result<Vec<(Sampled, SampleRng)>> {
         let logits = match logits {
             Logits::Host(rows) => return Ok(self.draw_tokens(samplers, rows)),
@@ -624,13 +624,12 @@ impl<'m> Engine<'m> {
         Ok(self.draw_tokens(samplers, &host))
     }
 
-    /// [`super::sampling::sample_candidates`] per row; a row without candidates (or whose
-    /// settings need the whole row) is sampled densely.
+    /// [`super::sampling::sample_candidates`] per row; a row without candidates is sampled densely.
     fn draw_from_candidates(
         &mut self,
         samplers: &[SeqId],
         logits: &Tensor,
-        rows: &[Option<super::sampling::CandidateRow>],
+        rows: &[super::sampling::CandidateRow],
     ) -> Result<Vec<(Sampled, SampleRng)>> {
         if self.scratch.is_empty() {
             self.scratch.push(Scratch::new());
@@ -642,10 +641,7 @@ impl<'m> Engine<'m> {
             let m = &self.meta[id.0];
             let params = &self.settings[m.request].params;
             let mut rng = m.rng.clone();
-            let drawn = row
-                .as_ref()
-                .and_then(|row| super::sampling::sample_candidates(row, params, &mut rng, scratch));
-            let s = match drawn {
+            let s = match super::sampling::sample_candidates(row, params, &mut rng, scratch) {
                 Some(s) => s,
                 None => {
                     let dense = logits_to_host(&logits.get(i)?)?;
