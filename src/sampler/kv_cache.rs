@@ -190,21 +190,28 @@ impl AttentionBackend for PagedAttention<'_> {
         states.store_step_state(layer, slots, &state)
     }
 
+    /// The slots themselves are on the host.
+    fn lends_recurrent_host(&self) -> bool {
+        true
+    }
+
     /// The slots themselves, lent in place (no copies on the CPU's decode path).
-    fn with_recurrent_host(
+    fn lend_recurrent_host(
         &mut self,
         layer: usize,
         values: usize,
-        f: &mut crate::model::attention::RecurrentHostFn<'_>,
-    ) -> Result<()> {
+    ) -> Result<crate::model::attention::HostStates<'_>> {
         let (states, slots) = step_slots(&mut self.states, layer)?;
-        let Some(mut parts) = states.lend(layer, slots) else {
+        let Some(parts) = states.lend(layer, slots) else {
             candle_core::bail!("layer {layer}: no state slots, or a slot given twice")
         };
         if parts.iter().any(|p| p.len() != values) {
             candle_core::bail!("layer {layer}: state slots of another size than {values} values")
         }
-        f(&self.seq_lens, &mut parts)
+        Ok(crate::model::attention::HostStates {
+            seq_lens: self.seq_lens.clone(),
+            states: parts,
+        })
     }
 
     fn attend(

@@ -220,7 +220,7 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
                             l.key_head_dim as u64,
                             l.value_head_dim as u64,
                         );
-                        let c = crate::model::layers::gated_deltanet::CHUNK as u64;
+                        let c = crate::model::layer_ops::candle_deltanet::CHUNK as u64;
                         (8 * l.conv_dim() as u64
                             + 9 * nv * (dk + dv)
                             + 10 * nv * c

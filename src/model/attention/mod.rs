@@ -64,25 +64,19 @@ pub trait AttentionBackend {
     /// sequence's next step, or dropped by a backend that keeps none.
     fn store_recurrent_state(&mut self, layer: usize, state: Tensor) -> Result<()>;
 
-    /// [`Self::recurrent_state`] and [`Self::store_recurrent_state`] on host values, for the
-    /// CPU's packed layers: `f` gets the step's sequence lengths and each sequence's state to
-    /// update in place. A backend whose states are on the host overrides it to lend them without
-    /// copies; this default goes through the tensors.
-    fn with_recurrent_host(
-        &mut self,
-        layer: usize,
-        values: usize,
-        f: &mut RecurrentHostFn<'_>,
-    ) -> Result<()> {
-        let step = self.recurrent_state(layer, values)?;
-        let n = step.seq_lens.len();
-        let mut flat = match &step.state {
-            Some(s) => s.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?,
-            None => vec![0f32; n * values],
-        };
-        let mut parts: Vec<&mut [f32]> = flat.chunks_mut(values.max(1)).collect();
-        f(&step.seq_lens, &mut parts)?;
-        self.store_recurrent_state(layer, Tensor::from_vec(flat, (n, values), &Device::Cpu)?)
+    /// Whether [`Self::lend_recurrent_host`] lends the states in place: a backend whose states
+    /// are on the host says so, so that the CPU's packed layers skip the tensors.
+    fn lends_recurrent_host(&self) -> bool {
+        false
+    }
+
+    /// Each sequence's state of recurrent layer `layer` (`values` f32 values), lent in place to
+    /// update, and the step's sequence lengths: a backend that says it
+    /// [`Self::lends_recurrent_host`]. Others keep their states as tensors
+    /// ([`Self::recurrent_state`], [`Self::store_recurrent_state`]); this default refuses.
+    fn lend_recurrent_host(&mut self, layer: usize, values: usize) -> Result<HostStates<'_>> {
+        let _ = values;
+        candle_core::bail!("layer {layer}: this backend keeps no recurrent state on the host")
     }
 
     /// [`Self::attend`] on host values (f32, row-major), for the CPU's packed layers: `q`
@@ -116,9 +110,13 @@ pub trait AttentionBackend {
     }
 }
 
-/// What [`AttentionBackend::with_recurrent_host`] runs: the step's sequence lengths, and each
-/// sequence's state (f32) to update in place.
-pub type RecurrentHostFn<'a> = dyn FnMut(&[usize], &mut [&mut [f32]]) -> Result<()> + 'a;
+/// The states a backend lends ([`AttentionBackend::lend_recurrent_host`]).
+pub struct HostStates<'a> {
+    /// Tokens each sequence brings, in the order they are laid end to end.
+    pub seq_lens: Vec<usize>,
+    /// Each sequence's state (f32), to update in place.
+    pub states: Vec<&'a mut [f32]>,
+}
 
 /// What a recurrent layer needs of a step.
 #[derive(Debug, Clone)]

@@ -15,9 +15,11 @@ use candle_nn::Linear;
 use super::super::attention::AttentionBackend;
 use super::super::config::Activation;
 use super::super::cost::CountMode;
-use super::super::layers::gated_deltanet::GatedDeltaNet;
 use super::super::ops::{
     copy_cost, gated, project_counted, stack_linears, Exec, RmsNorm, RopeRows,
+};
+use super::candle_deltanet::{
+    CandleDeltaIn, CandleDeltaNet, CandleDeltaRows, CandleDeltaState, Run,
 };
 use super::{AttnDims, Cost, LayerOps, Qkv};
 
@@ -31,6 +33,15 @@ pub struct CandleOps {
 }
 
 impl CandleOps {
+    /// The Gated DeltaNet's ops on this implementation's settings and tally.
+    fn deltanet(&mut self) -> Run<'_> {
+        Run {
+            exec: self.exec,
+            count: self.count,
+            spent: &mut self.spent,
+        }
+    }
+
     pub fn new(exec: Exec) -> Self {
         CandleOps {
             exec,
@@ -96,7 +107,10 @@ impl LayerOps for CandleOps {
     type Linear = Linear;
     type Qkv = CandleQkv;
     type GateUp = CandleGateUp;
-    type DeltaNet = GatedDeltaNet;
+    type DeltaIn = CandleDeltaIn;
+    type DeltaRows = CandleDeltaRows;
+    type DeltaNet = CandleDeltaNet;
+    type DeltaState<'b> = CandleDeltaState<'b>;
 
     fn rms_norm(&mut self, x: &Tensor, w: &RmsNorm) -> Result<Tensor> {
         w.forward_counted(x, self.exec, &mut self.spent)
@@ -230,16 +244,41 @@ impl LayerOps for CandleOps {
         gated(&g, &u, act, exec, spent)
     }
 
-    fn gated_deltanet(
+    fn deltanet_in(&mut self, h: Tensor, w: &CandleDeltaIn) -> Result<CandleDeltaRows> {
+        self.deltanet().deltanet_in(h, w)
+    }
+
+    fn deltanet_state<'b>(
         &mut self,
         layer: usize,
-        h: Tensor,
-        w: &GatedDeltaNet,
-        backend: &mut dyn AttentionBackend,
+        x: &CandleDeltaRows,
+        w: &CandleDeltaNet,
+        backend: &'b mut dyn AttentionBackend,
+    ) -> Result<CandleDeltaState<'b>> {
+        self.deltanet().deltanet_state(layer, x, w, backend)
+    }
+
+    fn conv_update(
+        &mut self,
+        x: &CandleDeltaRows,
+        w: &CandleDeltaNet,
+        state: &mut CandleDeltaState<'_>,
     ) -> Result<Tensor> {
-        let y = w.forward_counted(layer, &h, self.exec, backend, &mut self.spent, self.count)?;
-        self.spent += backend.take_cost();
-        Ok(y)
+        self.deltanet().conv_update(x, w, state)
+    }
+
+    fn delta_rule(
+        &mut self,
+        u: Tensor,
+        x: CandleDeltaRows,
+        w: &CandleDeltaNet,
+        state: &mut CandleDeltaState<'_>,
+    ) -> Result<Tensor> {
+        self.deltanet().delta_rule(u, x, w, state)
+    }
+
+    fn store_deltanet_state(&mut self, state: CandleDeltaState<'_>) -> Result<()> {
+        self.deltanet().store_deltanet_state(state)
     }
 
     fn take_cost(&mut self) -> Cost {

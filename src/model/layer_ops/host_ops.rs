@@ -19,12 +19,12 @@ use rayon::prelude::*;
 
 use super::super::attention::AttentionBackend;
 use super::super::config::Activation;
-use super::super::layers::gated_deltanet::HostGatedDeltaNet;
 use super::super::ops::{RmsNorm, RopeRows};
 use super::super::packed::{
     add_into, dropped, inv_rms, min_rows, norm_in_place, norm_row, PackedLinear,
 };
 use super::candle_ops::{CandleGateUp, CandleQkv};
+use super::host_deltanet::{HostDeltaNet, HostDeltaState};
 use super::{AttnDims, Cost, LayerOps, Qkv};
 use crate::simd::exp_sub_sum;
 
@@ -254,7 +254,10 @@ impl LayerOps for HostOps {
     type Linear = PackedLinear;
     type Qkv = HostQkv;
     type GateUp = PackedLinear;
-    type DeltaNet = HostGatedDeltaNet;
+    type DeltaIn = PackedLinear;
+    type DeltaRows = HostAct;
+    type DeltaNet = HostDeltaNet;
+    type DeltaState<'b> = HostDeltaState<'b>;
 
     fn rms_norm(&mut self, x: &HostAct, w: &HostNorm) -> Result<HostAct> {
         let (width, min) = (x.width(), min_rows(x.data.len()));
@@ -472,23 +475,51 @@ impl LayerOps for HostOps {
         Ok(HostAct { data: out, rows: t })
     }
 
-    fn gated_deltanet(
+    fn deltanet_in(&mut self, h: HostAct, w: &PackedLinear) -> Result<HostAct> {
+        self.linear(h, w)
+    }
+
+    fn deltanet_state<'b>(
         &mut self,
         layer: usize,
-        h: HostAct,
-        w: &HostGatedDeltaNet,
-        backend: &mut dyn AttentionBackend,
+        x: &HostAct,
+        w: &HostDeltaNet,
+        backend: &'b mut dyn AttentionBackend,
+    ) -> Result<HostDeltaState<'b>> {
+        w.state(layer, x.rows, backend)
+    }
+
+    fn conv_update(
+        &mut self,
+        x: &HostAct,
+        w: &HostDeltaNet,
+        state: &mut HostDeltaState<'_>,
     ) -> Result<HostAct> {
-        let t = h.rows;
-        let (rows_len, y_len) = w.buffer_lens(t);
-        let (mut rows, mut y) = (self.buf(rows_len), self.buf(y_len));
-        let mut out = self.buf(h.data.len());
-        w.forward(layer, &h.data, t, &mut rows, &mut y, &mut out, backend)?;
-        self.spent += backend.take_cost();
-        self.give(rows);
-        self.give(y);
-        self.recycle(h);
-        Ok(HostAct { data: out, rows: t })
+        let mut u = self.buf(x.rows * w.shape.conv_dim());
+        w.conv_update(&x.data, &mut u, state);
+        Ok(HostAct {
+            data: u,
+            rows: x.rows,
+        })
+    }
+
+    fn delta_rule(
+        &mut self,
+        mut u: HostAct,
+        x: HostAct,
+        w: &HostDeltaNet,
+        state: &mut HostDeltaState<'_>,
+    ) -> Result<HostAct> {
+        let mut y = self.buf(x.rows * w.shape.value_dim());
+        w.delta_rule(&x.data, &mut u.data, &mut y, state);
+        let rows = x.rows;
+        self.recycle(u);
+        self.recycle(x);
+        Ok(HostAct { data: y, rows })
+    }
+
+    fn store_deltanet_state(&mut self, state: HostDeltaState<'_>) -> Result<()> {
+        state.store()
     }
 
     fn take_cost(&mut self) -> Cost {

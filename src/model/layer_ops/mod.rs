@@ -4,8 +4,9 @@
 //! A layer's forward ([`super::layers`]) is written once, generic over [`LayerOps`]: an RMS
 //! norm, the residual add with the next norm, the stacked q/k/v projection with its per-head
 //! norms, RoPE and query scale, attention over the caller's backend, Qwen3.5's output gate, a
-//! projection, the gate/up projection with its activation product, and the Gated DeltaNet
-//! block. Each implementation owns its weights' form (associated types) and how an op runs:
+//! projection, the gate/up projection with its activation product, and the Gated DeltaNet's
+//! steps (its input projection, the step's recurrent states, the conv update, the delta rule with
+//! its gated norm). Each implementation owns its weights' form (associated types) and how an op runs:
 //! - [`candle_ops::CandleOps`]: candle on any device, differentiable (training, the references)
 //!   or with candle's fused kernels (sampling on a GPU); the reference a CUDA implementation is
 //!   checked against.
@@ -23,7 +24,9 @@
 //! Knows nothing of caches (attention and recurrent state go through the caller's backend), of
 //! weights' names, or of which family a layer belongs to.
 
+pub mod candle_deltanet;
 pub mod candle_ops;
+pub mod host_deltanet;
 pub mod host_ops;
 #[cfg(test)]
 mod tests;
@@ -72,7 +75,11 @@ pub enum Op {
     GateMul,
     Linear,
     GateUpAct,
-    GatedDeltaNet,
+    DeltaNetIn,
+    DeltaNetState,
+    ConvUpdate,
+    DeltaRule,
+    StoreDeltaNetState,
 }
 
 /// The steps a layer is written over, on one device. Activations go in by value where the layer
@@ -88,8 +95,19 @@ pub trait LayerOps {
     type Qkv;
     /// The MLP's gate and up projections.
     type GateUp;
-    /// A Gated DeltaNet block's weights.
+    /// A Gated DeltaNet block's input projections (qkv, z, b and a of the same rows).
+    type DeltaIn;
+    /// What they give for a step's tokens: the conv's input (qkv), the output gate (z), and the
+    /// pre-activations of the update strength (b) and of the decay (a).
+    type DeltaRows;
+    /// A Gated DeltaNet block's other weights (the conv, the decay and its bias, the gated
+    /// norm) with the layer's shape.
     type DeltaNet;
+    /// One Gated DeltaNet layer's recurrent states for the step's sequences (each the conv's
+    /// last inputs, then the heads' states), as the implementation holds them from
+    /// [`Self::deltanet_state`] to [`Self::store_deltanet_state`]: lent by the backend for
+    /// `'b` where it can.
+    type DeltaState<'b>;
 
     /// `norm(x)`.
     fn rms_norm(&mut self, x: &Self::Act, w: &Self::Norm) -> Result<Self::Act>;
@@ -143,22 +161,49 @@ pub trait LayerOps {
     fn gate_up_act(&mut self, h: Self::Act, w: &Self::GateUp, act: Activation)
         -> Result<Self::Act>;
 
-    /// A Gated DeltaNet block on the normed rows `h`: layer `layer`, whose sequences and states
-    /// the backend gives; (T, hidden).
-    fn gated_deltanet(
+    /// A Gated DeltaNet block's input projections of the normed rows `h`.
+    fn deltanet_in(&mut self, h: Self::Act, w: &Self::DeltaIn) -> Result<Self::DeltaRows>;
+
+    /// The states of Gated DeltaNet layer `layer` for the step whose projected rows are `x`:
+    /// each sequence's from the backend (zeros for a new one).
+    fn deltanet_state<'b>(
         &mut self,
         layer: usize,
-        h: Self::Act,
+        x: &Self::DeltaRows,
         w: &Self::DeltaNet,
-        backend: &mut dyn AttentionBackend,
+        backend: &'b mut dyn AttentionBackend,
+    ) -> Result<Self::DeltaState<'b>>;
+
+    /// The causal depthwise conv of each sequence's qkv over the conv's last inputs, then SiLU:
+    /// (T, conv_dim). Moves each sequence's conv inputs on.
+    fn conv_update(
+        &mut self,
+        x: &Self::DeltaRows,
+        w: &Self::DeltaNet,
+        state: &mut Self::DeltaState<'_>,
     ) -> Result<Self::Act>;
+
+    /// The gated delta rule on the conv's output `u`: the gates from `x`'s b and a, q and k
+    /// l2-normalised, each sequence's heads' states carried through its tokens (token by token
+    /// or in chunks), and the gated norm `rmsnorm(o) * w * silu(z)`: (T, value_dim).
+    fn delta_rule(
+        &mut self,
+        u: Self::Act,
+        x: Self::DeltaRows,
+        w: &Self::DeltaNet,
+        state: &mut Self::DeltaState<'_>,
+    ) -> Result<Self::Act>;
+
+    /// Hands the step's new states back to the backend.
+    fn store_deltanet_state(&mut self, state: Self::DeltaState<'_>) -> Result<()>;
 
     /// What the calls since the last take declared, and zero from now on.
     fn take_cost(&mut self) -> Cost;
 }
 
 /// Ops with `O`'s activations and weights: `O` itself, or `O` wrapped ([`Counting`]); what a
-/// layer's weights in `O`'s form can run through.
+/// layer's weights in `O`'s form can run through. (What passes only between a layer's calls,
+/// the Gated DeltaNet's rows and states, is the ops' own.)
 pub trait SameOps<O: LayerOps>:
     LayerOps<
     Act = O::Act,
@@ -166,6 +211,7 @@ pub trait SameOps<O: LayerOps>:
     Linear = O::Linear,
     Qkv = O::Qkv,
     GateUp = O::GateUp,
+    DeltaIn = O::DeltaIn,
     DeltaNet = O::DeltaNet,
 >
 {
@@ -178,6 +224,7 @@ impl<O: LayerOps, P> SameOps<O> for P where
         Linear = O::Linear,
         Qkv = O::Qkv,
         GateUp = O::GateUp,
+        DeltaIn = O::DeltaIn,
         DeltaNet = O::DeltaNet,
     >
 {
@@ -312,7 +359,11 @@ pub fn op_name(op: Op) -> &'static str {
         Op::GateMul => "gate_mul",
         Op::Linear => "linear",
         Op::GateUpAct => "gate_up_act",
-        Op::GatedDeltaNet => "gated_deltanet",
+        Op::DeltaNetIn => "deltanet_in",
+        Op::DeltaNetState => "deltanet_state",
+        Op::ConvUpdate => "conv_update",
+        Op::DeltaRule => "delta_rule",
+        Op::StoreDeltaNetState => "store_deltanet_state",
     }
 }
 
@@ -322,7 +373,10 @@ impl<O: LayerOps> LayerOps for Counting<'_, O> {
     type Linear = O::Linear;
     type Qkv = O::Qkv;
     type GateUp = O::GateUp;
+    type DeltaIn = O::DeltaIn;
+    type DeltaRows = O::DeltaRows;
     type DeltaNet = O::DeltaNet;
+    type DeltaState<'b> = O::DeltaState<'b>;
 
     fn rms_norm(&mut self, x: &Self::Act, w: &Self::Norm) -> Result<Self::Act> {
         let r = self.inner.rms_norm(x, w);
@@ -395,15 +449,46 @@ impl<O: LayerOps> LayerOps for Counting<'_, O> {
         self.tally(Op::GateUpAct, r)
     }
 
-    fn gated_deltanet(
+    fn deltanet_in(&mut self, h: Self::Act, w: &Self::DeltaIn) -> Result<Self::DeltaRows> {
+        let r = self.inner.deltanet_in(h, w);
+        self.tally(Op::DeltaNetIn, r)
+    }
+
+    fn deltanet_state<'b>(
         &mut self,
         layer: usize,
-        h: Self::Act,
+        x: &Self::DeltaRows,
         w: &Self::DeltaNet,
-        backend: &mut dyn AttentionBackend,
+        backend: &'b mut dyn AttentionBackend,
+    ) -> Result<Self::DeltaState<'b>> {
+        let r = self.inner.deltanet_state(layer, x, w, backend);
+        self.tally(Op::DeltaNetState, r)
+    }
+
+    fn conv_update(
+        &mut self,
+        x: &Self::DeltaRows,
+        w: &Self::DeltaNet,
+        state: &mut Self::DeltaState<'_>,
     ) -> Result<Self::Act> {
-        let r = self.inner.gated_deltanet(layer, h, w, backend);
-        self.tally(Op::GatedDeltaNet, r)
+        let r = self.inner.conv_update(x, w, state);
+        self.tally(Op::ConvUpdate, r)
+    }
+
+    fn delta_rule(
+        &mut self,
+        u: Self::Act,
+        x: Self::DeltaRows,
+        w: &Self::DeltaNet,
+        state: &mut Self::DeltaState<'_>,
+    ) -> Result<Self::Act> {
+        let r = self.inner.delta_rule(u, x, w, state);
+        self.tally(Op::DeltaRule, r)
+    }
+
+    fn store_deltanet_state(&mut self, state: Self::DeltaState<'_>) -> Result<()> {
+        let r = self.inner.store_deltanet_state(state);
+        self.tally(Op::StoreDeltaNetState, r)
     }
 
     /// Nothing: every call's cost has been attributed already.

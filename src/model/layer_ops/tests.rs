@@ -162,8 +162,8 @@ fn a_decode_step_keeps_within_its_budget() {
         ("tiny", LayerKind::Attention) => (17, 17),
         // and Qwen3.5's gate (its copies, sigmoid, product) and partial RoPE (copies, joins)
         ("hybrid-20m", LayerKind::Attention) => (27, 25),
-        // a pass of ~40 candle ops per sequence
-        ("hybrid-20m", LayerKind::GatedDeltaNet) => (345, 315),
+        // the conv for the whole step, then a pass of ~30 candle ops per sequence
+        ("hybrid-20m", LayerKind::GatedDeltaNet) => (268, 245),
         other => panic!("no budget for {other:?}"),
     };
     for name in ["tiny", "hybrid-20m"] {

@@ -64,7 +64,7 @@ pub fn weight_shapes(cfg: &ModelConfig, i: usize, prefix: &str) -> Vec<(String, 
 /// A layer's token mixer.
 pub enum Mixer<O: LayerOps> {
     Attention(attention::Attention<O>),
-    GatedDeltaNet(O::DeltaNet),
+    GatedDeltaNet(gated_deltanet::GatedDeltaNet<O>),
 }
 
 /// A decoder layer, its weights in implementation `O`'s form.
@@ -176,7 +176,7 @@ impl<O: LayerOps> Layer<O> {
         let h = o.rms_norm(&x, &self.input_norm)?;
         let mixed = match &self.mixer {
             Mixer::Attention(a) => a.forward(o, index, h, rope, backend)?,
-            Mixer::GatedDeltaNet(g) => o.gated_deltanet(index, h, g, backend)?,
+            Mixer::GatedDeltaNet(g) => g.forward(o, index, h, backend)?,
         };
         let (x, h) = o.add_rms_norm(x, mixed, self.mixer_out_norm.as_ref(), &self.post_norm)?;
         let a = o.gate_up_act(h, &self.gate_up, self.act)?;
