@@ -84,7 +84,7 @@ enum BenchCommand {
 }
 
 fn main() -> ExitCode {
-    // the matches too: `pipeline eval` asks which of its flags were typed
+    // the matches too: `pipeline eval` and `pipeline train` ask which of their flags were typed
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     selfdistill::logging::init(cli.verbose.min(2) as i8 - cli.quiet.min(2) as i8);
@@ -98,7 +98,9 @@ fn main() -> ExitCode {
         Command::Eval(a) => {
             cmd::eval::run(a, matches.subcommand_matches("eval").unwrap_or(&matches))
         }
-        Command::Train(a) => cmd::train::run(a),
+        Command::Train(a) => {
+            cmd::train::run(a, matches.subcommand_matches("train").unwrap_or(&matches))
+        }
         Command::Merge(a) => cmd::merge::run(a),
         Command::Grade(a) => cmd::grade::run(a),
         Command::Data { command } => cmd::data::run(command),

@@ -44,7 +44,7 @@ pub struct EvalArgs {
 /// `matches`: the subcommand's, which say which sampling flags the user typed.
 pub fn run(a: &EvalArgs, matches: &clap::ArgMatches) -> Result<()> {
     let mut t = toml::Table::try_from(&a.params)?;
-    t.retain(|k, _| typed(matches, k));
+    t.retain(|k, _| super::typed(matches, k));
     let mut job = |key: &str, v: Option<toml::Value>| {
         if let Some(v) = v {
             t.insert(key.into(), v);
@@ -69,10 +69,4 @@ pub fn run(a: &EvalArgs, matches: &clap::ArgMatches) -> Result<()> {
         examples.display()
     );
     Ok(())
-}
-
-/// Whether the flag with this id was typed (not its default).
-fn typed(matches: &clap::ArgMatches, id: &str) -> bool {
-    matches.try_get_raw(id).is_ok_and(|v| v.is_some())
-        && matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
 }

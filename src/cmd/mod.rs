@@ -32,6 +32,13 @@ use anyhow::Result;
 
 use crate::config::Config;
 
+/// Whether the flag with this id was typed (not its default): what a command lays over the
+/// settings of a file, or of each eval set.
+pub fn typed(matches: &clap::ArgMatches, id: &str) -> bool {
+    matches.try_get_raw(id).is_ok_and(|v| v.is_some())
+        && matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+}
+
 /// A count flag that must be 1 or more (`--limit`, `--stop-after`): 0 would do nothing, or
 /// (read as "no limit") everything, and neither is what was asked.
 pub fn at_least_one<T: std::str::FromStr + PartialOrd + From<u8>>(s: &str) -> Result<T, String> {

@@ -2,7 +2,8 @@
 //! in Hugging Face layout.
 //!
 //! Settings come from `--config` (a file with a `[train]` table, e.g. a pipeline config, or the
-//! bare keys) with a few flags on top; training state (checkpoints, `metrics.jsonl`) goes to
+//! bare keys) with every key typed as a flag on top (`--lr 2e-5`, `--compute-dtype bf16`: the
+//! `[train]` keys' names and defaults); training state (checkpoints, `metrics.jsonl`) goes to
 //! `--state-dir`, by default `OUTPUT/train_state`. Rerunning the same command resumes. Knows
 //! nothing of stages; the work is in `train::trainer`.
 
@@ -30,76 +31,69 @@ pub struct TrainArgs {
     /// Checkpoints and metrics (default: OUTPUT/train_state).
     #[arg(long)]
     pub state_dir: Option<PathBuf>,
-    /// Overrides `max_steps`.
-    #[arg(long)]
-    pub max_steps: Option<u64>,
-    /// Overrides `lr`.
-    #[arg(long)]
-    pub lr: Option<f64>,
     /// Stop after this step (1 or more) with a checkpoint; the same command later continues
     /// from it.
     #[arg(long, value_parser = super::at_least_one::<u64>)]
     pub stop_after: Option<u64>,
-    /// Overrides `device`: cpu, cuda or cuda:N.
-    #[arg(long)]
-    pub device: Option<crate::device::DeviceSpec>,
-    /// Overrides `compute_dtype`: auto (bf16 on a GPU, f32 on the CPU), f32 or bf16.
-    #[arg(long)]
-    pub compute_dtype: Option<String>,
-    /// Overrides `ops`: auto, or generic (the device-generic ops on the CPU too).
-    #[arg(long)]
-    pub ops: Option<String>,
+    /// The `[train]` settings, each one typed set over `--config`'s (the rest keep the file's
+    /// values, or the defaults without a file).
+    #[command(flatten)]
+    pub settings: TrainSettings,
+}
+
+/// The `[train]` table of the file at `path`, or the whole file.
+fn read_table(path: &Path) -> Result<toml::Table> {
+    let text = crate::bytes::read_settings_file(path, "train settings")?;
+    let value: toml::Table =
+        toml::from_str(&text).with_context(|| format!("{} is not valid TOML", path.display()))?;
+    match value.get("train") {
+        Some(toml::Value::Table(t)) => Ok(t.clone()),
+        Some(_) => anyhow::bail!("{}: `train` is not a table", path.display()),
+        None => Ok(value),
+    }
 }
 
 /// Reads train settings from `path`: its `[train]` table, or the whole file.
 pub fn read_settings(path: &Path) -> Result<TrainSettings> {
-    let text = crate::bytes::read_settings_file(path, "train settings")?;
-    let value: toml::Table =
-        toml::from_str(&text).with_context(|| format!("{} is not valid TOML", path.display()))?;
-    let table = match value.get("train") {
-        Some(toml::Value::Table(t)) => t.clone(),
-        Some(_) => anyhow::bail!("{}: `train` is not a table", path.display()),
-        None => value,
+    settings(Some(path), toml::Table::new())
+}
+
+/// The settings of the file at `path` (or the defaults) with the keys of `flags` over them:
+/// an error names the file and key, or the flag.
+fn settings(path: Option<&Path>, flags: toml::Table) -> Result<TrainSettings> {
+    let mut table = match path {
+        Some(p) => read_table(p)?,
+        None => toml::Table::new(),
     };
+    let file = |e: &str| match path {
+        Some(p) => format!("{}: [train]: {e}", p.display()),
+        None => e.to_string(),
+    };
+    let typed: Vec<String> = flags.keys().cloned().collect();
+    table.extend(flags);
     let s: TrainSettings = table.try_into().map_err(|e: toml::de::Error| {
-        anyhow::anyhow!(
-            "{}: [train]: {}",
-            path.display(),
-            crate::config::plain_message(e.message().trim())
-        )
+        anyhow::anyhow!(file(&crate::config::plain_message(e.message().trim())))
     })?;
-    s.validate()
-        .map_err(|e| anyhow::anyhow!("{}: `train.{e}", path.display()))?;
+    s.validate().map_err(|e| {
+        // the message starts with its key's name: a flag's, or the file's
+        let key = e.split([' ', '[', ':']).next().unwrap_or_default();
+        match path {
+            _ if typed.iter().any(|k| k == key) => {
+                anyhow::anyhow!("--{}: {e}", key.replace('_', "-"))
+            }
+            Some(p) => anyhow::anyhow!("{}: `train.{e}", p.display()),
+            None => anyhow::anyhow!("{e}"),
+        }
+    })?;
     Ok(s)
 }
 
-pub fn run(a: &TrainArgs) -> Result<()> {
-    let mut s = match &a.config {
-        Some(p) => read_settings(p)?,
-        None => TrainSettings::default(),
-    };
-    if let Some(m) = a.max_steps {
-        s.max_steps = Some(m);
-    }
-    if let Some(lr) = a.lr {
-        s.lr = lr;
-    }
-    if let Some(d) = a.device {
-        s.device = d;
-    }
-    let value = |v: &str| toml::Value::String(v.to_string());
-    if let Some(c) = &a.compute_dtype {
-        s.compute_dtype = value(c)
-            .try_into()
-            .map_err(|_| anyhow::anyhow!("--compute-dtype `{c}`: use auto, f32 or bf16"))?;
-    }
-    if let Some(o) = &a.ops {
-        s.ops = value(o)
-            .try_into()
-            .map_err(|_| anyhow::anyhow!("--ops `{o}`: use auto or generic"))?;
-    }
+/// `matches`: the subcommand's, which say which settings flags the user typed.
+pub fn run(a: &TrainArgs, matches: &clap::ArgMatches) -> Result<()> {
+    let mut flags = toml::Table::try_from(&a.settings)?;
+    flags.retain(|k, _| super::typed(matches, k));
+    let mut s = settings(a.config.as_deref(), flags)?;
     s.model = None;
-    s.validate().map_err(|e| anyhow::anyhow!("--{e}"))?;
     let job = TrainJob {
         settings: s,
         model: a.model.clone(),
@@ -116,4 +110,115 @@ pub fn run(a: &TrainArgs) -> Result<()> {
     let summary = trainer::run(&job)?;
     summary.print(&job.output);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{Args, FromArgMatches};
+
+    /// `pipeline train` with these arguments after `--model m --data d --output o`: its
+    /// settings.
+    fn parse(args: &[&str]) -> Result<TrainSettings> {
+        let cmd = TrainArgs::augment_args(clap::Command::new("train"));
+        let base = ["train", "--model", "m", "--data", "d", "--output", "o"];
+        let m = cmd
+            .try_get_matches_from(base.iter().chain(args))
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        let a = TrainArgs::from_arg_matches(&m)?;
+        let mut flags = toml::Table::try_from(&a.settings)?;
+        flags.retain(|k, _| crate::cmd::typed(&m, k));
+        settings(a.config.as_deref(), flags)
+    }
+
+    #[test]
+    fn every_train_key_is_a_flag_with_its_default() {
+        let flags: Vec<String> = TrainSettings::augment_args(clap::Command::new("keys"))
+            .get_arguments()
+            .map(|a| a.get_id().to_string())
+            .collect();
+        let mut keys: Vec<String> = toml::Table::try_from(TrainSettings::default())
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        // (the options without a default, and `model`, which `--model` gives)
+        keys.extend(
+            [
+                "max_steps",
+                "rows_per_step",
+                "tokens_per_step",
+                "peak_tflops",
+            ]
+            .map(String::from),
+        );
+        let (mut flags_sorted, mut keys_sorted) = (flags.clone(), keys);
+        flags_sorted.sort();
+        keys_sorted.sort();
+        assert_eq!(flags_sorted, keys_sorted);
+        // untyped, every flag is the default
+        assert_eq!(parse(&[]).unwrap(), TrainSettings::default());
+    }
+
+    #[test]
+    fn typed_flags_go_over_the_file_and_the_rest_keep_its_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.toml");
+        std::fs::write(
+            &path,
+            "[train]\nlr = 3e-5\nepochs = 2\nrecompute = true\nlr_schedule = \"linear\"\n",
+        )
+        .unwrap();
+        let p = path.to_str().unwrap();
+        let s = parse(&["--config", p]).unwrap();
+        assert_eq!((s.lr, s.epochs, s.recompute), (3e-5, 2, true));
+        let s = parse(&[
+            "--config",
+            p,
+            "--lr",
+            "1e-4",
+            "--packing",
+            "false",
+            "--betas",
+            "0.8,0.9",
+            "--compute-dtype",
+            "bf16",
+            "--no-decay",
+            "norm,bias,embed",
+            "--max-steps",
+            "7",
+        ])
+        .unwrap();
+        assert_eq!((s.lr, s.epochs, s.recompute), (1e-4, 2, true));
+        assert_eq!(s.lr_schedule, crate::train::settings::LrSchedule::Linear);
+        assert!(!s.packing);
+        assert_eq!(s.betas, [0.8, 0.9]);
+        assert_eq!(s.compute_dtype, crate::train::settings::ComputeDtype::Bf16);
+        assert_eq!(s.no_decay, ["norm", "bias", "embed"]);
+        assert_eq!(s.max_steps, Some(7));
+    }
+
+    #[test]
+    fn a_bad_setting_names_its_flag_or_its_file() {
+        let e = parse(&["--lr=-1"]).unwrap_err().to_string();
+        assert!(e.starts_with("--lr: lr must be a positive number"), "{e}");
+        let e = parse(&["--max-steps", "0"]).unwrap_err().to_string();
+        assert!(e.starts_with("--max-steps: max_steps"), "{e}");
+        let e = parse(&["--betas", "0.9"]).unwrap_err().to_string();
+        assert!(e.contains("--betas") && e.contains("B1,B2"), "{e}");
+        let e = parse(&["--compute-dtype", "f16"]).unwrap_err().to_string();
+        assert!(e.contains("--compute-dtype") && e.contains("bf16"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.toml");
+        std::fs::write(&path, "[train]\nepochs = 0\n").unwrap();
+        let e = parse(&["--config", path.to_str().unwrap(), "--lr", "1e-4"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("t.toml") && e.contains("epochs"), "{e}");
+        std::fs::write(&path, "[train]\nlr_schedule = \"cosin\"\n").unwrap();
+        let e = parse(&["--config", path.to_str().unwrap()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("t.toml") && e.contains("cosin"), "{e}");
+    }
 }

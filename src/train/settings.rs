@@ -1,12 +1,13 @@
 //! The `[train]` settings: every knob of a fine-tuning run, with defaults and range checks.
 //!
-//! The same struct is a config's `[train]` section and the file `pipeline train --config` reads;
-//! unknown keys are errors. Knows nothing of models or data.
+//! The same struct is a config's `[train]` section, the file `pipeline train --config` reads,
+//! and the flags of `pipeline train` (same names, same defaults); unknown keys are errors. Knows
+//! nothing of models or data.
 
 use serde::{Deserialize, Serialize};
 
 /// How the learning rate moves over the run (after warmup).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum LrSchedule {
     Constant,
@@ -15,7 +16,7 @@ pub enum LrSchedule {
 }
 
 /// Storage of the master weights and AdamW moments.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum OptimizerState {
     /// fp32 master weights and moments (16 bytes per parameter with the gradient): the default.
@@ -26,7 +27,7 @@ pub enum OptimizerState {
 }
 
 /// The dtype the model is stored and exported in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum TrainDtype {
     /// The checkpoint's own dtype (`torch_dtype` / `dtype` of config.json).
@@ -37,7 +38,7 @@ pub enum TrainDtype {
 }
 
 /// The dtype the forward and backward passes compute in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum ComputeDtype {
     /// bf16 on a GPU, f32 on the CPU.
@@ -49,7 +50,7 @@ pub enum ComputeDtype {
 }
 
 /// Which implementation of the differentiable ops runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum TrainOps {
     /// Our CPU ops with hand-written backward passes for f32 on the CPU; elementary candle ops
@@ -60,103 +61,137 @@ pub enum TrainOps {
     Generic,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct TrainSettings {
     /// The base model for the `train` stage of `pipeline run` (default: `[sample].model`).
     /// `pipeline train` takes `--model` instead.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(skip)]
     pub model: Option<String>,
     #[serde(default = "d_lr")]
+    #[arg(long, default_value_t = d_lr())]
     pub lr: f64,
     #[serde(default = "d_betas")]
+    #[arg(long, value_parser = parse_betas, default_value = "0.9,0.95")]
     pub betas: [f64; 2],
     #[serde(default = "d_eps")]
+    #[arg(long, default_value_t = d_eps())]
     pub eps: f64,
     #[serde(default)]
+    #[arg(long, default_value_t = Default::default())]
     pub weight_decay: f64,
     /// Tensors whose name contains one of these get no weight decay (default: norms and biases).
     #[serde(default = "d_no_decay")]
+    #[arg(long, value_delimiter = ',', default_values_t = d_no_decay())]
     pub no_decay: Vec<String>,
     /// Clip the global gradient norm to this; 0 = off.
     #[serde(default = "d_clip")]
+    #[arg(long, default_value_t = d_clip())]
     pub clip_grad_norm: f64,
     #[serde(default = "d_schedule")]
+    #[arg(long, value_enum, default_value_t = d_schedule())]
     pub lr_schedule: LrSchedule,
     #[serde(default)]
+    #[arg(long, default_value_t = Default::default())]
     pub warmup_steps: u64,
     /// The schedule decays to `lr * min_lr_ratio`.
     #[serde(default)]
+    #[arg(long, default_value_t = Default::default())]
     pub min_lr_ratio: f64,
     #[serde(default = "d_epochs")]
+    #[arg(long, default_value_t = d_epochs())]
     pub epochs: u64,
     /// Stop after this many optimizer steps (the schedule spans them); default: all epochs.
     #[serde(default)]
+    #[arg(long)]
     pub max_steps: Option<u64>,
     /// Rows per optimizer step (set this or `tokens_per_step`).
     #[serde(default)]
+    #[arg(long)]
     pub rows_per_step: Option<usize>,
     /// Tokens (prompt + completion) per optimizer step: rows are added while they fit.
     #[serde(default)]
+    #[arg(long)]
     pub tokens_per_step: Option<usize>,
     /// Tokens per forward/backward pass; a step accumulates gradients over its micro-batches.
     #[serde(default = "d_micro")]
+    #[arg(long, default_value_t = d_micro())]
     pub micro_batch_tokens: usize,
     /// Longer rows are cut to this (completion tokens dropped from the end) and counted.
     #[serde(default = "d_max_seq")]
+    #[arg(long, default_value_t = d_max_seq())]
     pub max_seq_len: usize,
     /// Pack several rows into one micro-batch (attention stays inside each row).
     #[serde(default = "d_true")]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub packing: bool,
     #[serde(default = "d_true")]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub shuffle: bool,
     #[serde(default)]
+    #[arg(long, default_value_t = Default::default())]
     pub seed: u64,
     #[serde(default = "d_dtype")]
+    #[arg(long, value_enum, default_value_t = d_dtype())]
     pub dtype: TrainDtype,
     /// Where the model trains: `cpu`, `cuda` or `cuda:N`.
     #[serde(default)]
+    #[arg(long, default_value_t = Default::default())]
     pub device: crate::device::DeviceSpec,
     /// The forward and backward passes' dtype (the master weights and AdamW are f32 either way).
     #[serde(default = "d_compute")]
+    #[arg(long, value_enum, default_value_t = d_compute())]
     pub compute_dtype: ComputeDtype,
     /// The ops' implementation: `auto`, or `generic` for the device-generic path everywhere.
     #[serde(default = "d_ops")]
+    #[arg(long, value_enum, default_value_t = d_ops())]
     pub ops: TrainOps,
     #[serde(default = "d_state")]
+    #[arg(long, value_enum, default_value_t = d_state())]
     pub optimizer_state: OptimizerState,
     /// Keep AdamW's moments in host memory (a GPU run whose device memory cannot hold them): each
     /// update moves them over in slices and back. Same numbers, PCIe time per step.
     #[serde(default)]
+    #[arg(long)]
     pub optimizer_offload: bool,
     /// With `optimizer_state = "bf16"`: round updates stochastically (unbiased, so small updates
     /// survive on average).
     #[serde(default)]
+    #[arg(long)]
     pub stochastic_rounding: bool,
     /// With `optimizer_state = "bf16"` and no stochastic rounding: run anyway (loud warning).
     #[serde(default)]
+    #[arg(long)]
     pub allow_lossy_state: bool,
     /// Recompute each layer's activations in the backward pass (memory for time).
     #[serde(default)]
+    #[arg(long)]
     pub recompute: bool,
     /// Completion tokens per chunk of the LM head and loss; 0 = all at once.
     #[serde(default = "d_chunk")]
+    #[arg(long, default_value_t = d_chunk())]
     pub loss_chunk_tokens: usize,
     /// Write a full checkpoint every N steps (and at the end); 0 = only at the end.
     #[serde(default = "d_ckpt")]
+    #[arg(long, default_value_t = d_ckpt())]
     pub checkpoint_every: u64,
     /// Checkpoints kept on disk (the newest ones).
     #[serde(default = "d_keep")]
+    #[arg(long, default_value_t = d_keep())]
     pub keep_checkpoints: usize,
     /// Warn when the share of weights whose stored value changed stays below this ...
     #[serde(default = "d_stall_share")]
+    #[arg(long, default_value_t = d_stall_share())]
     pub stall_share: f64,
     /// ... for this many consecutive steps.
     #[serde(default = "d_stall_steps")]
+    #[arg(long, default_value_t = d_stall_steps())]
     pub stall_steps: u64,
     /// The device's peak FLOP/s for MFU; default: the GPU's dense bf16 (or f32) peak from a table
     /// of known GPUs, or the CPU's matmul rate in the compute dtype, measured at start.
     #[serde(default)]
+    #[arg(long)]
     pub peak_tflops: Option<f64>,
 }
 
@@ -216,6 +251,15 @@ fn d_stall_share() -> f64 {
 }
 fn d_stall_steps() -> u64 {
     10
+}
+
+/// `--betas B1,B2`.
+fn parse_betas(s: &str) -> Result<[f64; 2], String> {
+    let v: Vec<f64> = s
+        .split(',')
+        .map(|b| b.trim().parse::<f64>().map_err(|e| format!("`{b}`: {e}")))
+        .collect::<Result<_, _>>()?;
+    <[f64; 2]>::try_from(v).map_err(|v| format!("two numbers, B1,B2 (got {})", v.len()))
 }
 
 impl Default for TrainSettings {
