@@ -15,7 +15,10 @@
 use candle_core::{DType, Device, Tensor};
 
 use crate::model::attention::RecurrentStep;
+use crate::model::cost::Cost;
 use crate::model::ModelConfig;
+#[cfg(feature = "cuda")]
+use crate::sampler::gpu_plan::StepCosts;
 
 #[derive(Debug)]
 pub struct StateSlots {
@@ -29,6 +32,9 @@ pub struct StateSlots {
     device: Option<DeviceSlots>,
     free: Vec<usize>,
     num_slots: usize,
+    /// What the step's gathers and scatters issued on a device since the last
+    /// [`Self::take_cost`].
+    spent: Cost,
 }
 
 /// A slot's state saved for the samples that fork from it ([`StateSlots::read`]): values on the
@@ -70,7 +76,15 @@ impl StateSlots {
             device: None,
             free: (0..num_slots).rev().collect(),
             num_slots,
+            spent: Cost::default(),
         }
+    }
+
+    /// What the step's gathers and scatters issued on a device since the last take (a GPU's
+    /// kernels, the slot ids' upload, or the copies of host slots to and from the device), and
+    /// zero from now on.
+    pub fn take_cost(&mut self) -> Cost {
+        std::mem::take(&mut self.spent)
     }
 
     /// [`Self::new`] on the model's device: the slots in GPU memory on a CUDA device.
@@ -288,6 +302,9 @@ impl StateSlots {
             candle_core::bail!("layer {layer}: state slots of another size than {values} values")
         }
         let state = Tensor::from_vec(rows, (slots.len(), values), &Device::Cpu)?;
+        if !device.is_cpu() {
+            self.spent += Cost::UPLOAD;
+        }
         Ok(RecurrentStep {
             seq_lens: seq_lens.to_vec(),
             state: Some(state.to_device(device)?),
@@ -305,6 +322,9 @@ impl StateSlots {
         if self.device.is_some() {
             let state = state.to_dtype(DType::F32)?;
             return self.copy_rows_cuda(layer, slots, &state, false);
+        }
+        if !state.device().is_cpu() {
+            self.spent += Cost::DOWNLOAD;
         }
         let values = state
             .flatten_all()?
@@ -351,6 +371,8 @@ impl StateSlots {
             candle_core::op::BackpropOp::none(),
             false,
         );
+        // the buffer and the gather's kernel (the ids' upload: `copy_rows_cuda`)
+        self.spent += StepCosts::state_gather(false);
         self.copy_rows_cuda(layer, slots, &out, true)?;
         Ok(RecurrentStep {
             seq_lens: seq_lens.to_vec(),
@@ -391,10 +413,15 @@ impl StateSlots {
         if d.rows.as_ref().is_none_or(|(s, _)| s != slots) {
             let ids: Vec<u32> = slots.iter().map(|&s| s as u32).collect();
             d.rows = Some((slots.to_vec(), Tensor::new(ids.as_slice(), pool.device())?));
+            self.spent += Cost::UPLOAD;
         }
         let ids = &d.rows.as_ref().expect("set above").1;
         if gather && !rows.is_contiguous() {
             candle_core::bail!("layer {layer}: the rows a gather writes must be contiguous")
+        }
+        if !gather {
+            self.spent +=
+                StepCosts::STATE_SCATTER + Cost::kernels(u64::from(!rows.is_contiguous()));
         }
         let rows = rows.contiguous()?;
         let (pool_p, rows_p, ids_p) = (tensor_ptr(pool)?, tensor_ptr(&rows)?, tensor_ptr(ids)?);

@@ -343,16 +343,20 @@ impl AttentionBackend for GpuPagedAttention<'_> {
     ) -> Result<crate::model::attention::RecurrentStep> {
         let (states, slots) = step_slots(&mut self.states, layer)?;
         let dev = Device::Cuda(self.cache.dev.clone());
-        states.step_state(layer, values, slots, &self.seq_lens, &dev)
+        let step = states.step_state(layer, values, slots, &self.seq_lens, &dev);
+        self.spent += states.take_cost();
+        step
     }
 
     fn store_recurrent_state(&mut self, layer: usize, state: Tensor) -> Result<()> {
         let (states, slots) = step_slots(&mut self.states, layer)?;
-        states.store_step_state(layer, slots, &state)
+        let r = states.store_step_state(layer, slots, &state);
+        self.spent += states.take_cost();
+        r
     }
 
-    /// The attention calls' kernels, output buffers and copies of strided inputs (the state
-    /// slots' gathers and scatters are not declared yet).
+    /// The attention calls' kernels, output buffers and copies of strided inputs, and the state
+    /// slots' gathers and scatters.
     fn take_cost(&mut self) -> crate::model::layer_ops::Cost {
         std::mem::take(&mut self.spent)
     }
