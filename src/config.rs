@@ -376,7 +376,6 @@ impl Config {
         default_name: &str,
     ) -> Result<Config, ConfigError> {
         let raw: RawConfig = toml::from_str(text).map_err(|e| toml_error(text, origin, &e))?;
-        let err = |key: &str, msg: String| ConfigError(format!("{origin}: `{key}`: {msg}"));
         let run = validate_run(raw.run, base, origin, default_name)?;
         let data = raw
             .data
@@ -393,18 +392,7 @@ impl Config {
             .filter
             .map(|f| validate_filter(f, base, origin, sample.is_some()))
             .transpose()?;
-        if sample.is_some() && data.is_none() {
-            return Err(err(
-                "sample",
-                "the sampler samples the problems of the data stage: add a [data] section".into(),
-            ));
-        }
-        if filter.is_some() && data.is_none() {
-            return Err(err(
-                "filter",
-                "the filter grades against the problems' gold answers: add a [data] section".into(),
-            ));
-        }
+        needs_data(data.is_some(), sample.is_some(), filter.is_some(), origin)?;
         if let (Some(f), Some(d)) = (&filter, &data) {
             check_completions_source(f, d, origin)?;
         }
@@ -421,15 +409,6 @@ impl Config {
                 )
             })
             .transpose()?;
-        if run.rounds > 1 && (sample.is_none() || train.is_none()) {
-            return Err(err(
-                "run.rounds",
-                format!(
-                    "{} rounds repeat sample -> filter -> train: add [sample] and [train]",
-                    run.rounds
-                ),
-            ));
-        }
         let eval = raw
             .eval
             .map(|t| read_section(text, origin, "eval", &t, EvalConfig::from_table))
@@ -445,44 +424,13 @@ impl Config {
                 )
             })
             .transpose()?;
-        if run.train_from == TrainFrom::Base && run.rounds < 2 {
-            return Err(err(
-                "run.train_from",
-                "\"base\" differs from \"previous\" only from round 2 on: set run.rounds = 2 \
-                 or more, or remove the key"
-                    .into(),
-            ));
-        }
-        if let Some(r) = run.resample_below {
-            if !(r > 0.0 && r <= 1.0) {
-                return Err(err(
-                    "run.resample_below",
-                    format!(
-                        "must be in (0, 1]: a round samples the problems the round before \
-                         solved in less than this share of their samples; got {r}"
-                    ),
-                ));
-            }
-            if run.rounds < 2 || sample.is_none() {
-                return Err(err(
-                    "run.resample_below",
-                    "acts from round 2 on: set run.rounds = 2 or more, with [sample]".into(),
-                ));
-            }
-        }
+        check_rounds(&run, sample.is_some(), train.is_some(), origin)?;
         let mix = raw
             .mix
             .map(|m| validate_mix(m, base, origin, train.is_some(), run.rounds))
             .transpose()?;
         if let Some(r) = &raw.rationalize {
-            if sample.is_none() {
-                return Err(ConfigError(format!(
-                    "{origin}: `rationalize`: samples the problems the sample stage left \
-                     unsolved again, with a hint: add a [sample] section"
-                )));
-            }
-            r.validate()
-                .map_err(|e| ConfigError(format!("{origin}: `rationalize.{e}")))?;
+            check_rationalize(r, sample.is_some(), origin)?;
         }
         let pretrain = match raw.pretrain {
             Some(p) => Some(validate_pretrain(
@@ -516,6 +464,82 @@ impl Config {
             rationalize: raw.rationalize,
         })
     }
+}
+
+/// The sample and filter stages read the data stage's problems.
+fn needs_data(data: bool, sample: bool, filter: bool, origin: &str) -> Result<(), ConfigError> {
+    let err = |key: &str, msg: &str| Err(ConfigError(format!("{origin}: `{key}`: {msg}")));
+    if sample && !data {
+        return err(
+            "sample",
+            "the sampler samples the problems of the data stage: add a [data] section",
+        );
+    }
+    if filter && !data {
+        return err(
+            "filter",
+            "the filter grades against the problems' gold answers: add a [data] section",
+        );
+    }
+    Ok(())
+}
+
+/// `run.rounds`, `run.train_from` and `run.resample_below` against the stages that rounds
+/// repeat.
+fn check_rounds(
+    run: &validate::Run,
+    sample: bool,
+    train: bool,
+    origin: &str,
+) -> Result<(), ConfigError> {
+    let err = |key: &str, msg: String| ConfigError(format!("{origin}: `{key}`: {msg}"));
+    if run.rounds > 1 && (!sample || !train) {
+        return Err(err(
+            "run.rounds",
+            format!(
+                "{} rounds repeat sample -> filter -> train: add [sample] and [train]",
+                run.rounds
+            ),
+        ));
+    }
+    if run.train_from == TrainFrom::Base && run.rounds < 2 {
+        return Err(err(
+            "run.train_from",
+            "\"base\" differs from \"previous\" only from round 2 on: set run.rounds = 2 \
+             or more, or remove the key"
+                .into(),
+        ));
+    }
+    if let Some(r) = run.resample_below {
+        if !(r > 0.0 && r <= 1.0) {
+            return Err(err(
+                "run.resample_below",
+                format!(
+                    "must be in (0, 1]: a round samples the problems the round before \
+                     solved in less than this share of their samples; got {r}"
+                ),
+            ));
+        }
+        if run.rounds < 2 || !sample {
+            return Err(err(
+                "run.resample_below",
+                "acts from round 2 on: set run.rounds = 2 or more, with [sample]".into(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `[rationalize]` resamples what the sample stage left unsolved.
+fn check_rationalize(r: &Rationalize, sample: bool, origin: &str) -> Result<(), ConfigError> {
+    if !sample {
+        return Err(ConfigError(format!(
+            "{origin}: `rationalize`: samples the problems the sample stage left unsolved again, \
+             with a hint: add a [sample] section"
+        )));
+    }
+    r.validate()
+        .map_err(|e| ConfigError(format!("{origin}: `rationalize.{e}")))
 }
 
 /// The most `run.rounds` a config may ask for: a bound, so that a typo of a huge count is an error

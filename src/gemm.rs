@@ -238,6 +238,9 @@ impl Kernel {
 }
 
 /// [`product`] on a given kernel (one of [`Kernel::available`]).
+///
+/// Over 100 lines: the loop nest of the blocked product (panels of `w`, row blocks of `x`, the
+/// edge tiles) is one piece, whose index arithmetic reads best whole.
 pub fn product_with(
     kernel: Kernel,
     x: &[f32],

@@ -81,49 +81,8 @@ pub fn verify(args: &VerifyBenchArgs) -> Result<()> {
         );
     }
 
-    // Mismatched pairs: solution i against answer i+1, where the answers differ.
+    report_mismatched(&math, args.shifts, &opts);
     let n = math.len();
-    let strip = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
-    let (mut pairs, mut accepted) = (0u64, Vec::new());
-    for i in 0..n {
-        let (sol, own) = &math[i];
-        let (_, other) = &math[(i + 1) % n];
-        if strip(own) == strip(other) {
-            continue;
-        }
-        pairs += 1;
-        if grade(sol, other, &opts).correct {
-            accepted.push(format!("{own} ~ {other}"));
-        }
-    }
-    crate::outln!(
-        "MATH-500 mismatched pairs (solution i vs answer i+1): {}/{} judged correct = {:.3}%",
-        accepted.len(),
-        pairs,
-        100.0 * accepted.len() as f64 / pairs.max(1) as f64
-    );
-    for a in accepted.iter().take(10) {
-        crate::outln!("  accepted: {a}");
-    }
-    // Every shift: each solution against every other problem's (different) answer.
-    let (mut all_pairs, mut all_accepted) = (0u64, 0u64);
-    for shift in 1..args.shifts.min(n) {
-        for i in 0..n {
-            let (sol, own) = &math[i];
-            let (_, other) = &math[(i + shift) % n];
-            if strip(own) != strip(other) {
-                all_pairs += 1;
-                all_accepted += grade(sol, other, &opts).correct as u64;
-            }
-        }
-    }
-    if all_pairs > 0 {
-        crate::outln!(
-            "MATH-500 mismatched pairs over shifts 1..{}: {all_accepted}/{all_pairs} judged correct = {:.3}%",
-            args.shifts.min(n),
-            100.0 * all_accepted as f64 / all_pairs as f64
-        );
-    }
 
     // Throughput on one core: extract + equivalence per check, on matching pairs (the common
     // case for a good model) and on mismatched pairs (every comparison tier runs).
@@ -151,6 +110,55 @@ pub fn verify(args: &VerifyBenchArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Each MATH-500 solution against another problem's (different) answer: the next one's (the
+/// accepted pairs listed), then every shift up to `shifts`. A wrong answer judged correct is the
+/// verifier's false-positive rate.
+fn report_mismatched(math: &[(String, String)], shifts: usize, opts: &GradeOptions) {
+    // Mismatched pairs: solution i against answer i+1, where the answers differ.
+    let n = math.len();
+    let strip = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
+    let (mut pairs, mut accepted) = (0u64, Vec::new());
+    for i in 0..n {
+        let (sol, own) = &math[i];
+        let (_, other) = &math[(i + 1) % n];
+        if strip(own) == strip(other) {
+            continue;
+        }
+        pairs += 1;
+        if grade(sol, other, opts).correct {
+            accepted.push(format!("{own} ~ {other}"));
+        }
+    }
+    crate::outln!(
+        "MATH-500 mismatched pairs (solution i vs answer i+1): {}/{} judged correct = {:.3}%",
+        accepted.len(),
+        pairs,
+        100.0 * accepted.len() as f64 / pairs.max(1) as f64
+    );
+    for a in accepted.iter().take(10) {
+        crate::outln!("  accepted: {a}");
+    }
+    // Every shift: each solution against every other problem's (different) answer.
+    let (mut all_pairs, mut all_accepted) = (0u64, 0u64);
+    for shift in 1..shifts.min(n) {
+        for i in 0..n {
+            let (sol, own) = &math[i];
+            let (_, other) = &math[(i + shift) % n];
+            if strip(own) != strip(other) {
+                all_pairs += 1;
+                all_accepted += grade(sol, other, opts).correct as u64;
+            }
+        }
+    }
+    if all_pairs > 0 {
+        crate::outln!(
+            "MATH-500 mismatched pairs over shifts 1..{}: {all_accepted}/{all_pairs} judged correct = {:.3}%",
+            shifts.min(n),
+            100.0 * all_accepted as f64 / all_pairs as f64
+        );
+    }
 }
 
 /// The arithmetic-step rule over solutions (the first of each pair): every one it flags, with

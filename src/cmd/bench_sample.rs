@@ -198,7 +198,12 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
     if dtype != DType::F32 || a.kv_fp8 {
         bail!("the CPU sampler runs f32 weights and an f32 KV cache");
     }
-    let mut model = random_model(&cfg)?;
+    run_cpu(a, &cfg, &batches)
+}
+
+/// The CPU sampler's rates at each batch size, against this machine's matmul rate and roofline.
+fn run_cpu(a: &SampleBenchArgs, cfg: &ModelConfig, batches: &[usize]) -> Result<()> {
+    let mut model = random_model(cfg)?;
     model.set_fused_inference(true)?;
     crate::outln!(
         "shape {} ({:.1}M parameters, f32, {} threads), prompt {} tokens, {} new tokens, KV {} \
@@ -208,8 +213,8 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
         rayon::current_num_threads(),
         a.prompt_len,
         a.new_tokens,
-        KvCache::bytes_per_token(&cfg),
-        match StateSlots::bytes_per_seq(&cfg) {
+        KvCache::bytes_per_token(cfg),
+        match StateSlots::bytes_per_seq(cfg) {
             0 => String::new(),
             b => format!(", recurrent state {b} bytes/sequence"),
         },
@@ -251,7 +256,7 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
         "of roofline"
     );
     let mut first_decode = None;
-    for &b in &batches {
+    for &b in batches {
         let (mut prefill, mut decode, mut split) = (0.0, 0.0, String::new());
         for _ in 0..a.repeat.max(1) {
             let (p, d, s) = timed_run(&model, b, a.prompt_len, a.new_tokens + 1, a, false)?;
@@ -261,8 +266,8 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
             }
         }
         let ctx = a.prompt_len + a.new_tokens / 2;
-        let flops = decode * decode_flops_per_token(&cfg, ctx);
-        let roof = decode_roofline(&cfg, b, ctx, peak, bw);
+        let flops = decode * decode_flops_per_token(cfg, ctx);
+        let roof = decode_roofline(cfg, b, ctx, peak, bw);
         crate::outln!(
             "{b:>6} {prefill:>14.1} {decode:>14.1} {:>16.1} {:>10.1}% {:>11.1} ({}) {:>11.1}%",
             flops / 1e9,
@@ -272,9 +277,9 @@ pub fn run(a: &SampleBenchArgs) -> Result<()> {
             100.0 * decode / roof.0
         );
         crate::outln!("       {split}");
-        remember(a, "cpu", &cfg, b, decode);
+        remember(a, "cpu", cfg, b, decode);
         if a.gemm_rates {
-            crate::outln!("       {}", decode_gemm_rates(&cfg, b));
+            crate::outln!("       {}", decode_gemm_rates(cfg, b));
         }
         let base = *first_decode.get_or_insert((b, decode, roof.0));
         if b != base.0 {

@@ -125,59 +125,13 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
         };
         return super::bench_count::run_train(&c, &cfg);
     }
-    let base = TrainSettings {
-        device: a.device,
-        compute_dtype: a.compute_dtype,
-        ops: a.ops,
-        ..TrainSettings::default()
-    };
-    base.validate().map_err(|e| anyhow::anyhow!("--{e}"))?;
-    let dev = crate::model::open_device(a.device)?;
-    let compute = base.compute();
-    let weights = crate::model::init::random_weights(&cfg)?;
-    let mut t = Trainable::from_tensors(&cfg, &weights, &dev, compute)?;
-    drop(weights);
-    t.model.set_composed(a.ops == TrainOps::Generic)?;
-    let composed = t.model.composed();
-    let params = t.num_params();
-    let prompt = a.seq_len / 4;
-    let batch = PackedBatch::synthetic(a.rows, a.seq_len, cfg.vocab_size);
-    let tokens = batch.tokens.len();
-    let share = batch.loss_tokens() as f64 / tokens as f64;
-    let scale = 1.0 / batch.loss_tokens() as f64;
-    let mut opt = AdamW::new(t.masters().to_vec(), AdamWConfig::default(), |_| true)?;
-    opt.set_working(t.named_vars())?;
-    opt.set_host(!composed);
-    let ceiling = crate::train::memory::peak_flops(&dev, compute)?;
-    crate::outln!(
-        "train bench: shape {} ({:.1}M parameters, {compute:?} compute over f32 master weights, \
-         {}{}), {} rows x {} tokens per step ({} prompt), AdamW; peak {:.1} GFLOP/s",
-        a.shape,
-        params as f64 / 1e6,
-        crate::train::memory::device_name(&dev),
-        if composed { ", device-generic ops" } else { "" },
-        a.rows,
-        a.seq_len,
-        prompt,
-        ceiling / 1e9
-    );
+    let mut b = Bench::new(a, cfg)?;
     let configs: &[(bool, bool)] = if a.quick {
         &[(false, true)]
     } else if a.recompute_only {
         &[(true, true)]
     } else {
         &[(false, false), (false, true), (true, false), (true, true)]
-    };
-    let gopt = |recompute: bool, chunked: bool| GradOptions {
-        loss_chunk_tokens: if chunked { a.loss_chunk_tokens } else { 0 },
-        recompute,
-    };
-    let step = |opt: &mut AdamW, g: GradOptions| -> Result<()> {
-        let mut sums = GradSums::new(t.named_vars().len());
-        t.accumulate(&batch, scale, g, &mut sums)?;
-        let grads = sums.finish(t.named_vars())?;
-        opt.step(&grads, 1e-5, Some(1.0))?;
-        Ok(())
     };
     crate::outln!(
         "{:>9} {:>8} {:>10} {:>7} {:>14} {:>14} {:>16}",
@@ -192,7 +146,136 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
     // Each configuration's row is printed as soon as it is measured: a large shape that runs out
     // of memory in a later configuration still leaves the earlier figures.
     for &(recompute, chunked) in configs {
-        let g = gopt(recompute, chunked);
+        b.measure(recompute, chunked)?;
+    }
+    let (recompute, chunked) = configs[configs.len() - 1];
+    b.time_split(recompute, chunked)?;
+    crate::outln!(
+        "step peak: peak RSS (CPU) or used GPU memory after each phase (GPU) during a step, minus \
+         before it; budget: what the trainer's printed budget says the step adds (the gradient \
+         sums and the step's peak: fresh gradients, activations, logits, or the update's \
+         temporaries); budget/measured: the printed total over weights, moments and the step \
+         peak"
+    );
+    let s = b.settings(false, b.base.loss_chunk_tokens);
+    let m = memory::budget_with(&b.cfg, b.params as u64, &s, b.share);
+    crate::outln!(
+        "resident: master weights {}, working copy {}, AdamW moments {}",
+        crate::bytes::format_bytes(m.master),
+        crate::bytes::format_bytes(m.working),
+        crate::bytes::format_bytes(m.optimizer)
+    );
+    Ok(())
+}
+
+/// A random model of the shape with its optimizer and one synthetic batch, set up once for
+/// every configuration the bench measures.
+struct Bench<'a> {
+    a: &'a TrainBenchArgs,
+    cfg: crate::model::ModelConfig,
+    base: TrainSettings,
+    dev: Device,
+    t: Trainable,
+    opt: AdamW,
+    batch: PackedBatch,
+    params: usize,
+    /// The batch's tokens, the share of them in the loss, and the loss's scale.
+    tokens: usize,
+    share: f64,
+    scale: f64,
+    /// The device's peak FLOP/s in the compute dtype (for MFU).
+    ceiling: f64,
+}
+
+impl<'a> Bench<'a> {
+    /// Builds the model and batch, and prints what the bench runs.
+    fn new(a: &'a TrainBenchArgs, cfg: crate::model::ModelConfig) -> Result<Self> {
+        let base = TrainSettings {
+            device: a.device,
+            compute_dtype: a.compute_dtype,
+            ops: a.ops,
+            ..TrainSettings::default()
+        };
+        base.validate().map_err(|e| anyhow::anyhow!("--{e}"))?;
+        let dev = crate::model::open_device(a.device)?;
+        let compute = base.compute();
+        let weights = crate::model::init::random_weights(&cfg)?;
+        let mut t = Trainable::from_tensors(&cfg, &weights, &dev, compute)?;
+        drop(weights);
+        t.model.set_composed(a.ops == TrainOps::Generic)?;
+        let composed = t.model.composed();
+        let params = t.num_params();
+        let batch = PackedBatch::synthetic(a.rows, a.seq_len, cfg.vocab_size);
+        let tokens = batch.tokens.len();
+        let mut opt = AdamW::new(t.masters().to_vec(), AdamWConfig::default(), |_| true)?;
+        opt.set_working(t.named_vars())?;
+        opt.set_host(!composed);
+        let ceiling = crate::train::memory::peak_flops(&dev, compute)?;
+        crate::outln!(
+            "train bench: shape {} ({:.1}M parameters, {compute:?} compute over f32 master \
+             weights, {}{}), {} rows x {} tokens per step ({} prompt), AdamW; peak {:.1} GFLOP/s",
+            a.shape,
+            params as f64 / 1e6,
+            crate::train::memory::device_name(&dev),
+            if composed { ", device-generic ops" } else { "" },
+            a.rows,
+            a.seq_len,
+            a.seq_len / 4,
+            ceiling / 1e9
+        );
+        Ok(Bench {
+            share: batch.loss_tokens() as f64 / tokens as f64,
+            scale: 1.0 / batch.loss_tokens() as f64,
+            a,
+            cfg,
+            base,
+            dev,
+            t,
+            opt,
+            batch,
+            params,
+            tokens,
+            ceiling,
+        })
+    }
+
+    /// The gradient options of a configuration.
+    fn options(&self, recompute: bool, chunked: bool) -> GradOptions {
+        GradOptions {
+            loss_chunk_tokens: if chunked { self.a.loss_chunk_tokens } else { 0 },
+            recompute,
+        }
+    }
+
+    /// The trainer's settings for this batch (what its memory budget is computed from).
+    fn settings(&self, recompute: bool, loss_chunk_tokens: usize) -> TrainSettings {
+        TrainSettings {
+            micro_batch_tokens: self.tokens,
+            max_seq_len: self.a.seq_len,
+            rows_per_step: Some(self.a.rows),
+            recompute,
+            loss_chunk_tokens,
+            ..self.base.clone()
+        }
+    }
+
+    /// The gradients of the batch, summed.
+    fn gradients(&mut self, g: GradOptions) -> Result<Vec<candle_core::Tensor>> {
+        let mut sums = GradSums::new(self.t.named_vars().len());
+        self.t.accumulate(&self.batch, self.scale, g, &mut sums)?;
+        sums.finish(self.t.named_vars())
+    }
+
+    /// One optimizer step on the batch.
+    fn step(&mut self, g: GradOptions) -> Result<()> {
+        let grads = self.gradients(g)?;
+        self.opt.step(&grads, 1e-5, Some(1.0))?;
+        Ok(())
+    }
+
+    /// A configuration's row: its memory peak against the budget, then its speed.
+    fn measure(&mut self, recompute: bool, chunked: bool) -> Result<()> {
+        let g = self.options(recompute, chunked);
         // Memory first: blocks of 64 KiB and more get their own mappings, returned to the OS
         // when freed, so that RSS follows what is live (glibc would otherwise keep freed blocks).
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -201,42 +284,34 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
             libc::mallopt(libc::M_MMAP_THRESHOLD, 64 * 1024);
             libc::mallopt(libc::M_TRIM_THRESHOLD, 64 * 1024);
         }
+        let dev = self.dev.clone();
         let before = used_bytes(&dev);
         let peak = if dev.is_cpu() {
             reset_peak();
-            step(&mut opt, g)?;
+            self.step(g)?;
             status_bytes("VmHWM").unwrap_or(0)
         } else {
             // the driver's used memory after each phase (a GPU has no high-water mark to read)
-            let mut sums = GradSums::new(t.named_vars().len());
-            t.accumulate(&batch, scale, g, &mut sums)?;
+            let grads = self.gradients(g)?;
             dev.synchronize()?;
             let after_backward = used_bytes(&dev);
-            let grads = sums.finish(t.named_vars())?;
-            opt.step(&grads, 1e-5, Some(1.0))?;
+            self.opt.step(&grads, 1e-5, Some(1.0))?;
             dev.synchronize()?;
             after_backward.max(used_bytes(&dev))
         }
         .saturating_sub(before);
         // Then speed, with the allocator as the trainer runs it.
         crate::train::tune_allocator();
-        step(&mut opt, g)?; // warm-up
+        self.step(g)?; // warm-up
         dev.synchronize()?;
         let t0 = Instant::now();
-        for _ in 0..a.steps {
-            step(&mut opt, g)?;
+        for _ in 0..self.a.steps {
+            self.step(g)?;
         }
         dev.synchronize()?;
-        let tps = tokens as f64 * a.steps as f64 / t0.elapsed().as_secs_f64();
-        let s = TrainSettings {
-            micro_batch_tokens: tokens,
-            max_seq_len: a.seq_len,
-            rows_per_step: Some(a.rows),
-            recompute,
-            loss_chunk_tokens: g.loss_chunk_tokens,
-            ..base.clone()
-        };
-        let b = memory::budget_with(&cfg, params as u64, &s, share);
+        let tps = self.tokens as f64 * self.a.steps as f64 / t0.elapsed().as_secs_f64();
+        let s = self.settings(recompute, g.loss_chunk_tokens);
+        let b = memory::budget_with(&self.cfg, self.params as u64, &s, self.share);
         // what a step allocates: the gradient sums and the step's transient peak
         let transient = b.grad_sums + b.transient(&s);
         // the whole peak: weights and moments (their sizes are exact) plus the step's
@@ -246,40 +321,40 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
             recompute,
             chunked,
             tps,
-            100.0 * 6.0 * params as f64 * tps / ceiling,
+            100.0 * 6.0 * self.params as f64 * tps / self.ceiling,
             crate::bytes::format_bytes(peak),
             crate::bytes::format_bytes(transient),
             100.0 * (resident + transient) as f64 / (resident + peak).max(1) as f64
         );
+        Ok(())
     }
-    // Where a step's time goes (the last configuration). A forward alone is timed only without
-    // recompute: with it, a forward outside the recompute path would hold every layer's
-    // activations (what recompute exists to avoid, ~36 GiB at Qwen3-4B x 4,096 tokens).
-    {
-        let (recompute, chunked) = configs[configs.len() - 1];
+
+    /// Where a step's time goes, for a configuration. A forward alone is timed only without
+    /// recompute: with it, a forward outside the recompute path would hold every layer's
+    /// activations (what recompute exists to avoid, ~36 GiB at Qwen3-4B x 4,096 tokens).
+    fn time_split(&mut self, recompute: bool, chunked: bool) -> Result<()> {
+        let dev = self.dev.clone();
         let fwd = if recompute {
             None
         } else {
-            let toks = candle_core::Tensor::new(batch.tokens.as_slice(), &dev)?;
-            let pos = candle_core::Tensor::new(batch.positions.as_slice(), &dev)?;
+            let toks = candle_core::Tensor::new(self.batch.tokens.as_slice(), &dev)?;
+            let pos = candle_core::Tensor::new(self.batch.positions.as_slice(), &dev)?;
             let mut attn = crate::model::attention::CausalAttention::with_composed(
-                batch.seq_lens.clone(),
-                composed,
+                self.batch.seq_lens.clone(),
+                self.t.model.composed(),
             );
             let t0 = Instant::now();
-            let h = t.model.forward_hidden(&toks, &pos, &mut attn)?;
+            let h = self.t.model.forward_hidden(&toks, &pos, &mut attn)?;
             dev.synchronize()?;
             drop(h);
             Some(t0.elapsed().as_secs_f64())
         };
         let t0 = Instant::now();
-        let mut sums = GradSums::new(t.named_vars().len());
-        t.accumulate(&batch, scale, gopt(recompute, chunked), &mut sums)?;
+        let grads = self.gradients(self.options(recompute, chunked))?;
         dev.synchronize()?;
         let fwd_bwd = t0.elapsed().as_secs_f64();
-        let grads = sums.finish(t.named_vars())?;
         let t0 = Instant::now();
-        opt.step(&grads, 1e-5, Some(1.0))?;
+        self.opt.step(&grads, 1e-5, Some(1.0))?;
         dev.synchronize()?;
         let adam = t0.elapsed().as_secs_f64();
         let fwd = fwd.map_or("forward not timed alone under recompute".into(), |f| {
@@ -289,26 +364,6 @@ pub fn run(a: &TrainBenchArgs) -> Result<()> {
             "time split of a step: {fwd}, forward + head + backward {fwd_bwd:.2}s, AdamW \
              {adam:.2}s"
         );
+        Ok(())
     }
-    crate::outln!(
-        "step peak: peak RSS (CPU) or used GPU memory after each phase (GPU) during a step, minus \
-         before it; budget: what the trainer's printed budget says the step adds (the gradient \
-         sums and the step's peak: fresh gradients, activations, logits, or the update's \
-         temporaries); budget/measured: the printed total over weights, moments and the step \
-         peak"
-    );
-    let s = TrainSettings {
-        micro_batch_tokens: tokens,
-        max_seq_len: a.seq_len,
-        rows_per_step: Some(a.rows),
-        ..base
-    };
-    let b = memory::budget_with(&cfg, params as u64, &s, share);
-    crate::outln!(
-        "resident: master weights {}, working copy {}, AdamW moments {}",
-        crate::bytes::format_bytes(b.master),
-        crate::bytes::format_bytes(b.working),
-        crate::bytes::format_bytes(b.optimizer)
-    );
-    Ok(())
 }

@@ -61,6 +61,71 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
     crate::outln!("config {}: valid", cfg.origin);
     // a hub model that is not downloaded is planned from its built-in card (config only)
     let plan = Plan::build_with(cfg, &cfg.workdir, Resolve { preflight: true })?;
+    note_provisional_inputs(&plan);
+    crate::outln!(
+        "inputs: all {} resolved",
+        plan.stages.iter().map(|s| s.inputs.len()).sum::<usize>()
+    );
+    let needs = Needs::not_done(&plan);
+    print_needs(&needs);
+    let free_disk = free_disk_bytes(&cfg.workdir)?;
+    let avail_mem = available_memory_bytes();
+    crate::outln!(
+        "needs {} of disk (free at {}: {}) and {} of memory (available: {})",
+        format_bytes(needs.disk),
+        cfg.workdir.display(),
+        format_bytes(free_disk),
+        format_bytes(needs.memory),
+        avail_mem.map(format_bytes).unwrap_or("unknown".into())
+    );
+    let mut problems = check_models(cfg, &plan);
+    problems.extend(fit::machine_problems(cfg, &needs, plan_only)?);
+    // several GPUs named: which of them the GPU stages fit on (the comparison says), failing
+    // only when none does
+    let gpu_stages = needs.gpu_stages().count() > 0;
+    let mut fits: Vec<Option<String>> = Vec::new();
+    if gpus.len() > 1 && gpu_stages {
+        fits = fit_each_gpu(&needs, &gpus, &mut problems);
+    } else if gpu_stages {
+        match gpu_memory(plan_only, gpu)? {
+            Some((what, have)) => {
+                crate::outln!("GPU memory: {what}: {}", format_bytes(have));
+                problems.extend(fit::gpu_problems(&needs, &what, have));
+            }
+            None => crate::outln!(
+                "GPU memory: not checked (name the GPU with --plan-only --gpu h100|h200|b200, \
+                 or run preflight on the GPU machine)"
+            ),
+        }
+    }
+    use crate::stages::cost;
+    let price = cost::price_for(cfg.gpu_hour_price.as_ref(), cost_gpu(gpu));
+    let costs = cost::estimate(&plan, cost_gpu(gpu), price);
+    if !costs.is_empty() {
+        crate::outln!("time and cost of the stages to run:");
+        for l in cost::table(&costs, price) {
+            crate::outln!("  {l}");
+        }
+    }
+    if gpus.len() > 1 && !costs.is_empty() {
+        print_cost_on_each_gpu(cfg, &plan, &gpus, &fits);
+    }
+    if !problems.is_empty() {
+        bail!("preflight failed:\n  - {}", problems.join("\n  - "));
+    }
+    if plan_only {
+        crate::outln!(
+            "preflight ok (plan only: not checked against this machine's disk and memory)"
+        );
+    } else {
+        crate::outln!("preflight ok");
+    }
+    Ok(())
+}
+
+/// Notes the inputs whose stage keys are provisional: hub models not downloaded, planned from
+/// their built-in cards.
+fn note_provisional_inputs(plan: &Plan) {
     for s in &plan.stages {
         for i in s.inputs.iter().filter(|i| {
             i.location.ends_with("(built-in card: not downloaded)")
@@ -74,11 +139,10 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
             );
         }
     }
-    crate::outln!(
-        "inputs: all {} resolved",
-        plan.stages.iter().map(|s| s.inputs.len()).sum::<usize>()
-    );
-    let needs = Needs::not_done(&plan);
+}
+
+/// Each stage's needs: its state, disk, memory and GPU memory.
+fn print_needs(needs: &Needs) {
     crate::outln!(
         "{:<11} {:<12} {:<12} {:>12} {:>12} {:>12}",
         "stage",
@@ -103,98 +167,69 @@ pub fn check(cfg: &Config, plan_only: bool, gpu: Option<&str>) -> Result<()> {
             }
         );
     }
-    let free_disk = free_disk_bytes(&cfg.workdir)?;
-    let avail_mem = available_memory_bytes();
-    crate::outln!(
-        "needs {} of disk (free at {}: {}) and {} of memory (available: {})",
-        format_bytes(needs.disk),
-        cfg.workdir.display(),
-        format_bytes(free_disk),
-        format_bytes(needs.memory),
-        avail_mem.map(format_bytes).unwrap_or("unknown".into())
-    );
-    let mut problems = check_models(cfg, &plan);
-    problems.extend(fit::machine_problems(cfg, &needs, plan_only)?);
-    // several GPUs named: which of them the GPU stages fit on (the comparison says), failing
-    // only when none does
-    let mut fits: Vec<Option<String>> = Vec::new();
-    let gpu_stages = needs.gpu_stages().count() > 0;
-    if gpus.len() > 1 && gpu_stages {
-        for g in &gpus {
-            let over: Vec<String> = needs
-                .gpu_stages()
-                .filter(|s| s.gpu > g.memory)
-                .map(|s| format!("{} needs {}", s.name, format_bytes(s.gpu)))
-                .collect();
-            crate::outln!(
-                "GPU memory: {}: {}: {}",
-                g.name,
-                format_bytes(g.memory),
-                if over.is_empty() {
-                    "every GPU stage fits".to_string()
-                } else {
-                    format!("does not fit ({})", over.join(", "))
-                }
-            );
-            fits.push((!over.is_empty()).then(|| over.join(", ")));
-        }
-        if fits.iter().all(Option::is_some) {
-            problems.push(format!(
-                "the GPU stages fit on none of {}: see the lines above",
-                gpus.iter().map(|g| g.name).collect::<Vec<_>>().join(", ")
-            ));
-        }
-    } else if gpu_stages {
-        match gpu_memory(plan_only, gpu)? {
-            Some((what, have)) => {
-                crate::outln!("GPU memory: {what}: {}", format_bytes(have));
-                problems.extend(fit::gpu_problems(&needs, &what, have));
-            }
-            None => crate::outln!(
-                "GPU memory: not checked (name the GPU with --plan-only --gpu h100|h200|b200, \
-                 or run preflight on the GPU machine)"
-            ),
-        }
-    }
-    use crate::stages::cost;
-    let price = cost::price_for(cfg.gpu_hour_price.as_ref(), cost_gpu(gpu));
-    let costs = cost::estimate(&plan, cost_gpu(gpu), price);
-    if !costs.is_empty() {
-        crate::outln!("time and cost of the stages to run:");
-        for l in cost::table(&costs, price) {
-            crate::outln!("  {l}");
-        }
-    }
-    if gpus.len() > 1 && !costs.is_empty() {
-        let rows: Vec<cost::GpuRow> = gpus
-            .iter()
-            .enumerate()
-            .map(|(i, g)| {
-                let price = cost::price_for(cfg.gpu_hour_price.as_ref(), Some(*g));
-                cost::GpuRow::of(
-                    g,
-                    &cost::estimate(&plan, Some(*g), price),
-                    price,
-                    fits.get(i).cloned().flatten(),
-                )
-            })
+}
+
+/// Which of several GPUs the GPU stages fit on (said per GPU): per GPU, what does not fit; a
+/// problem when none fits.
+fn fit_each_gpu(
+    needs: &Needs,
+    gpus: &[crate::train::memory::Gpu],
+    problems: &mut Vec<String>,
+) -> Vec<Option<String>> {
+    let mut fits = Vec::new();
+    for g in gpus {
+        let over: Vec<String> = needs
+            .gpu_stages()
+            .filter(|s| s.gpu > g.memory)
+            .map(|s| format!("{} needs {}", s.name, format_bytes(s.gpu)))
             .collect();
-        crate::outln!("the job on each GPU (GPU stages at that GPU's rates):");
-        for l in cost::gpu_table(&rows) {
-            crate::outln!("  {l}");
-        }
-    }
-    if !problems.is_empty() {
-        bail!("preflight failed:\n  - {}", problems.join("\n  - "));
-    }
-    if plan_only {
         crate::outln!(
-            "preflight ok (plan only: not checked against this machine's disk and memory)"
+            "GPU memory: {}: {}: {}",
+            g.name,
+            format_bytes(g.memory),
+            if over.is_empty() {
+                "every GPU stage fits".to_string()
+            } else {
+                format!("does not fit ({})", over.join(", "))
+            }
         );
-    } else {
-        crate::outln!("preflight ok");
+        fits.push((!over.is_empty()).then(|| over.join(", ")));
     }
-    Ok(())
+    if fits.iter().all(Option::is_some) {
+        problems.push(format!(
+            "the GPU stages fit on none of {}: see the lines above",
+            gpus.iter().map(|g| g.name).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    fits
+}
+
+/// The job's time and cost on each of several GPUs, at each GPU's rates (`fits`: what does not
+/// fit on each).
+fn print_cost_on_each_gpu(
+    cfg: &Config,
+    plan: &Plan,
+    gpus: &[crate::train::memory::Gpu],
+    fits: &[Option<String>],
+) {
+    use crate::stages::cost;
+    let rows: Vec<cost::GpuRow> = gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            let price = cost::price_for(cfg.gpu_hour_price.as_ref(), Some(*g));
+            cost::GpuRow::of(
+                g,
+                &cost::estimate(plan, Some(*g), price),
+                price,
+                fits.get(i).cloned().flatten(),
+            )
+        })
+        .collect();
+    crate::outln!("the job on each GPU (GPU stages at that GPU's rates):");
+    for l in cost::gpu_table(&rows) {
+        crate::outln!("  {l}");
+    }
 }
 
 /// What would make loading each input model fail at a stage's start ([`Checkpoint::verify`]:

@@ -292,6 +292,26 @@ impl Shards {
     }
 }
 
+impl StageStatus {
+    /// A stage's row before its state is read: its short key and the bytes its folder holds.
+    fn new(name: &str, key: &str, dir: &Path, in_last_plan: bool) -> StageStatus {
+        StageStatus {
+            name: name.into(),
+            key: key.get(..12).unwrap_or(key).to_string(),
+            dir: dir.display().to_string(),
+            state: String::new(),
+            in_last_plan,
+            rows: None,
+            bytes: dir_bytes(dir),
+            wall_seconds: None,
+            progress: None,
+            progress_age_seconds: None,
+            shards: None,
+            note: String::new(),
+        }
+    }
+}
+
 fn stage(
     name: &str,
     key: &str,
@@ -301,21 +321,7 @@ fn stage(
     lock_free: bool,
     stall_after: f64,
 ) -> Result<StageStatus> {
-    let key = key.get(..12).unwrap_or(key).to_string();
-    let mut st = StageStatus {
-        name: name.into(),
-        key,
-        dir: dir.display().to_string(),
-        state: String::new(),
-        in_last_plan,
-        rows: None,
-        bytes: dir_bytes(dir),
-        wall_seconds: None,
-        progress: None,
-        progress_age_seconds: None,
-        shards: None,
-        note: String::new(),
-    };
+    let mut st = StageStatus::new(name, key, dir, in_last_plan);
     match stage_state(dir)? {
         StageState::Done(m) => {
             st.state = "done".into();
@@ -343,29 +349,13 @@ fn stage(
     st.progress_age_seconds = age;
     let here = crate::machine::hostname();
     // who wrote the progress, and is it still there
-    let (pid, alive) = match (&progress, shards) {
-        (_, Some(_)) => (
-            progress.as_ref().and_then(|p| p.pid),
-            sharded.as_ref().and_then(Shards::alive),
-        ),
-        (
-            Some(Progress {
-                pid: Some(pid),
-                host,
-                ..
-            }),
-            None,
-        ) if *host == here => (
-            Some(*pid),
-            // alive, and a pipeline still holds the work dir (not a reused pid)
-            Some(crate::machine::pid_alive(*pid) && !lock_free),
-        ),
-        (Some(Progress { pid: Some(pid), .. }), None) => (Some(*pid), None),
-        _ => (
-            lock_pid,
-            lock_pid.map(|p| crate::machine::pid_alive(p) && !lock_free),
-        ),
-    };
+    let (pid, alive) = writer(
+        progress.as_ref(),
+        sharded.as_ref(),
+        &here,
+        lock_pid,
+        lock_free,
+    );
     let host = progress
         .as_ref()
         .map(|p| p.host.clone())
@@ -404,36 +394,8 @@ fn stage(
         st.progress = progress;
         return Ok(st);
     }
-    st.state = match alive {
-        Some(false) => {
-            st.note = format!(
-                "{pid_text} is gone{}: `pipeline run` resumes it",
-                age.map(|a| format!(", progress last moved {} ago", fmt_secs(a as f64)))
-                    .unwrap_or_default()
-            );
-            "stopped"
-        }
-        _ if stale => {
-            st.note = format!(
-                "no progress for {} ({pid_text}{}): stalled, or dead on a host this machine \
-                 cannot check",
-                fmt_secs(age.unwrap_or(0) as f64),
-                if alive == Some(true) {
-                    ", still running"
-                } else {
-                    ""
-                }
-            );
-            "stalled"
-        }
-        Some(true) => "running",
-        None if progress.as_ref().is_some_and(|p| p.pid.is_some()) => {
-            st.note = format!("{pid_text}: cannot check from this host");
-            "running"
-        }
-        None => "partial",
-    }
-    .into();
+    let (state, note) = liveness(alive, stale, age, &pid_text, progress.as_ref());
+    (st.state, st.note) = (state.into(), note);
     // a stage that ended with an error says which, not only that its process is gone
     if matches!(st.state.as_str(), "stopped" | "partial") {
         if let Some(why) = last_failure(dir) {
@@ -446,6 +408,77 @@ fn stage(
     }
     st.progress = progress;
     Ok(st)
+}
+
+/// Who wrote a partial stage's progress (its pid) and whether it is alive (`None`: cannot tell
+/// from here): the shards' processes, the writer on this host (alive while a pipeline holds the
+/// work dir, not a reused pid), or the work dir's lock holder.
+fn writer(
+    progress: Option<&Progress>,
+    sharded: Option<&Shards>,
+    here: &str,
+    lock_pid: Option<u32>,
+    lock_free: bool,
+) -> (Option<u32>, Option<bool>) {
+    match (progress, sharded) {
+        (_, Some(sh)) => (progress.and_then(|p| p.pid), sh.alive()),
+        (
+            Some(Progress {
+                pid: Some(pid),
+                host,
+                ..
+            }),
+            None,
+        ) if host == here => (
+            Some(*pid),
+            Some(crate::machine::pid_alive(*pid) && !lock_free),
+        ),
+        (Some(Progress { pid: Some(pid), .. }), None) => (Some(*pid), None),
+        _ => (
+            lock_pid,
+            lock_pid.map(|p| crate::machine::pid_alive(p) && !lock_free),
+        ),
+    }
+}
+
+/// A partial stage's state and note from its writer's liveness (`alive`), whether its progress
+/// is `stale` and how old (`age`, seconds), and who wrote it (`pid_text`).
+fn liveness(
+    alive: Option<bool>,
+    stale: bool,
+    age: Option<u64>,
+    pid_text: &str,
+    progress: Option<&Progress>,
+) -> (&'static str, String) {
+    match alive {
+        Some(false) => (
+            "stopped",
+            format!(
+                "{pid_text} is gone{}: `pipeline run` resumes it",
+                age.map(|a| format!(", progress last moved {} ago", fmt_secs(a as f64)))
+                    .unwrap_or_default()
+            ),
+        ),
+        _ if stale => (
+            "stalled",
+            format!(
+                "no progress for {} ({pid_text}{}): stalled, or dead on a host this machine \
+                 cannot check",
+                fmt_secs(age.unwrap_or(0) as f64),
+                if alive == Some(true) {
+                    ", still running"
+                } else {
+                    ""
+                }
+            ),
+        ),
+        Some(true) => ("running", String::new()),
+        None if progress.is_some_and(|p| p.pid.is_some()) => (
+            "running",
+            format!("{pid_text}: cannot check from this host"),
+        ),
+        None => ("partial", String::new()),
+    }
 }
 
 /// The error a stage's last attempt ended with: the stage log's last line when it is the

@@ -184,6 +184,31 @@ pub(super) fn validate_train(
     Ok(t)
 }
 
+/// `pretrain.prompt_template`: `raw` or a Jinja file (a model built from scratch has no chat
+/// template); a file as its resolved path.
+fn pretrain_template(t: &str, base: &Path, origin: &str) -> Result<String, ConfigError> {
+    let err = |key: &str, msg: String| ConfigError(format!("{origin}: `pretrain.{key}`: {msg}"));
+    Ok(match t {
+        "raw" => "raw".to_string(),
+        "chat" => {
+            return Err(err(
+                "prompt_template",
+                "a model built from scratch has no chat template: use raw or a Jinja file".into(),
+            ))
+        }
+        f => {
+            let path = resolve(base, f);
+            if !path.is_file() {
+                return Err(err(
+                    "prompt_template",
+                    format!("`{f}` is not raw or an existing file"),
+                ));
+            }
+            path.display().to_string()
+        }
+    })
+}
+
 /// The pretraining source must have solutions; the prompt template must be the sampler's and
 /// every eval set's (the model learns one prompt format); the tokenizer covers the data stage's
 /// and the eval sets' sources.
@@ -219,25 +244,7 @@ pub(super) fn validate_pretrain(
         .validate()
         .map_err(|e| ConfigError(format!("{origin}: `pretrain.train.{e}")))?;
     train.model = None;
-    let prompt_template = match p.prompt_template.as_str() {
-        "raw" => "raw".to_string(),
-        "chat" => {
-            return Err(err(
-                "prompt_template",
-                "a model built from scratch has no chat template: use raw or a Jinja file".into(),
-            ))
-        }
-        f => {
-            let path = resolve(base, f);
-            if !path.is_file() {
-                return Err(err(
-                    "prompt_template",
-                    format!("`{f}` is not raw or an existing file"),
-                ));
-            }
-            path.display().to_string()
-        }
-    };
+    let prompt_template = pretrain_template(&p.prompt_template, base, origin)?;
     if let Some(s) = sample {
         if s.prompt_template != prompt_template {
             return Err(ConfigError(format!(
@@ -436,14 +443,15 @@ pub(super) fn validate_sample(
     Ok(s)
 }
 
-pub(super) fn validate_filter(
-    f: RawFilter,
+/// `[filter.completions]`: a file to filter instead of the sample stage's completions.
+fn filter_completions(
+    c: Option<RawCompletions>,
     base: &Path,
     origin: &str,
     has_sample: bool,
-) -> Result<FilterConfig, ConfigError> {
+) -> Result<Option<CompletionsSpec>, ConfigError> {
     let err = |key: &str, msg: &str| ConfigError(format!("{origin}: `filter.{key}`: {msg}"));
-    let completions = match f.completions {
+    Ok(match c {
         None if has_sample => None,
         None => {
             return Err(err(
@@ -469,7 +477,40 @@ pub(super) fn validate_filter(
                 source: c.source,
             })
         }
-    };
+    })
+}
+
+/// `filter.keep_pass_rate`: a window [min, max] within [0, 1].
+fn pass_rate_window(v: Option<&[f64]>, origin: &str) -> Result<Option<(f64, f64)>, ConfigError> {
+    let err = |key: &str, msg: &str| ConfigError(format!("{origin}: `filter.{key}`: {msg}"));
+    Ok(match v {
+        None => None,
+        Some(&[lo, hi]) if (0.0..=1.0).contains(&lo) && (0.0..=1.0).contains(&hi) => {
+            if lo > hi {
+                return Err(err(
+                    "keep_pass_rate",
+                    &format!("[{lo}, {hi}] is an empty window: the minimum is above the maximum"),
+                ));
+            }
+            Some((lo, hi))
+        }
+        Some(v) => {
+            return Err(err(
+                "keep_pass_rate",
+                &format!("must be [min, max] with both in [0, 1], got {v:?}"),
+            ))
+        }
+    })
+}
+
+pub(super) fn validate_filter(
+    f: RawFilter,
+    base: &Path,
+    origin: &str,
+    has_sample: bool,
+) -> Result<FilterConfig, ConfigError> {
+    let err = |key: &str, msg: &str| ConfigError(format!("{origin}: `filter.{key}`: {msg}"));
+    let completions = filter_completions(f.completions, base, origin, has_sample)?;
     if f.max_per_problem == Some(0) {
         return Err(err(
             "max_per_problem",
@@ -521,24 +562,7 @@ pub(super) fn validate_filter(
     }
     let against = crate::eval::against::Against::resolve(&f.decontaminate_against, base)
         .map_err(|e| err("decontaminate_against", &format!("{e:#}")))?;
-    let keep_pass_rate = match f.keep_pass_rate.as_deref() {
-        None => None,
-        Some(&[lo, hi]) if (0.0..=1.0).contains(&lo) && (0.0..=1.0).contains(&hi) => {
-            if lo > hi {
-                return Err(err(
-                    "keep_pass_rate",
-                    &format!("[{lo}, {hi}] is an empty window: the minimum is above the maximum"),
-                ));
-            }
-            Some((lo, hi))
-        }
-        Some(v) => {
-            return Err(err(
-                "keep_pass_rate",
-                &format!("must be [min, max] with both in [0, 1], got {v:?}"),
-            ))
-        }
-    };
+    let keep_pass_rate = pass_rate_window(f.keep_pass_rate.as_deref(), origin)?;
     Ok(FilterConfig {
         completions,
         max_per_problem: f.max_per_problem,

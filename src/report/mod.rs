@@ -98,20 +98,7 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
         list.iter()
             .filter(move |s| s.kind == Some(kind) && s.manifest.is_some())
     };
-    // training problems that matched each eval set, by the filter stages that checked
-    let mut overlap: Vec<(String, u64, String)> = Vec::new();
-    for s in done(StageKind::Filter) {
-        let m = s.manifest.as_ref().expect("done");
-        for (k, n) in &m.counts {
-            let Some(set) = k.strip_prefix(stages::filter::CONTAMINATED) else {
-                continue;
-            };
-            match overlap.iter_mut().find(|o| o.0 == set) {
-                Some(o) => o.1 = o.1.max(*n),
-                None => overlap.push((set.to_string(), *n, s.name.clone())),
-            }
-        }
-    }
+    let overlap = overlaps(done(StageKind::Filter));
     for s in done(StageKind::Eval) {
         eval_section(&mut md, &s.dir, &out, &overlap)?;
     }
@@ -123,95 +110,125 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
     for s in list.iter().filter(|s| s.manifest.is_some()) {
         match s.kind {
             Some(StageKind::Sample) => sample_section(&mut md, s, &out, &mut prev_rates)?,
-            Some(StageKind::Filter) => {
-                let m = s.manifest.as_ref().expect("done");
-                filter_tables(&mut md, &s.name, &m.counts);
-                match m.counts.iter().find(|(k, _)| k == "kept_rationalized") {
-                    Some((_, r)) => {
-                        let _ = writeln!(
-                            md,
-                            "\nKept: {} SFT rows, {r} of them rationalized (sampled with the \
-                             answer as a hint, trained under the prompt without it).\n",
-                            m.rows
-                        );
-                    }
-                    None => {
-                        let _ = writeln!(md, "\nKept: {} SFT rows.\n", m.rows);
-                    }
-                }
-                let checked: Vec<&(String, u64)> = m
-                    .counts
-                    .iter()
-                    .filter(|(k, _)| k.starts_with(stages::filter::CONTAMINATED))
-                    .collect();
-                let dropped = m
-                    .counts
-                    .iter()
-                    .find(|(k, _)| k == "removed.contaminated")
-                    .map_or(0, |c| c.1);
-                let decontam = m.config.get("decontaminate").and_then(|v| v.as_bool());
-                if !checked.is_empty() {
-                    let ngram = m.config.get("decontaminate_ngram").and_then(|v| v.as_u64());
-                    let _ = writeln!(
-                        md,
-                        "Decontamination ({}-word n-grams and exact match) against {}: {} training \
-                         problems matched, {dropped} rows dropped; the matches are in `{}`.\n",
-                        ngram.unwrap_or(0),
-                        checked
-                            .iter()
-                            .map(|(k, n)| format!(
-                                "{} ({n})",
-                                &k[stages::filter::CONTAMINATED.len()..]
-                            ))
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                        checked.iter().map(|c| c.1).sum::<u64>(),
-                        s.dir.join(stages::filter::CONTAMINATION).display()
-                    );
-                } else if decontam == Some(false) {
-                    md.push_str(
-                        "Decontamination: off (`filter.decontaminate = false`): training \
-                         problems were not checked against the eval sets.\n\n",
-                    );
-                }
-            }
+            Some(StageKind::Filter) => filter_section(&mut md, s),
             Some(StageKind::Train) => {
                 train_section(&mut md, "Training", &s.name, &s.dir, &out)?;
-                let m = s.manifest.as_ref().expect("done");
-                if let Some(total) = m.counts.iter().find(|c| c.0 == "mix.rows") {
-                    let count = |k: &str| m.counts.iter().find(|c| c.0 == k).map_or(0, |c| c.1);
-                    let sources: Vec<String> = m
-                        .counts
-                        .iter()
-                        .filter_map(|(k, n)| {
-                            Some(format!("{n} from {}", k.strip_prefix("mix.source.")?))
-                        })
-                        .collect();
-                    let _ = writeln!(
-                        md,
-                        "Training rows (`[mix]`): {} in all: {} kept this round, {} kept in earlier \
-                         rounds{}.\n",
-                        total.1,
-                        count("mix.round_rows"),
-                        count("mix.earlier_rows"),
-                        if sources.is_empty() {
-                            String::new()
-                        } else {
-                            format!(", {}", sources.join(", "))
-                        }
-                    );
-                }
+                mix_line(&mut md, s.manifest.as_ref().expect("done"));
             }
             _ => {}
         }
     }
+    stages_table(&mut md, &plan, &list);
+    let path = out.join("report.md");
+    store::commit_file(&path, |tmp| Ok(std::fs::write(tmp, &md)?))?;
+    Ok(path)
+}
+
+/// Training problems that matched each eval set, by the filter stages that checked: (eval set,
+/// problems, the filter stage).
+fn overlaps<'a>(filters: impl Iterator<Item = &'a Stage>) -> Vec<(String, u64, String)> {
+    let mut overlap: Vec<(String, u64, String)> = Vec::new();
+    for s in filters {
+        let m = s.manifest.as_ref().expect("done");
+        for (k, n) in &m.counts {
+            let Some(set) = k.strip_prefix(stages::filter::CONTAMINATED) else {
+                continue;
+            };
+            match overlap.iter_mut().find(|o| o.0 == set) {
+                Some(o) => o.1 = o.1.max(*n),
+                None => overlap.push((set.to_string(), *n, s.name.clone())),
+            }
+        }
+    }
+    overlap
+}
+
+/// A done filter stage: its tables, the rows kept, and its decontamination.
+fn filter_section(md: &mut String, s: &Stage) {
+    let m = s.manifest.as_ref().expect("done");
+    filter_tables(md, &s.name, &m.counts);
+    match m.counts.iter().find(|(k, _)| k == "kept_rationalized") {
+        Some((_, r)) => {
+            let _ = writeln!(
+                md,
+                "\nKept: {} SFT rows, {r} of them rationalized (sampled with the answer as a \
+                 hint, trained under the prompt without it).\n",
+                m.rows
+            );
+        }
+        None => {
+            let _ = writeln!(md, "\nKept: {} SFT rows.\n", m.rows);
+        }
+    }
+    let checked: Vec<&(String, u64)> = m
+        .counts
+        .iter()
+        .filter(|(k, _)| k.starts_with(stages::filter::CONTAMINATED))
+        .collect();
+    let dropped = m
+        .counts
+        .iter()
+        .find(|(k, _)| k == "removed.contaminated")
+        .map_or(0, |c| c.1);
+    let decontam = m.config.get("decontaminate").and_then(|v| v.as_bool());
+    if !checked.is_empty() {
+        let ngram = m.config.get("decontaminate_ngram").and_then(|v| v.as_u64());
+        let _ = writeln!(
+            md,
+            "Decontamination ({}-word n-grams and exact match) against {}: {} training problems \
+             matched, {dropped} rows dropped; the matches are in `{}`.\n",
+            ngram.unwrap_or(0),
+            checked
+                .iter()
+                .map(|(k, n)| format!("{} ({n})", &k[stages::filter::CONTAMINATED.len()..]))
+                .collect::<Vec<_>>()
+                .join(", "),
+            checked.iter().map(|c| c.1).sum::<u64>(),
+            s.dir.join(stages::filter::CONTAMINATION).display()
+        );
+    } else if decontam == Some(false) {
+        md.push_str(
+            "Decontamination: off (`filter.decontaminate = false`): training problems were not \
+             checked against the eval sets.\n\n",
+        );
+    }
+}
+
+/// A train stage's rows by source, when it mixed them (`[mix]`).
+fn mix_line(md: &mut String, m: &store::Manifest) {
+    let Some(total) = m.counts.iter().find(|c| c.0 == "mix.rows") else {
+        return;
+    };
+    let count = |k: &str| m.counts.iter().find(|c| c.0 == k).map_or(0, |c| c.1);
+    let sources: Vec<String> = m
+        .counts
+        .iter()
+        .filter_map(|(k, n)| Some(format!("{n} from {}", k.strip_prefix("mix.source.")?)))
+        .collect();
+    let _ = writeln!(
+        md,
+        "Training rows (`[mix]`): {} in all: {} kept this round, {} kept in earlier rounds{}.\n",
+        total.1,
+        count("mix.round_rows"),
+        count("mix.earlier_rows"),
+        if sources.is_empty() {
+            String::new()
+        } else {
+            format!(", {}", sources.join(", "))
+        }
+    );
+}
+
+/// The table of stages: state, rows, wall time, device, GPU hours and cost, the estimate, the
+/// key; and the totals.
+fn stages_table(md: &mut String, plan: &PlanRecord, list: &[Stage]) {
     let price = plan.gpu_hour_price;
     md.push_str(
         "## Stages\n\n| stage | state | rows | wall time | device | GPU hours | cost | estimated \
          | key |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
     let (mut total_hours, mut total_cost) = (0.0, 0.0);
-    for s in &list {
+    for s in list {
         let (state, rows, wall) = match &s.manifest {
             Some(m) => (
                 "done",
@@ -251,9 +268,6 @@ pub fn write(workdir: &Path) -> Result<PathBuf> {
             None => " (set `run.gpu_hour_price` for the cost)".into(),
         }
     );
-    let path = out.join("report.md");
-    store::commit_file(&path, |tmp| Ok(std::fs::write(tmp, &md)?))?;
-    Ok(path)
 }
 
 /// `overlap`: (eval set, training problems that matched it, the filter stage that dropped them).
@@ -306,75 +320,83 @@ fn eval_section(
             );
         }
     }
+    levels_section(md, &results, out)?;
+    examples_section(md, dir, out)
+}
+
+/// pass@1 by level (MATH's levels): one row per (set, level), one column per model, and a
+/// chart per set.
+fn levels_section(md: &mut String, results: &[crate::eval::EvalResult], out: &Path) -> Result<()> {
     let with_levels: Vec<_> = results
         .iter()
         .filter(|r| !r.metrics.by_level.is_empty())
         .collect();
-    if !with_levels.is_empty() {
-        // one row per (set, level), one column per model
-        let mut sets: Vec<&str> = Vec::new();
-        for r in &with_levels {
-            if !sets.contains(&r.set.as_str()) {
-                sets.push(&r.set);
-            }
-        }
-        let mut cols: Vec<&str> = Vec::new();
-        for r in &with_levels {
-            if !cols.contains(&r.model.as_str()) {
-                cols.push(&r.model);
-            }
-        }
-        let _ = writeln!(
-            md,
-            "### pass@1 by level\n\n| set | level | problems | {} |\n| --- | --- | --- |{}",
-            cols.join(" | "),
-            " --- |".repeat(cols.len())
-        );
-        for set in &sets {
-            let rs: Vec<_> = with_levels.iter().filter(|r| r.set == *set).collect();
-            for (level, n, _) in &rs[0].metrics.by_level {
-                let cells: Vec<String> = cols
-                    .iter()
-                    .map(|m| {
-                        rs.iter()
-                            .find(|r| r.model == *m)
-                            .and_then(|r| r.metrics.by_level.iter().find(|l| &l.0 == level))
-                            .map_or("-".to_string(), |l| format!("{:.1}", 100.0 * l.2))
-                    })
-                    .collect();
-                let _ = writeln!(md, "| {set} | {level} | {n} | {} |", cells.join(" | "));
-            }
-        }
-        for set in sets {
-            let rs: Vec<_> = with_levels.iter().filter(|r| r.set == set).collect();
-            let labels: Vec<String> = rs[0].metrics.by_level.iter().map(|l| l.0.clone()).collect();
-            let series: Vec<(String, Vec<(f64, f64)>)> = rs
-                .iter()
-                .map(|r| {
-                    let pts = r
-                        .metrics
-                        .by_level
-                        .iter()
-                        .filter_map(|(l, _, p)| {
-                            Some((labels.iter().position(|x| x == l)? as f64, 100.0 * p))
-                        })
-                        .collect();
-                    (r.model.clone(), pts)
-                })
-                .collect();
-            let file = format!("levels_{set}.png");
-            line_chart(
-                &out.join(&file),
-                &format!("{set}: pass@1 by level"),
-                ("level", "pass@1 (%)"),
-                &series,
-                Some(&category_labels(labels.clone())),
-                Some((0.0, 100.0)),
-            )?;
-            let _ = writeln!(md, "\n![pass@1 by level, {set}]({file})\n");
+    if with_levels.is_empty() {
+        return Ok(());
+    }
+    // one row per (set, level), one column per model
+    let mut sets: Vec<&str> = Vec::new();
+    for r in &with_levels {
+        if !sets.contains(&r.set.as_str()) {
+            sets.push(&r.set);
         }
     }
-    examples_section(md, dir, out)
+    let mut cols: Vec<&str> = Vec::new();
+    for r in &with_levels {
+        if !cols.contains(&r.model.as_str()) {
+            cols.push(&r.model);
+        }
+    }
+    let _ = writeln!(
+        md,
+        "### pass@1 by level\n\n| set | level | problems | {} |\n| --- | --- | --- |{}",
+        cols.join(" | "),
+        " --- |".repeat(cols.len())
+    );
+    for set in &sets {
+        let rs: Vec<_> = with_levels.iter().filter(|r| r.set == *set).collect();
+        for (level, n, _) in &rs[0].metrics.by_level {
+            let cells: Vec<String> = cols
+                .iter()
+                .map(|m| {
+                    rs.iter()
+                        .find(|r| r.model == *m)
+                        .and_then(|r| r.metrics.by_level.iter().find(|l| &l.0 == level))
+                        .map_or("-".to_string(), |l| format!("{:.1}", 100.0 * l.2))
+                })
+                .collect();
+            let _ = writeln!(md, "| {set} | {level} | {n} | {} |", cells.join(" | "));
+        }
+    }
+    for set in sets {
+        let rs: Vec<_> = with_levels.iter().filter(|r| r.set == set).collect();
+        let labels: Vec<String> = rs[0].metrics.by_level.iter().map(|l| l.0.clone()).collect();
+        let series: Vec<(String, Vec<(f64, f64)>)> = rs
+            .iter()
+            .map(|r| {
+                let pts = r
+                    .metrics
+                    .by_level
+                    .iter()
+                    .filter_map(|(l, _, p)| {
+                        Some((labels.iter().position(|x| x == l)? as f64, 100.0 * p))
+                    })
+                    .collect();
+                (r.model.clone(), pts)
+            })
+            .collect();
+        let file = format!("levels_{set}.png");
+        line_chart(
+            &out.join(&file),
+            &format!("{set}: pass@1 by level"),
+            ("level", "pass@1 (%)"),
+            &series,
+            Some(&category_labels(labels.clone())),
+            Some((0.0, 100.0)),
+        )?;
+        let _ = writeln!(md, "\n![pass@1 by level, {set}]({file})\n");
+    }
+    Ok(())
 }
 
 /// What the models wrote (the eval stage's `examples.json`): per set, the length table, a chart
@@ -568,6 +590,67 @@ fn filter_tables(md: &mut String, name: &str, counts: &[(String, u64)]) {
     let _ = writeln!(md);
 }
 
+/// The pass-rate histogram: problems never, sometimes (by quarter) and always solved.
+fn pass_rate_table(md: &mut String, rates: &std::collections::HashMap<String, (u64, u64)>) {
+    // the pass-rate histogram: never, sometimes (by quarter), always solved
+    let mut bins = [0u64; 6];
+    for (n, c) in rates.values() {
+        let r = *c as f64 / (*n).max(1) as f64;
+        let b = if *c == 0 {
+            0
+        } else if c == n {
+            5
+        } else {
+            ((r * 4.0).ceil() as usize).clamp(1, 4)
+        };
+        bins[b] += 1;
+    }
+    let _ = writeln!(
+        md,
+        "Problems by pass rate (correct samples of their samples):\n\n| | 0 | (0, 25%] | \
+         (25, 50%] | (50, 75%] | (75, 100%) | 100% |\n| --- | --- | --- | --- | --- | --- | \
+         --- |\n| problems | {} |\n",
+        bins.iter()
+            .map(|b| b.to_string())
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+}
+
+/// What resampling (`run.resample_below`) and rationalization (`[rationalize]`) did in a sample
+/// stage.
+fn resample_lines(md: &mut String, s: &Stage, m: &store::Manifest) {
+    let count = |k: &str| m.counts.iter().find(|c| c.0 == k).map_or(0, |c| c.1);
+    let skipped = count("problems_skipped");
+    if skipped > 0 {
+        let n = m.config.get("n").and_then(|v| v.as_u64()).unwrap_or(1);
+        let mean = count("generated_tokens") as f64 / count("samples").max(1) as f64;
+        let _ = writeln!(
+            md,
+            "Resampling (`run.resample_below`): {skipped} problems the round before solved \
+             reliably were not sampled: {} samples, about {:.0} generated tokens saved.\n",
+            skipped * n,
+            (skipped * n) as f64 * mean
+        );
+    }
+    if m.counts.iter().any(|(k, _)| k == "rationalize.problems") {
+        let _ = writeln!(
+            md,
+            "Rationalization (`[rationalize]`): the {} problems without a correct sample \
+             were sampled again with the answer as a hint: {} samples, {} correct, {} \
+             generated tokens (`{}`; the hinted prompts are in `{}`).\n",
+            count("rationalize.problems"),
+            count("rationalize.samples"),
+            count("rationalize.correct"),
+            count("rationalize.generated_tokens"),
+            s.dir
+                .join(crate::jobs::sample::rationalize::RATIONALIZED)
+                .display(),
+            crate::jobs::sample::rationalize::HINTED,
+        );
+    }
+}
+
 /// `prev`: the round before's pass rates by problem (samples, correct), replaced by this round's.
 fn sample_section(
     md: &mut String,
@@ -606,29 +689,7 @@ fn sample_section(
     let rows = crate::data::schema::read_completions(&s.dir.join(stages::COMPLETIONS))?;
     let rates = crate::data::schema::pass_rates(&rows);
     if !rates.is_empty() {
-        // the pass-rate histogram: never, sometimes (by quarter), always solved
-        let mut bins = [0u64; 6];
-        for (n, c) in rates.values() {
-            let r = *c as f64 / (*n).max(1) as f64;
-            let b = if *c == 0 {
-                0
-            } else if c == n {
-                5
-            } else {
-                ((r * 4.0).ceil() as usize).clamp(1, 4)
-            };
-            bins[b] += 1;
-        }
-        let _ = writeln!(
-            md,
-            "Problems by pass rate (correct samples of their samples):\n\n| | 0 | (0, 25%] | \
-             (25, 50%] | (50, 75%] | (75, 100%) | 100% |\n| --- | --- | --- | --- | --- | --- | \
-             --- |\n| problems | {} |\n",
-            bins.iter()
-                .map(|b| b.to_string())
-                .collect::<Vec<_>>()
-                .join(" | ")
-        );
+        pass_rate_table(md, &rates);
         if let Some(p) = prev.as_ref() {
             let moved = rates
                 .iter()
@@ -639,34 +700,7 @@ fn sample_section(
                 "{moved} problems unsolved in the round before have a correct sample now.\n"
             );
         }
-        let skipped = count("problems_skipped");
-        if skipped > 0 {
-            let n = m.config.get("n").and_then(|v| v.as_u64()).unwrap_or(1);
-            let mean = count("generated_tokens") as f64 / count("samples").max(1) as f64;
-            let _ = writeln!(
-                md,
-                "Resampling (`run.resample_below`): {skipped} problems the round before solved \
-                 reliably were not sampled: {} samples, about {:.0} generated tokens saved.\n",
-                skipped * n,
-                (skipped * n) as f64 * mean
-            );
-        }
-        if m.counts.iter().any(|(k, _)| k == "rationalize.problems") {
-            let _ = writeln!(
-                md,
-                "Rationalization (`[rationalize]`): the {} problems without a correct sample \
-                 were sampled again with the answer as a hint: {} samples, {} correct, {} \
-                 generated tokens (`{}`; the hinted prompts are in `{}`).\n",
-                count("rationalize.problems"),
-                count("rationalize.samples"),
-                count("rationalize.correct"),
-                count("rationalize.generated_tokens"),
-                s.dir
-                    .join(crate::jobs::sample::rationalize::RATIONALIZED)
-                    .display(),
-                crate::jobs::sample::rationalize::HINTED,
-            );
-        }
+        resample_lines(md, s, m);
         // a resampled round has no rates for the problems it left out: keep the older ones
         let mut merged = prev.take().unwrap_or_default();
         merged.extend(rates);

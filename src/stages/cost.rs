@@ -117,6 +117,52 @@ fn same_device(record_device: &str, on_gpu: bool, gpu_name: &str) -> bool {
     }
 }
 
+/// A sample stage's decode rate (tokens/s) and where it comes from: `bench sample` on this
+/// device at the nearest batch for a model within 25% of the size, else the H100's measured
+/// Qwen3-4B rates scaled by bandwidth and size, else an assumed CPU rate.
+fn sample_rate(
+    w: &Work,
+    g: Option<Gpu>,
+    on_gpu: bool,
+    bench_device: &str,
+    params: f64,
+    records: &Records,
+) -> (f64, String) {
+    let measured = records
+        .sample
+        .iter()
+        .filter(|r| {
+            same_device(&r.device, on_gpu, bench_device)
+                && (r.params as f64 / params - 1.0).abs() <= 0.25
+        })
+        .min_by_key(|r| (r.batch.abs_diff(w.batch), u64::MAX - r.unix));
+    match (measured, &g) {
+        (Some(r), _) => (
+            // decoding reads every weight per step: a bigger model is slower
+            r.decode_tokens_per_second * r.params as f64 / params,
+            format!("bench sample at batch {} on this machine", r.batch),
+        ),
+        (None, Some(g)) if on_gpu => {
+            let (batch, rate) = H100_QWEN3_4B_DECODE
+                .iter()
+                .copied()
+                .min_by_key(|(b, _)| b.abs_diff(w.batch))
+                .expect("measured rates");
+            (
+                rate * (g.bandwidth / H100_BANDWIDTH) * (QWEN3_4B_PARAMS / params),
+                format!("H100 Qwen3-4B batch {batch} measured, scaled by bandwidth and size"),
+            )
+        }
+        _ => (
+            CPU_FLOPS_PER_CORE * cores() / (2.0 * params),
+            format!(
+                "{:.0} GFLOP/s (assumed; `pipeline bench sample` measures it)",
+                CPU_FLOPS_PER_CORE * cores() / 1e9
+            ),
+        ),
+    }
+}
+
 fn stage_cost(
     name: &str,
     w: &Work,
@@ -179,39 +225,7 @@ fn stage_cost(
             ),
         }
     } else {
-        let measured = records
-            .sample
-            .iter()
-            .filter(|r| {
-                same_device(&r.device, on_gpu, &bench_device)
-                    && (r.params as f64 / params - 1.0).abs() <= 0.25
-            })
-            .min_by_key(|r| (r.batch.abs_diff(w.batch), u64::MAX - r.unix));
-        match (measured, &g) {
-            (Some(r), _) => (
-                // decoding reads every weight per step: a bigger model is slower
-                r.decode_tokens_per_second * r.params as f64 / params,
-                format!("bench sample at batch {} on this machine", r.batch),
-            ),
-            (None, Some(g)) if on_gpu => {
-                let (batch, rate) = H100_QWEN3_4B_DECODE
-                    .iter()
-                    .copied()
-                    .min_by_key(|(b, _)| b.abs_diff(w.batch))
-                    .expect("measured rates");
-                (
-                    rate * (g.bandwidth / H100_BANDWIDTH) * (QWEN3_4B_PARAMS / params),
-                    format!("H100 Qwen3-4B batch {batch} measured, scaled by bandwidth and size"),
-                )
-            }
-            _ => (
-                CPU_FLOPS_PER_CORE * cores() / (2.0 * params),
-                format!(
-                    "{:.0} GFLOP/s (assumed; `pipeline bench sample` measures it)",
-                    CPU_FLOPS_PER_CORE * cores() / 1e9
-                ),
-            ),
-        }
+        sample_rate(w, g, on_gpu, &bench_device, params, records)
     };
     let seconds = w.tokens as f64 / rate.max(1e-9);
     let gpu_hours = if on_gpu { seconds / 3600.0 } else { 0.0 };

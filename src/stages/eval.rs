@@ -26,6 +26,24 @@ pub const EXAMPLES: &str = "examples.json";
 /// The label and input name of the teacher (`[sample] model`) when it is not the base model.
 pub const TEACHER: &str = "teacher";
 
+/// The rows of an eval set's files, or (not downloaded: preflight) of its card, which is then
+/// added to `cards`.
+fn set_rows(s: &EvalSet, cards: &mut Vec<String>) -> Option<u64> {
+    let counted = crate::data::hub::resolve(&s.source.location)
+        .ok()
+        .and_then(|files| {
+            files
+                .iter()
+                .map(|f| crate::data::count_rows(f))
+                .sum::<Option<u64>>()
+        });
+    counted.or_else(|| {
+        let c = crate::data::cards::card(&s.source.location)?;
+        cards.push(s.source.location.describe());
+        Some(c.rows)
+    })
+}
+
 /// `teacher`: the model that sampled round 1's rows when it is not the base (the student), scored
 /// beside it.
 pub fn plan(
@@ -73,26 +91,10 @@ pub fn plan(
             &st,
             &base.config,
         )?);
-        let counted = crate::data::hub::resolve(&s.source.location)
-            .ok()
-            .and_then(|files| {
-                files
-                    .iter()
-                    .map(|f| crate::data::count_rows(f))
-                    .sum::<Option<u64>>()
-            });
-        // not downloaded (preflight): the set's card
-        let from_card = || {
-            let c = crate::data::cards::card(&s.source.location)?;
-            cards.push(s.source.location.describe());
-            Some(c.rows)
-        };
-        let problems = counted
-            .or_else(from_card)
-            .map(|r| match e.limit.or(s.source.limit) {
-                Some(l) => r.min(l as u64),
-                None => r,
-            });
+        let problems = set_rows(s, &mut cards).map(|r| match e.limit.or(s.source.limit) {
+            Some(l) => r.min(l as u64),
+            None => r,
+        });
         let set_tokens = problems.map(|p| {
             p * st.params.n as u64 * super::expected_completion_tokens(st.params.max_new_tokens)
         });
@@ -140,18 +142,13 @@ pub fn cache_root(workdir: &Path) -> PathBuf {
     parent.unwrap_or(Path::new(".")).join("eval-cache")
 }
 
-pub fn run(
-    e: &EvalConfig,
-    base_model: &str,
-    sets: &[EvalSet],
-    plan: &Plan,
+/// The models an eval stage scores: (label, location, fingerprint): the base model, a teacher
+/// that is not the student, and each trained one.
+fn models_of(
     stage: &PlannedStage,
-) -> Result<StageOutput> {
-    let shared: Vec<&InputRef> = stage
-        .inputs
-        .iter()
-        .filter(|i| i.name.starts_with("set:") || i.name == "verifier")
-        .collect();
+    plan: &Plan,
+    base_model: &str,
+) -> Result<Vec<(String, String, String)>> {
     let fingerprint = |name: &str| -> Result<String> {
         Ok(stage
             .inputs
@@ -183,6 +180,22 @@ pub fn run(
             fingerprint(&format!("trained:{name}"))?,
         ));
     }
+    Ok(models)
+}
+
+pub fn run(
+    e: &EvalConfig,
+    base_model: &str,
+    sets: &[EvalSet],
+    plan: &Plan,
+    stage: &PlannedStage,
+) -> Result<StageOutput> {
+    let shared: Vec<&InputRef> = stage
+        .inputs
+        .iter()
+        .filter(|i| i.name.starts_with("set:") || i.name == "verifier")
+        .collect();
+    let models = models_of(stage, plan, base_model)?;
     let root = cache_root(&plan.workdir);
     let mut results = Vec::new();
     // (set, "label (model)", samples file), set by set, for the examples

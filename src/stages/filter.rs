@@ -177,50 +177,10 @@ pub fn run(
         ..GradeOptions::default()
     };
 
-    // 1) grade, chunk by chunk, committing each chunk whole
+    // 1) grade, chunk by chunk, committing each chunk whole; 2) read back in input order
     let graded_dir = stage.dir.join(GRADED_DIR);
     let chunks: Vec<&[Completion]> = rows.chunks(cfg.chunk_rows).collect();
-    let resumed = (0..chunks.len())
-        .filter(|&k| part_path(&graded_dir, k).exists())
-        .count();
-    let mut tracker =
-        crate::progress::Tracker::new("filter: grade", "chunks", Some(chunks.len() as u64))
-            .with_file(Some(stage.dir.join(store::PROGRESS)))
-            .resumed(resumed as u64);
-    for (k, chunk) in chunks.iter().enumerate() {
-        let part = part_path(&graded_dir, k);
-        if part.exists() {
-            continue;
-        }
-        let graded: Vec<Completion> = chunk.iter().map(|c| grade_row(c, &gold, &opts)).collect();
-        write_completions(&part, &graded, true)?;
-        tracker.inc(1);
-        if k + 1 < chunks.len() {
-            tracker.flush();
-        }
-        crate::fault::point("filter.chunk");
-    }
-    tracker.finish();
-    if resumed > 0 {
-        tracing::info!(
-            "    resumed: {resumed} of {} chunks were already graded",
-            chunks.len()
-        );
-    }
-
-    // 2) read back in input order and apply the rules
-    let mut graded = Vec::with_capacity(rows.len());
-    for k in 0..chunks.len() {
-        graded.extend(read_completions(&part_path(&graded_dir, k))?);
-    }
-    if graded.len() != rows.len() {
-        bail!(
-            "graded parts in {} hold {} rows, the input has {}: delete the folder and re-run",
-            graded_dir.display(),
-            graded.len(),
-            rows.len()
-        );
-    }
+    let graded = grade_chunks(&chunks, &graded_dir, &stage.dir, &gold, &opts)?;
     // 3) decontaminate, then apply the rules
     let eval_sets = config.eval.as_ref().map_or(&[][..], |e| e.sets.as_slice());
     let refs = references(cfg, eval_sets);
@@ -279,6 +239,58 @@ pub fn run(
         counts,
         rows: kept.len() as u64,
     })
+}
+
+/// Grades `chunks` of completions against the `gold` answers, each chunk committed whole as a
+/// part of `graded_dir` (a resumed run skips the parts there), then reads them back in input
+/// order.
+fn grade_chunks(
+    chunks: &[&[Completion]],
+    graded_dir: &Path,
+    stage_dir: &Path,
+    gold: &HashMap<&str, &str>,
+    opts: &GradeOptions,
+) -> Result<Vec<Completion>> {
+    let resumed = (0..chunks.len())
+        .filter(|&k| part_path(graded_dir, k).exists())
+        .count();
+    let mut tracker =
+        crate::progress::Tracker::new("filter: grade", "chunks", Some(chunks.len() as u64))
+            .with_file(Some(stage_dir.join(store::PROGRESS)))
+            .resumed(resumed as u64);
+    for (k, chunk) in chunks.iter().enumerate() {
+        let part = part_path(graded_dir, k);
+        if part.exists() {
+            continue;
+        }
+        let graded: Vec<Completion> = chunk.iter().map(|c| grade_row(c, gold, opts)).collect();
+        write_completions(&part, &graded, true)?;
+        tracker.inc(1);
+        if k + 1 < chunks.len() {
+            tracker.flush();
+        }
+        crate::fault::point("filter.chunk");
+    }
+    tracker.finish();
+    if resumed > 0 {
+        tracing::info!(
+            "    resumed: {resumed} of {} chunks were already graded",
+            chunks.len()
+        );
+    }
+    let mut graded = Vec::new();
+    for k in 0..chunks.len() {
+        graded.extend(read_completions(&part_path(graded_dir, k))?);
+    }
+    let rows: usize = chunks.iter().map(|c| c.len()).sum();
+    if graded.len() != rows {
+        bail!(
+            "graded parts in {} hold {} rows, the input has {rows}: delete the folder and re-run",
+            graded_dir.display(),
+            graded.len(),
+        );
+    }
+    Ok(graded)
 }
 
 /// The training problems that match a reference, one row per (problem, reference), and the

@@ -90,31 +90,7 @@ pub fn run(
     }
     // a kind names all its rounds: run up to the last, force from the first
     let is = |s: &PlannedStage, x: &str| s.name == x || s.kind.as_str() == x;
-    let mut last = match target {
-        Target::All => plan.stages.len(),
-        Target::Stage(s) => match plan.stages.iter().rposition(|p| is(p, s)) {
-            Some(i) => i + 1,
-            None => bail!(
-                "stage `{s}` is not in {} (its stages: {})",
-                cfg.origin,
-                names()
-            ),
-        },
-    };
-    if let Some((i, n)) = shard {
-        // a shard's run never goes past the last sample stage
-        match plan
-            .stages
-            .iter()
-            .rposition(|p| p.kind == StageKind::Sample)
-        {
-            Some(k) => last = last.min(k + 1),
-            None => bail!(
-                "shard {i}/{n}: {} has no sample stage to shard (only sampling is sharded)",
-                cfg.origin
-            ),
-        }
-    }
+    let last = stop_index(cfg, &plan, target, shard, &names())?;
     for f in force {
         if !plan.stages.iter().any(|s| is(s, f)) {
             bail!("--force {f}: stage `{f}` is not in {}", cfg.origin);
@@ -129,29 +105,7 @@ pub fn run(
     let gpu = crate::train::memory::local_gpu();
     let price = cost::price_for(cfg.gpu_hour_price.as_ref(), gpu);
     let estimates = cost::estimate(&plan, gpu, price);
-    store::write_json_atomic(
-        &wd.root.join(store::PLAN),
-        &PlanRecord {
-            estimates: estimates.clone(),
-            gpu_hour_price: price,
-            overrides: cfg.overrides.clone(),
-            config: cfg.origin.clone(),
-            stages: plan
-                .stages
-                .iter()
-                .map(|s| PlanRecordStage {
-                    name: s.name.clone(),
-                    kind: s.kind.to_string(),
-                    key: s.key.clone(),
-                    dir: s
-                        .dir
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default(),
-                })
-                .collect(),
-        },
-    )?;
+    write_plan_record(cfg, &wd.root, &plan, &estimates, price)?;
     print_plan(cfg, &plan, last, first_forced)?;
     if !estimates.is_empty() {
         crate::outln!("estimated time and cost (assumptions in each row; `pipeline preflight`):");
@@ -168,32 +122,8 @@ pub fn run(
     let total = Instant::now();
     for (i, stage) in plan.stages.iter().enumerate().take(last) {
         let forced = first_forced.is_some_and(|f| i >= f);
-        if forced && stage.dir.exists() {
-            // shards sample without the work dir's lock: never pull their folder away
-            let busy = sample::shards_running(&stage.dir)?;
-            if !busy.is_empty() {
-                bail!(
-                    "--force {}: shard(s) {} of it are being sampled now; stop them first",
-                    stage.name,
-                    busy.join(", ")
-                );
-            }
-            store::discard_dir(&stage.dir)?;
-        }
-        if let StageState::Done(m) = stage_state(&stage.dir)? {
-            crate::outln!(
-                "--> {} cached ({} rows, {})",
-                stage.name,
-                m.rows,
-                crate::bytes::format_bytes(m.bytes())
-            );
+        if cached_or_cleared(stage, forced)? {
             continue;
-        }
-        // A manifest whose outputs are damaged no longer marks the stage done.
-        let stale = stage.dir.join(store::MANIFEST);
-        if stale.exists() {
-            std::fs::remove_file(&stale)
-                .with_context(|| format!("cannot remove {}", stale.display()))?;
         }
         if let (Some(sh), StageKind::Sample) = (shard, stage.kind) {
             // the shards sample side by side: release the work dir, hold the shard's own lock
@@ -224,6 +154,107 @@ pub fn run(
         wd.root.display()
     );
     Ok(true)
+}
+
+/// The index past the last stage a run of `target` runs (a shard's run stops at the last sample
+/// stage). `names`: the plan's stages, for the error.
+fn stop_index(
+    cfg: &Config,
+    plan: &Plan,
+    target: &Target,
+    shard: Option<(usize, usize)>,
+    names: &str,
+) -> Result<usize> {
+    let is = |s: &PlannedStage, x: &str| s.name == x || s.kind.as_str() == x;
+    let mut last = match target {
+        Target::All => plan.stages.len(),
+        Target::Stage(s) => match plan.stages.iter().rposition(|p| is(p, s)) {
+            Some(i) => i + 1,
+            None => bail!("stage `{s}` is not in {} (its stages: {names})", cfg.origin),
+        },
+    };
+    if let Some((i, n)) = shard {
+        // a shard's run never goes past the last sample stage
+        match plan
+            .stages
+            .iter()
+            .rposition(|p| p.kind == StageKind::Sample)
+        {
+            Some(k) => last = last.min(k + 1),
+            None => bail!(
+                "shard {i}/{n}: {} has no sample stage to shard (only sampling is sharded)",
+                cfg.origin
+            ),
+        }
+    }
+    Ok(last)
+}
+
+/// The plan as `pipeline status` and `report` read it: its stages, keys and estimates.
+fn write_plan_record(
+    cfg: &Config,
+    root: &Path,
+    plan: &Plan,
+    estimates: &[cost::StageCost],
+    price: Option<f64>,
+) -> Result<()> {
+    store::write_json_atomic(
+        &root.join(store::PLAN),
+        &PlanRecord {
+            estimates: estimates.to_vec(),
+            gpu_hour_price: price,
+            overrides: cfg.overrides.clone(),
+            config: cfg.origin.clone(),
+            stages: plan
+                .stages
+                .iter()
+                .map(|s| PlanRecordStage {
+                    name: s.name.clone(),
+                    kind: s.kind.to_string(),
+                    key: s.key.clone(),
+                    dir: s
+                        .dir
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                })
+                .collect(),
+        },
+    )?;
+    Ok(())
+}
+
+/// Whether `stage` is done and cached (said so); else its folder made ready to run: discarded
+/// when `forced`, and a manifest whose outputs are damaged removed.
+fn cached_or_cleared(stage: &PlannedStage, forced: bool) -> Result<bool> {
+    if forced && stage.dir.exists() {
+        // shards sample without the work dir's lock: never pull their folder away
+        let busy = sample::shards_running(&stage.dir)?;
+        if !busy.is_empty() {
+            bail!(
+                "--force {}: shard(s) {} of it are being sampled now; stop them first",
+                stage.name,
+                busy.join(", ")
+            );
+        }
+        store::discard_dir(&stage.dir)?;
+    }
+    if let StageState::Done(m) = stage_state(&stage.dir)? {
+        crate::outln!(
+            "--> {} cached ({} rows, {})",
+            stage.name,
+            m.rows,
+            crate::bytes::format_bytes(m.bytes())
+        );
+        return Ok(true);
+    }
+    // A manifest whose outputs are damaged no longer marks the stage done.
+    let stale = stage.dir.join(store::MANIFEST);
+    if stale.exists() {
+        std::fs::remove_file(&stale)
+            .with_context(|| format!("cannot remove {}", stale.display()))?;
+    }
+    Ok(false)
 }
 
 /// `run.disk_budget` against what the work dir holds now plus what `stage` is estimated to add

@@ -14,7 +14,7 @@
 
 use candle_core::{DType, Device};
 
-use super::settings::{OptimizerState, StepSize, TrainOps, TrainSettings};
+use super::settings::{StepSize, TrainOps, TrainSettings};
 use crate::model::{LayerKind, ModelConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,96 +171,22 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
     let host_ops = !s.on_gpu() && compute == DType::F32 && s.ops == TrainOps::Auto;
     let tokens = s.micro_batch_tokens as u64;
     let seq = s.max_seq_len as u64;
-    let (h, i) = (cfg.hidden_size as u64, cfg.intermediate_size as u64);
-    let (hq, hkv, d) = (
-        cfg.num_heads as u64,
-        cfg.num_kv_heads as u64,
-        cfg.head_dim as u64,
+    let (h, i, v) = (
+        cfg.hidden_size as u64,
+        cfg.intermediate_size as u64,
+        cfg.vocab_size as u64,
     );
-    let v = cfg.vocab_size as u64;
-    // Values the differentiable forward keeps per token in a layer of `kind`.
-    // Gemma's two more norms per layer: our ops keep each one's output; composed, its input,
-    // f32 copy and output
-    let sandwich = match (cfg.sandwich_norms, host_ops) {
-        (false, _) => 0,
-        (true, true) => 2 * h,
-        (true, false) => 6 * h,
-    };
-    let per_token_layer = |kind: LayerKind| {
-        let gate = if cfg.attention_gate { 3 * hq * d } else { 0 };
-        match kind {
-            // our ops: each norm's output (2h), o_proj, residuals and down (3h), the SwiGLU's
-            // gate, up and product (3i); q/k/v, their norms and RoPE, the attention's output
-            LayerKind::Attention | LayerKind::SlidingAttention if host_ops => {
-                5 * h + 3 * i + (hq + 2 * hkv) * d + 2 * (hq + hkv) * d + hq * d + gate + sandwich
-            }
-            // composed: two RMS norms (3h each), o_proj and residuals (4h), SwiGLU (4i); q/k/v,
-            // their norms (3 each) and RoPE (4 each), the heads-first copies, GQA expansion,
-            // output and its transpose (6 hq d), the log-sum-exp
-            LayerKind::Attention | LayerKind::SlidingAttention => {
-                10 * h
-                    + 4 * i
-                    + (hq + 2 * hkv) * d
-                    + 7 * (hq + hkv) * d
-                    + 6 * hq * d
-                    + hq
-                    + gate
-                    + sandwich
-            }
-            // Gated DeltaNet: the projections, conv and SiLU (8 conv_dim), the heads'
-            // normalised, repeated and chunked copies (9 Hv (dk + dv)), the chunk's decay, L and
-            // T matrices and the inverse's halves (10 Hv C), the gated norm (6 value_dim); its
-            // tensors are f32 whatever the compute dtype (fitted to `bench train` on hybrid-20m)
-            LayerKind::GatedDeltaNet => {
-                10 * h
-                    + 4 * i
-                    + cfg.linear.map_or(0, |l| {
-                        let (nv, dk, dv) = (
-                            l.num_value_heads as u64,
-                            l.key_head_dim as u64,
-                            l.value_head_dim as u64,
-                        );
-                        let c = crate::model::layer_ops::candle_deltanet::CHUNK as u64;
-                        (8 * l.conv_dim() as u64
-                            + 9 * nv * (dk + dv)
-                            + 10 * nv * c
-                            + 6 * l.value_dim() as u64)
-                            * 4
-                            / cb
-                    })
-            }
-        }
-    };
-    // one attention block's f32 scores, exponentials, probabilities and their gradient while a
-    // layer runs (the CPU's fused op keeps less)
-    let block = crate::model::attention::block::BLOCK as u64;
-    let has_attention = cfg
-        .layer_kinds
-        .iter()
-        .any(|k| matches!(k, LayerKind::Attention | LayerKind::SlidingAttention));
-    let attn_block = if has_attention && !host_ops {
-        4 * hq * block.min(seq) * seq * 4
-    } else {
-        0
-    };
-    // bf16 on the CPU: each matmul runs on f32 copies of its operands and rounds its f32
-    // result (see `model::ops::matmul`), and the graph keeps all three: per token the
-    // projections' inputs (q, k, v, o, gate, up, down) and outputs in f32, and the layer's
-    // weights in f32 (a GPU's bf16 GEMM keeps none of these)
+    let per_token_layer = |kind| kept_per_token(cfg, kind, host_ops, cb);
+    let attn_block = attention_block_bytes(cfg, host_ops, seq);
+    // bf16 on the CPU: the matmuls' f32 copies (`emulated_per_token`) and the layers' weights
+    // in f32
     let emulated = cb < 4 && !s.on_gpu();
-    let emulation = |kind: LayerKind| {
-        if !emulated {
-            return 0;
+    let emulation = |kind| {
+        if emulated {
+            emulated_per_token(cfg, kind)
+        } else {
+            0
         }
-        let mixer = match kind {
-            LayerKind::Attention | LayerKind::SlidingAttention => {
-                3 * h + hq * d + (hq + 2 * hkv) * d + h
-            }
-            LayerKind::GatedDeltaNet => cfg.linear.map_or(0, |l| {
-                5 * h + l.value_dim() as u64 + l.conv_dim() as u64 + h
-            }),
-        };
-        (mixer + 2 * h + i + 2 * i + h) * 4
     };
     let emulated_weights = |l: usize| {
         if emulated {
@@ -288,29 +214,14 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
             .unwrap_or(0)
     };
     let layers = cfg.num_layers() as u64;
-    let state = match s.optimizer_state {
-        OptimizerState::F32 => 8,
-        OptimizerState::Bf16 => 4,
-    };
+    let state = s.optimizer_state.moment_bytes();
     let loss_rows = ((tokens as f64 * loss_share.clamp(0.0, 1.0)).ceil() as u64).max(1);
     let chunk = if s.loss_chunk_tokens == 0 {
         loss_rows
     } else {
         (s.loss_chunk_tokens as u64).min(loss_rows)
     };
-    // The head over `rows` positions: on our packed gemm, the logits (the gradient overwrites
-    // them); through candle ops, 2.5 f32 copies of the logits and one in the compute dtype
-    // below f32. Plus the hidden states' gradient.
-    let head = |rows: u64| {
-        let logits = if host_ops {
-            rows * v * 4
-        } else if emulated {
-            rows * v * 10 + v * h * 4
-        } else {
-            rows * v * 10 + if cb < 4 { rows * v * cb } else { 0 }
-        };
-        logits + tokens * h * cb
-    };
+    let head = |rows| head_bytes(cfg, rows, tokens, cb, host_ops, emulated);
     let embed = v * h;
     let largest_tensor = embed.max(i * h);
     let largest_layer_params = (0..cfg.num_layers())
@@ -360,14 +271,132 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
     }
 }
 
+/// Values the differentiable forward keeps per token in a layer of `kind` (`cb`: bytes per
+/// computed value; `host_ops`: our CPU ops, else the device-generic composition).
+fn kept_per_token(cfg: &ModelConfig, kind: LayerKind, host_ops: bool, cb: u64) -> u64 {
+    let (h, i) = (cfg.hidden_size as u64, cfg.intermediate_size as u64);
+    let (hq, hkv, d) = (
+        cfg.num_heads as u64,
+        cfg.num_kv_heads as u64,
+        cfg.head_dim as u64,
+    );
+    // Gemma's two more norms per layer: our ops keep each one's output; composed, its input,
+    // f32 copy and output
+    let sandwich = match (cfg.sandwich_norms, host_ops) {
+        (false, _) => 0,
+        (true, true) => 2 * h,
+        (true, false) => 6 * h,
+    };
+    let gate = if cfg.attention_gate { 3 * hq * d } else { 0 };
+    match kind {
+        // our ops: each norm's output (2h), o_proj, residuals and down (3h), the SwiGLU's
+        // gate, up and product (3i); q/k/v, their norms and RoPE, the attention's output
+        LayerKind::Attention | LayerKind::SlidingAttention if host_ops => {
+            5 * h + 3 * i + (hq + 2 * hkv) * d + 2 * (hq + hkv) * d + hq * d + gate + sandwich
+        }
+        // composed: two RMS norms (3h each), o_proj and residuals (4h), SwiGLU (4i); q/k/v,
+        // their norms (3 each) and RoPE (4 each), the heads-first copies, GQA expansion,
+        // output and its transpose (6 hq d), the log-sum-exp
+        LayerKind::Attention | LayerKind::SlidingAttention => {
+            10 * h
+                + 4 * i
+                + (hq + 2 * hkv) * d
+                + 7 * (hq + hkv) * d
+                + 6 * hq * d
+                + hq
+                + gate
+                + sandwich
+        }
+        // Gated DeltaNet: the projections, conv and SiLU (8 conv_dim), the heads'
+        // normalised, repeated and chunked copies (9 Hv (dk + dv)), the chunk's decay, L and
+        // T matrices and the inverse's halves (10 Hv C), the gated norm (6 value_dim); its
+        // tensors are f32 whatever the compute dtype (fitted to `bench train` on hybrid-20m)
+        LayerKind::GatedDeltaNet => {
+            10 * h
+                + 4 * i
+                + cfg.linear.map_or(0, |l| {
+                    let (nv, dk, dv) = (
+                        l.num_value_heads as u64,
+                        l.key_head_dim as u64,
+                        l.value_head_dim as u64,
+                    );
+                    let c = crate::model::layer_ops::candle_deltanet::CHUNK as u64;
+                    (8 * l.conv_dim() as u64
+                        + 9 * nv * (dk + dv)
+                        + 10 * nv * c
+                        + 6 * l.value_dim() as u64)
+                        * 4
+                        / cb
+                })
+        }
+    }
+}
+
+/// One attention block's f32 scores, exponentials, probabilities and their gradient while a
+/// layer runs, on the device-generic path (the CPU's fused op keeps less): rows of `seq`.
+fn attention_block_bytes(cfg: &ModelConfig, host_ops: bool, seq: u64) -> u64 {
+    let block = crate::model::attention::block::BLOCK as u64;
+    let has_attention = cfg
+        .layer_kinds
+        .iter()
+        .any(|k| matches!(k, LayerKind::Attention | LayerKind::SlidingAttention));
+    if has_attention && !host_ops {
+        4 * cfg.num_heads as u64 * block.min(seq) * seq * 4
+    } else {
+        0
+    }
+}
+
+/// bf16 on the CPU: each matmul runs on f32 copies of its operands and rounds its f32 result
+/// (see `model::ops::matmul`), and the graph keeps all three: per token the projections' inputs
+/// (q, k, v, o, gate, up, down) and outputs in f32 (a GPU's bf16 GEMM keeps none of these).
+/// The bytes per token of a layer of `kind`.
+fn emulated_per_token(cfg: &ModelConfig, kind: LayerKind) -> u64 {
+    let (h, i) = (cfg.hidden_size as u64, cfg.intermediate_size as u64);
+    let (hq, hkv, d) = (
+        cfg.num_heads as u64,
+        cfg.num_kv_heads as u64,
+        cfg.head_dim as u64,
+    );
+    let mixer = match kind {
+        LayerKind::Attention | LayerKind::SlidingAttention => {
+            3 * h + hq * d + (hq + 2 * hkv) * d + h
+        }
+        LayerKind::GatedDeltaNet => cfg.linear.map_or(0, |l| {
+            5 * h + l.value_dim() as u64 + l.conv_dim() as u64 + h
+        }),
+    };
+    (mixer + 2 * h + i + 2 * i + h) * 4
+}
+
+/// The head over `rows` positions of a micro-batch of `tokens`: on our packed gemm (`host_ops`),
+/// the logits (the gradient overwrites them); through candle ops, 2.5 f32 copies of the logits
+/// and one in the compute dtype below f32 (`cb` bytes; `emulated`: bf16 on the CPU, with the
+/// head's weight in f32). Plus the hidden states' gradient.
+fn head_bytes(
+    cfg: &ModelConfig,
+    rows: u64,
+    tokens: u64,
+    cb: u64,
+    host_ops: bool,
+    emulated: bool,
+) -> u64 {
+    let (v, h) = (cfg.vocab_size as u64, cfg.hidden_size as u64);
+    let logits = if host_ops {
+        rows * v * 4
+    } else if emulated {
+        rows * v * 10 + v * h * 4
+    } else {
+        rows * v * 10 + if cb < 4 { rows * v * cb } else { 0 }
+    };
+    logits + tokens * h * cb
+}
+
 /// Disk a run writes: the export in `dtype_bytes`, and its checkpoints of master weights and
 /// moments: `keep` of them plus the one being written, or as many as a run of `steps` steps
 /// writes (every `checkpoint_every`, and the last) when that is fewer.
 pub fn disk_bytes(params: u64, dtype_bytes: u64, s: &TrainSettings, steps: Option<u64>) -> u64 {
-    let state = match s.optimizer_state {
-        OptimizerState::F32 => 8,
-        OptimizerState::Bf16 => 4,
-    };
+    let state = s.optimizer_state.moment_bytes();
     let kept = s.keep_checkpoints as u64 + 1;
     let steps = match (steps, s.max_steps) {
         (Some(a), Some(b)) => Some(a.min(b)),

@@ -26,6 +26,16 @@ pub enum OptimizerState {
     Bf16,
 }
 
+impl OptimizerState {
+    /// Bytes per parameter of the two AdamW moments.
+    pub fn moment_bytes(self) -> u64 {
+        match self {
+            OptimizerState::F32 => 8,
+            OptimizerState::Bf16 => 4,
+        }
+    }
+}
+
 /// The dtype the model is stored and exported in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]

@@ -228,6 +228,35 @@ fn fmt_secs(s: f64) -> String {
     }
 }
 
+/// The progress line's detail after a step: its loss, lr, rate and MFU, and the last
+/// checkpoint.
+fn progress_detail(m: &Metrics, ckpt: Option<u64>) -> String {
+    let ckpt = ckpt.map(|c| format!("  last checkpoint: step {c}"));
+    format!(
+        "loss {:.4}  lr {:.2e}  {:.0} tok/s  MFU {:.1}%{}",
+        m.loss,
+        m.lr,
+        m.tokens_per_second,
+        100.0 * m.mfu,
+        ckpt.unwrap_or_default()
+    )
+}
+
+/// Keeps this machine's training rate of the model's size, for preflight's next estimates.
+fn record_rate(p: &Prepared, tokens_per_second: f64) {
+    let dev = p.t.model.device();
+    crate::machine::record_train(&crate::machine::TrainRecord {
+        device: if dev.is_cpu() {
+            "cpu".into()
+        } else {
+            super::memory::device_name(dev)
+        },
+        params: p.params,
+        tokens_per_second,
+        unix: crate::store::now_unix(),
+    });
+}
+
 pub fn run(job: &TrainJob) -> Result<TrainSummary> {
     job.settings
         .validate()
@@ -280,17 +309,7 @@ pub fn run(job: &TrainJob) -> Result<TrainSummary> {
         r.metrics.flush()?;
         totals.add(&m);
         p.print_step(&m, &mut stalled);
-        let detail = |ckpt: Option<u64>| {
-            let ckpt = ckpt.map(|c| format!("  last checkpoint: step {c}"));
-            format!(
-                "loss {:.4}  lr {:.2e}  {:.0} tok/s  MFU {:.1}%{}",
-                m.loss,
-                m.lr,
-                m.tokens_per_second,
-                100.0 * m.mfu,
-                ckpt.unwrap_or_default()
-            )
-        };
+        let detail = |ckpt: Option<u64>| progress_detail(&m, ckpt);
         tracker.detail(detail(checkpointed));
         tracker.set(m.step);
         let done = step + 1;
@@ -319,17 +338,7 @@ pub fn run(job: &TrainJob) -> Result<TrainSummary> {
     // this machine's rate, for preflight's next estimates (a run of a few seconds measures
     // mostly its start)
     if loop_start.elapsed().as_secs_f64() >= 5.0 && totals.tokens > 0 {
-        let dev = p.t.model.device();
-        crate::machine::record_train(&crate::machine::TrainRecord {
-            device: if dev.is_cpu() {
-                "cpu".into()
-            } else {
-                super::memory::device_name(dev)
-            },
-            params: p.params,
-            tokens_per_second: done.tokens_per_second,
-            unix: crate::store::now_unix(),
-        });
+        record_rate(&p, done.tokens_per_second);
     }
     Ok(TrainSummary {
         tensors: change.tensors,

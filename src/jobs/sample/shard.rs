@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 use super::parts::{META_PROBLEMS, META_PROBLEM_SET, META_SAMPLING_HASH, META_SHARD};
 use crate::data::schema::{
     completions_batch, completions_schema, has_logprobs, read_completions, write_parquet_atomic_kv,
+    Completion,
 };
 
 /// Which shard this process is: `--shard I/N`, else `SLURM_ARRAY_TASK_ID`/`SLURM_ARRAY_TASK_COUNT`,
@@ -97,6 +98,55 @@ pub fn merge(inputs: &[PathBuf], output: &Path) -> Result<usize> {
     merge_ordered(inputs, output, None)
 }
 
+/// Shard `i` of `n` (from file `p`) among those `seen` so far (sized by the first).
+fn check_shard(seen: &mut Vec<Option<PathBuf>>, i: usize, n: usize, p: &Path) -> Result<()> {
+    if seen.is_empty() {
+        *seen = vec![None; n];
+    }
+    if n != seen.len() || i >= n {
+        bail!(
+            "{}: shard {i}/{n} does not belong to a set of {} shards",
+            p.display(),
+            seen.len()
+        );
+    }
+    if let Some(prev) = &seen[i] {
+        bail!(
+            "shard {i}/{n} given twice: {} and {}",
+            prev.display(),
+            p.display()
+        );
+    }
+    Ok(())
+}
+
+/// The rows in the order of `problem_ids` (then sample index), or by problem id then sample
+/// index; a row of a problem not among `problem_ids` is an error.
+fn order_rows(rows: &mut [Completion], problem_ids: Option<&[String]>) -> Result<()> {
+    match problem_ids {
+        Some(ids) => {
+            let order: HashMap<&str, usize> = ids
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p.as_str(), i))
+                .collect();
+            if let Some(r) = rows
+                .iter()
+                .find(|r| !order.contains_key(r.problem_id.as_str()))
+            {
+                bail!(
+                    "the shards hold problem `{}`, which is not among the problems",
+                    r.problem_id
+                );
+            }
+            rows.sort_by_key(|r| (order.get(r.problem_id.as_str()).copied(), r.sample_index));
+        }
+        None => rows
+            .sort_by(|a, b| (&a.problem_id, a.sample_index).cmp(&(&b.problem_id, b.sample_index))),
+    }
+    Ok(())
+}
+
 /// [`merge`], with the rows in the order of `problem_ids` (then sample index) when given: the
 /// order an unsharded run of those problems writes.
 pub fn merge_ordered(
@@ -145,23 +195,7 @@ pub fn merge_ordered(
                 _ => {}
             }
         }
-        if seen.is_empty() {
-            seen = vec![None; n];
-        }
-        if n != seen.len() || i >= n {
-            bail!(
-                "{}: shard {i}/{n} does not belong to a set of {} shards",
-                p.display(),
-                seen.len()
-            );
-        }
-        if let Some(prev) = &seen[i] {
-            bail!(
-                "shard {i}/{n} given twice: {} and {}",
-                prev.display(),
-                p.display()
-            );
-        }
+        check_shard(&mut seen, i, n, p)?;
         seen[i] = Some(p.clone());
         problems += kv
             .get(META_PROBLEMS)
@@ -182,27 +216,7 @@ pub fn merge_ordered(
             seen.len()
         );
     }
-    match problem_ids {
-        Some(ids) => {
-            let order: HashMap<&str, usize> = ids
-                .iter()
-                .enumerate()
-                .map(|(i, p)| (p.as_str(), i))
-                .collect();
-            if let Some(r) = rows
-                .iter()
-                .find(|r| !order.contains_key(r.problem_id.as_str()))
-            {
-                bail!(
-                    "the shards hold problem `{}`, which is not among the problems",
-                    r.problem_id
-                );
-            }
-            rows.sort_by_key(|r| (order.get(r.problem_id.as_str()).copied(), r.sample_index));
-        }
-        None => rows
-            .sort_by(|a, b| (&a.problem_id, a.sample_index).cmp(&(&b.problem_id, b.sample_index))),
-    }
+    order_rows(&mut rows, problem_ids)?;
     let graded = rows.iter().all(|r| r.grade.is_some());
     let logprobs = has_logprobs(&rows);
     let batches = rows

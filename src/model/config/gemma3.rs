@@ -98,6 +98,9 @@ mod defaults {
 /// exports). Layers are sliding-window attention except every `sliding_window_pattern`-th (or
 /// as `layer_types` lists them); RoPE by layer type (`rope_parameters.full_attention` and
 /// `.sliding_attention`, or the older `rope_theta`/`rope_scaling` and `rope_local_base_freq`).
+///
+/// Over 100 lines: a field of `ModelConfig` after another from the family's config.json, with the
+/// check of each; split, the one mapping would be spread over several functions.
 pub(super) fn read_gemma3(v: &Value) -> Result<ModelConfig> {
     let (text, multimodal) = text_part(v, "gemma3")?;
     let raw: RawGemma3Text =

@@ -43,6 +43,9 @@ struct RawQwen35Text {
 /// weights under `model.language_model`; the vision tower is left on disk) or `qwen3_5_text`
 /// (`Qwen3_5ForCausalLM`: flat, weights under `model`). Layers are Gated DeltaNet except every
 /// `full_attention_interval`-th (or as `layer_types` lists them), which is gated attention.
+///
+/// Over 100 lines: a field of `ModelConfig` after another from the family's config.json, with the
+/// check of each; split, the one mapping would be spread over several functions.
 pub(super) fn read_qwen3_5(v: &Value) -> Result<ModelConfig> {
     let (text, multimodal) = text_part(v, "qwen3_5")?;
     let raw: RawQwen35Text =

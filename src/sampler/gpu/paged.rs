@@ -313,6 +313,82 @@ impl GpuStep {
     }
 }
 
+/// The step's q and k against the cache and step they attend over.
+fn check_step(cache: &GpuKvCache, step: &GpuStep, q: &Tensor, k: &Tensor) -> Result<()> {
+    let (t, _, d) = q.dims3()?;
+    let hkv = cache.num_kv_heads;
+    if t != step.tokens || d != cache.head_dim || k.dims3()? != (t, hkv, d) {
+        bail!(
+            "paged attention: q {:?} / k {:?} do not match the step ({} tokens, {hkv} KV heads \
+             of {})",
+            q.dims(),
+            k.dims(),
+            step.tokens,
+            cache.head_dim
+        );
+    }
+    if q.dtype() != cache.model_dtype {
+        bail!(
+            "paged attention: q is {:?}, the cache {:?}",
+            q.dtype(),
+            cache.model_dtype
+        );
+    }
+    Ok(())
+}
+
+/// A new buffer of `n` values of `dtype` (f32, else bf16) and its device pointer.
+///
+/// # Safety
+/// Its values are not initialised: the caller's kernels write every one before anything reads
+/// it.
+unsafe fn uninit_output(
+    dev: &candle_core::cuda_backend::CudaDevice,
+    dtype: DType,
+    n: usize,
+) -> Result<(CudaStorage, u64)> {
+    Ok(match dtype {
+        DType::F32 => {
+            let s = unsafe { dev.alloc::<f32>(n)? };
+            let p = slice_ptr(dev, &s);
+            (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
+        }
+        _ => {
+            let s = unsafe { dev.alloc::<half::bf16>(n)? };
+            let p = slice_ptr(dev, &s);
+            (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
+        }
+    })
+}
+
+/// Joins the split partitions of a step's attention (`parts`: their outputs and their maxima
+/// and sums) into `out`, (t, hq, d).
+fn reduce_parts(
+    cache: &GpuKvCache,
+    (t, hq, d): (usize, usize, usize),
+    out: u64,
+    (pop, pmp): (u64, u64),
+    num_parts: usize,
+) -> Result<()> {
+    let cfg = LaunchConfig {
+        grid_dim: (t as u32, hq as u32, 1),
+        block_dim: (d.next_multiple_of(32).min(256) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (hq_i, d_i, np_i) = (hq as i32, d as i32, num_parts as i32);
+    let stream = cache.dev.cuda_stream();
+    let mut b = stream.launch_builder(&cache.reduce_fn);
+    b.arg(&out)
+        .arg(&pop)
+        .arg(&pmp)
+        .arg(&hq_i)
+        .arg(&d_i)
+        .arg(&np_i);
+    // SAFETY: the arguments match the reduce kernel's parameters in kernels/paged_attention.cu
+    // (pointers as u64, int as i32), and the buffers live until the step ends (stream order).
+    checked(unsafe { b.launch(cfg) })
+}
+
 /// Attention over the GPU paged cache for one step.
 pub struct GpuPagedAttention<'a> {
     pub cache: &'a mut GpuKvCache,
@@ -413,23 +489,7 @@ impl GpuPagedAttention<'_> {
         let step = self.step;
         let (t, hq, d) = q.dims3()?;
         let hkv = cache.num_kv_heads;
-        if t != step.tokens || d != cache.head_dim || k.dims3()? != (t, hkv, d) {
-            bail!(
-                "paged attention: q {:?} / k {:?} do not match the step ({} tokens, {hkv} KV heads \
-                 of {})",
-                q.dims(),
-                k.dims(),
-                step.tokens,
-                cache.head_dim
-            );
-        }
-        if q.dtype() != cache.model_dtype {
-            bail!(
-                "paged attention: q is {:?}, the cache {:?}",
-                q.dtype(),
-                cache.model_dtype
-            );
-        }
+        check_step(cache, step, q, k)?;
         let Some((kc, vc)) = cache.layer(layer) else {
             bail!("layer {layer} keeps no keys in the cache");
         };
@@ -449,18 +509,7 @@ impl GpuPagedAttention<'_> {
         // 2. attention, split over key partitions when the step is small
         let n = t * hq * d;
         // SAFETY: the attention (or its reduce) writes every element of the output.
-        let (storage, outp) = match q.dtype() {
-            DType::F32 => {
-                let s = unsafe { dev.alloc::<f32>(n)? };
-                let p = slice_ptr(dev, &s);
-                (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
-            }
-            _ => {
-                let s = unsafe { dev.alloc::<half::bf16>(n)? };
-                let p = slice_ptr(dev, &s);
-                (CudaStorage::wrap_cuda_slice(s, dev.clone()), p)
-            }
-        };
+        let (storage, outp) = unsafe { uninit_output(dev, q.dtype(), n)? };
         let g = hq / hkv;
         let variant_fn;
         let f = match self.variant {
@@ -515,19 +564,7 @@ impl GpuPagedAttention<'_> {
         // behind them live until the step ends; candle's stream orders any free after the launch.
         checked(unsafe { b.launch(cfg) })?;
         if step.num_parts > 1 {
-            let cfg = LaunchConfig {
-                grid_dim: (t as u32, hq as u32, 1),
-                block_dim: (d.next_multiple_of(32).min(256) as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = stream.launch_builder(&cache.reduce_fn);
-            b.arg(&outp)
-                .arg(&pop)
-                .arg(&pmp)
-                .arg(&hq_i)
-                .arg(&d_i)
-                .arg(&np_i);
-            checked(unsafe { b.launch(cfg) })?;
+            reduce_parts(cache, (t, hq, d), outp, (pop, pmp), step.num_parts)?;
         }
         Ok(Tensor::from_storage(
             Storage::Cuda(storage),
