@@ -409,6 +409,7 @@ impl Config {
                 )
             })
             .transpose()?;
+        check_rounds(&run, sample.is_some(), train.is_some(), origin)?;
         let eval = raw
             .eval
             .map(|t| read_section(text, origin, "eval", &t, EvalConfig::from_table))
@@ -424,7 +425,7 @@ impl Config {
                 )
             })
             .transpose()?;
-        check_rounds(&run, sample.is_some(), train.is_some(), origin)?;
+        check_round_keys(&run, sample.is_some(), origin)?;
         let mix = raw
             .mix
             .map(|m| validate_mix(m, base, origin, train.is_some(), run.rounds))
@@ -484,8 +485,7 @@ fn needs_data(data: bool, sample: bool, filter: bool, origin: &str) -> Result<()
     Ok(())
 }
 
-/// `run.rounds`, `run.train_from` and `run.resample_below` against the stages that rounds
-/// repeat.
+/// `run.rounds` against the stages that rounds repeat.
 fn check_rounds(
     run: &validate::Run,
     sample: bool,
@@ -502,6 +502,12 @@ fn check_rounds(
             ),
         ));
     }
+    Ok(())
+}
+
+/// `run.train_from` and `run.resample_below`, which act from round 2 on.
+fn check_round_keys(run: &validate::Run, sample: bool, origin: &str) -> Result<(), ConfigError> {
+    let err = |key: &str, msg: String| ConfigError(format!("{origin}: `{key}`: {msg}"));
     if run.train_from == TrainFrom::Base && run.rounds < 2 {
         return Err(err(
             "run.train_from",

@@ -503,8 +503,9 @@ mod tests {
         model.set_candle_sampling().unwrap();
         let one = count_step(&model, &small, true, (1, 1, 64)).unwrap();
         let many = count_step(&model, &small, true, (64, 1, 64)).unwrap();
-        // the mixer of a GDN layer: the state kept, four projections, the two kernels, the out
-        // projection, the state gather and scatter; the same at any batch
+        // the mixer of a GDN layer's five ops: the state kept, four projections, the two
+        // kernels, the state gather and scatter (the out projection is a `linear`); the same at
+        // any batch
         let mixer = |c: &Counts| {
             let i = small
                 .layer_kinds

@@ -53,11 +53,6 @@ fn read_table(path: &Path) -> Result<toml::Table> {
     }
 }
 
-/// Reads train settings from `path`: its `[train]` table, or the whole file.
-pub fn read_settings(path: &Path) -> Result<TrainSettings> {
-    settings(Some(path), toml::Table::new())
-}
-
 /// The settings of the file at `path` (or the defaults) with the keys of `flags` over them:
 /// an error names the file and key, or the flag.
 fn settings(path: Option<&Path>, flags: toml::Table) -> Result<TrainSettings> {
@@ -70,17 +65,32 @@ fn settings(path: Option<&Path>, flags: toml::Table) -> Result<TrainSettings> {
         None => e.to_string(),
     };
     let typed: Vec<String> = flags.keys().cloned().collect();
+    // a step size typed replaces the file's, whichever of the two keys it uses
+    for (k, other) in [
+        ("rows_per_step", "tokens_per_step"),
+        ("tokens_per_step", "rows_per_step"),
+    ] {
+        if flags.contains_key(k) && !flags.contains_key(other) {
+            table.remove(other);
+        }
+    }
     table.extend(flags);
     let s: TrainSettings = table.try_into().map_err(|e: toml::de::Error| {
         anyhow::anyhow!(file(&crate::config::plain_message(e.message().trim())))
     })?;
     s.validate().map_err(|e| {
-        // the message starts with its key's name: a flag's, or the file's
-        let key = e.split([' ', '[', ':']).next().unwrap_or_default();
+        // the keys it names (its first word is its key's): the flags typed among them, else
+        // the file's
+        let words: Vec<&str> = e
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .collect();
+        let flags: Vec<String> = typed
+            .iter()
+            .filter(|k| words.contains(&k.as_str()))
+            .map(|k| format!("--{}", k.replace('_', "-")))
+            .collect();
         match path {
-            _ if typed.iter().any(|k| k == key) => {
-                anyhow::anyhow!("--{}: {e}", key.replace('_', "-"))
-            }
+            _ if !flags.is_empty() => anyhow::anyhow!("{}: {e}", flags.join(", ")),
             Some(p) => anyhow::anyhow!("{}: `train.{e}", p.display()),
             None => anyhow::anyhow!("{e}"),
         }
@@ -88,11 +98,19 @@ fn settings(path: Option<&Path>, flags: toml::Table) -> Result<TrainSettings> {
     Ok(s)
 }
 
+/// The settings flags typed, as a `[train]` table (`--no-decay ""`: an empty list).
+fn typed_flags(settings: &TrainSettings, matches: &clap::ArgMatches) -> Result<toml::Table> {
+    let mut flags = toml::Table::try_from(settings)?;
+    flags.retain(|k, _| super::typed(matches, k));
+    if let Some(toml::Value::Array(names)) = flags.get_mut("no_decay") {
+        names.retain(|n| n.as_str() != Some(""));
+    }
+    Ok(flags)
+}
+
 /// `matches`: the subcommand's, which say which settings flags the user typed.
 pub fn run(a: &TrainArgs, matches: &clap::ArgMatches) -> Result<()> {
-    let mut flags = toml::Table::try_from(&a.settings)?;
-    flags.retain(|k, _| super::typed(matches, k));
-    let mut s = settings(a.config.as_deref(), flags)?;
+    let mut s = settings(a.config.as_deref(), typed_flags(&a.settings, matches)?)?;
     s.model = None;
     let job = TrainJob {
         settings: s,
@@ -126,9 +144,7 @@ mod tests {
             .try_get_matches_from(base.iter().chain(args))
             .map_err(|e| anyhow::anyhow!("{e}"))?;
         let a = TrainArgs::from_arg_matches(&m)?;
-        let mut flags = toml::Table::try_from(&a.settings)?;
-        flags.retain(|k, _| crate::cmd::typed(&m, k));
-        settings(a.config.as_deref(), flags)
+        settings(a.config.as_deref(), typed_flags(&a.settings, &m)?)
     }
 
     #[test]
@@ -196,6 +212,22 @@ mod tests {
         assert_eq!(s.compute_dtype, crate::train::settings::ComputeDtype::Bf16);
         assert_eq!(s.no_decay, ["norm", "bias", "embed"]);
         assert_eq!(s.max_steps, Some(7));
+        // a bool either way, bare for true; an empty list; a step size replacing the file's
+        std::fs::write(&path, "[train]\nrecompute = true\nrows_per_step = 8\n").unwrap();
+        let s = parse(&["--config", p, "--recompute", "false", "--no-decay", ""]).unwrap();
+        assert!(!s.recompute);
+        assert!(s.no_decay.is_empty());
+        assert_eq!(s.rows_per_step, Some(8));
+        let s = parse(&[
+            "--config",
+            p,
+            "--stochastic-rounding",
+            "--tokens-per-step",
+            "512",
+        ]);
+        let s = s.unwrap();
+        assert!(s.stochastic_rounding && s.recompute);
+        assert_eq!((s.rows_per_step, s.tokens_per_step), (None, Some(512)));
     }
 
     #[test]
@@ -204,6 +236,9 @@ mod tests {
         assert!(e.starts_with("--lr: lr must be a positive number"), "{e}");
         let e = parse(&["--max-steps", "0"]).unwrap_err().to_string();
         assert!(e.starts_with("--max-steps: max_steps"), "{e}");
+        // a message naming two keys names the flag typed among them
+        let e = parse(&["--max-seq-len", "8192"]).unwrap_err().to_string();
+        assert!(e.starts_with("--max-seq-len: micro_batch_tokens"), "{e}");
         let e = parse(&["--betas", "0.9"]).unwrap_err().to_string();
         assert!(e.contains("--betas") && e.contains("B1,B2"), "{e}");
         let e = parse(&["--compute-dtype", "f16"]).unwrap_err().to_string();

@@ -134,10 +134,10 @@ pub struct TrainSettings {
     pub max_seq_len: usize,
     /// Pack several rows into one micro-batch (attention stays inside each row).
     #[serde(default = "d_true")]
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub packing: bool,
     #[serde(default = "d_true")]
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub shuffle: bool,
     #[serde(default)]
     #[arg(long, default_value_t = Default::default())]
@@ -163,20 +163,20 @@ pub struct TrainSettings {
     /// Keep AdamW's moments in host memory (a GPU run whose device memory cannot hold them): each
     /// update moves them over in slices and back. Same numbers, PCIe time per step.
     #[serde(default)]
-    #[arg(long)]
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub optimizer_offload: bool,
     /// With `optimizer_state = "bf16"`: round updates stochastically (unbiased, so small updates
     /// survive on average).
     #[serde(default)]
-    #[arg(long)]
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub stochastic_rounding: bool,
     /// With `optimizer_state = "bf16"` and no stochastic rounding: run anyway (loud warning).
     #[serde(default)]
-    #[arg(long)]
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub allow_lossy_state: bool,
     /// Recompute each layer's activations in the backward pass (memory for time).
     #[serde(default)]
-    #[arg(long)]
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub recompute: bool,
     /// Completion tokens per chunk of the LM head and loss; 0 = all at once.
     #[serde(default = "d_chunk")]

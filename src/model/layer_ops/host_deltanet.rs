@@ -14,6 +14,7 @@ use rayon::prelude::*;
 
 use super::super::attention::AttentionBackend;
 use super::super::config::LinearAttention;
+use super::super::cost::Cost;
 use super::super::packed::inv_rms;
 
 /// A Gated DeltaNet's other weights as host values.
@@ -186,10 +187,11 @@ impl HostDeltaNet {
 }
 
 impl HostDeltaState<'_> {
-    /// Hands the states back to a backend that did not lend them.
-    pub fn store(self) -> Result<()> {
+    /// Hands the states back to a backend that did not lend them; what the backend's calls for
+    /// them issued.
+    pub fn store(self) -> Result<Cost> {
         match self {
-            HostDeltaState::Lent { .. } => Ok(()),
+            HostDeltaState::Lent { .. } => Ok(Cost::default()),
             HostDeltaState::Copied {
                 seq_lens,
                 flat,
@@ -199,7 +201,8 @@ impl HostDeltaState<'_> {
             } => {
                 let n = seq_lens.len();
                 let state = Tensor::from_vec(flat, (n, values), &Device::Cpu)?;
-                backend.store_recurrent_state(layer, state)
+                backend.store_recurrent_state(layer, state)?;
+                Ok(backend.take_cost())
             }
         }
     }

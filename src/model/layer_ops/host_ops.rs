@@ -519,7 +519,8 @@ impl LayerOps for HostOps {
     }
 
     fn store_deltanet_state(&mut self, state: HostDeltaState<'_>) -> Result<()> {
-        state.store()
+        self.spent += state.store()?;
+        Ok(())
     }
 
     fn take_cost(&mut self) -> Cost {

@@ -151,8 +151,9 @@ fn decode_counts(name: &str) -> Vec<(LayerKind, usize, Cost)> {
 /// for its own kernels), pinned as upper bounds that the GPU work lowers (its target: at most 10
 /// launches per attention layer and per MLP, no allocation inside a step). Not in these: the
 /// attention backend's own kernels (the contiguous backend here launches none), and the GPU's
-/// Gated DeltaNet decode kernels (a CPU runs the candle loop, one pass per sequence, which the
-/// GPU replaces with two kernels for the whole batch).
+/// Gated DeltaNet decode kernels (a CPU runs candle's ops: the conv once for the step, then the
+/// delta rule a sequence at a time, which the GPU replaces with two kernels for the whole
+/// batch).
 #[test]
 fn a_decode_step_keeps_within_its_budget() {
     // (shape, kind): launches and allocations per layer; no copies, no syncs inside a layer

@@ -411,7 +411,8 @@ pub struct GpuPagedAttention<'a> {
 }
 
 impl AttentionBackend for GpuPagedAttention<'_> {
-    /// The sequences' states from their slots (on the host), moved to the device.
+    /// The sequences' states gathered from their slots (in GPU memory, or on the host and
+    /// moved to the device).
     fn recurrent_state(
         &mut self,
         layer: usize,
