@@ -166,8 +166,8 @@ pub fn budget(cfg: &ModelConfig, params: u64, s: &TrainSettings) -> Budget {
 /// f32 copies of its logits, the update's nine f32 temporaries per slice.
 pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share: f64) -> Budget {
     let compute = s.compute();
-    let cb = compute.size_in_bytes() as u64; // bytes per computed value
-                                             // our CPU ops (f32 on the CPU), or the device-generic composition
+    // bytes per computed value; our CPU ops (f32 on the CPU), or the device-generic composition
+    let cb = compute.size_in_bytes() as u64;
     let host_ops = !s.on_gpu() && compute == DType::F32 && s.ops == TrainOps::Auto;
     let tokens = s.micro_batch_tokens as u64;
     let seq = s.max_seq_len as u64;
@@ -181,20 +181,8 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
     // bf16 on the CPU: the matmuls' f32 copies (`emulated_per_token`) and the layers' weights
     // in f32
     let emulated = cb < 4 && !s.on_gpu();
-    let emulation = |kind| {
-        if emulated {
-            emulated_per_token(cfg, kind)
-        } else {
-            0
-        }
-    };
-    let emulated_weights = |l: usize| {
-        if emulated {
-            cfg.layer_params(l) as u64 * 4
-        } else {
-            0
-        }
-    };
+    let emulation = |kind| u64::from(emulated) * emulated_per_token(cfg, kind);
+    let emulated_weights = |l: usize| u64::from(emulated) * cfg.layer_params(l) as u64 * 4;
     let layer_bytes = |kind| per_token_layer(kind) * tokens * cb + emulation(kind) * tokens;
     let all_layers: u64 = cfg.layer_kinds.iter().map(|k| layer_bytes(*k)).sum();
     // The backward's peak over what a layer keeps, in tenths (measured with `bench train`): an
