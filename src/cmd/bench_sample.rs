@@ -18,6 +18,7 @@ use crate::jobs::sample::settings::{LogitsEngine, SampleDtype};
 use crate::machine::{
     fma_peak, matmul_ceiling, packed_matmul_ceiling, packed_matmul_rate, read_bandwidth, CEILING_N,
 };
+use crate::model::clock;
 use crate::model::init::{random_model, shape};
 use crate::model::{LayerCache, LayerKind, ModelConfig, Transformer};
 use crate::sampler::engine::{Engine, EngineConfig, Request};
@@ -41,6 +42,11 @@ pub struct SampleBenchArgs {
     pub prompt_len: usize,
     #[arg(long, default_value_t = 32)]
     pub new_tokens: usize,
+    /// New tokens of the run split by op after each batch size's timed runs: the time between
+    /// consecutive ops (CUDA events on a GPU, the wall clock on the CPU), by layer kind and op;
+    /// 0 skips it.
+    #[arg(long, default_value_t = 32)]
+    pub split_tokens: usize,
     /// Runs per batch size; the best is reported (the machine's noise only ever slows a run).
     #[arg(long, default_value_t = 3)]
     pub repeat: usize,
@@ -97,6 +103,20 @@ fn timed_run(
     a: &SampleBenchArgs,
     sync_timing: bool,
 ) -> Result<(f64, f64, String)> {
+    timed_run_split(model, batch, prompt_len, new, a, sync_timing, false)
+}
+
+/// [`timed_run`]; with `split`, under the clock ([`clock`]: CUDA events on a GPU), the third
+/// figure being the decode steps' split by layer kind and op instead of the synchronised one.
+fn timed_run_split(
+    model: &Transformer,
+    batch: usize,
+    prompt_len: usize,
+    new: usize,
+    a: &SampleBenchArgs,
+    sync_timing: bool,
+    split: bool,
+) -> Result<(f64, f64, String)> {
     let cfg = model.config();
     let block_size = 16;
     let per_seq = (prompt_len + new).div_ceil(block_size) + 1;
@@ -120,7 +140,7 @@ fn timed_run(
         thinking: None,
     };
     let mut e = Engine::new(model, ecfg)?;
-    e.sync_timing = sync_timing;
+    e.sync_timing = sync_timing && !split;
     for b in 0..batch {
         e.add(Request {
             problem_id: format!("bench/{b}"),
@@ -134,11 +154,34 @@ fn timed_run(
     let prefill_s = t0.elapsed().as_secs_f64();
     let first = e.stats.generated_tokens;
     let at_prefill = e.stats.time;
-    let t1 = Instant::now();
-    while !e.is_idle() {
-        e.step(None)?;
+    if split {
+        clock::start(model.device(), "decode")?;
     }
+    let t1 = Instant::now();
+    let run = (|| -> Result<()> {
+        while !e.is_idle() {
+            e.step(None)?;
+        }
+        Ok(())
+    })();
     let decode_s = t1.elapsed().as_secs_f64();
+    if split {
+        let s = clock::stop();
+        run?;
+        let s = s?;
+        let steps = new.saturating_sub(1).max(1) as f64;
+        return Ok((
+            (batch * prompt_len) as f64 / prefill_s.max(1e-9),
+            (e.stats.generated_tokens - first) as f64 / decode_s.max(1e-9),
+            format!(
+                "{:.3} ms per decode step between the first and last marks ({:.3} ms host wall), by op:\n{}",
+                1e3 * s.marked / steps,
+                1e3 * s.wall / steps,
+                s.table(0.005)
+            ),
+        ));
+    }
+    run?;
     // the split of the decode steps alone
     let (t, p) = (e.stats.time, at_prefill);
     let share = |x: f64, y: f64| 100.0 * (x - y) / decode_s.max(1e-9);
@@ -277,6 +320,14 @@ fn run_cpu(a: &SampleBenchArgs, cfg: &ModelConfig, batches: &[usize]) -> Result<
             100.0 * decode / roof.0
         );
         crate::outln!("       {split}");
+        if a.split_tokens > 0 {
+            let (_, _, split) =
+                timed_run_split(&model, b, a.prompt_len, a.split_tokens + 1, a, false, true)?;
+            crate::outln!(
+                "       time between ops (run of {} new tokens, wall clock): {split}",
+                a.split_tokens
+            );
+        }
         remember(a, "cpu", cfg, b, decode);
         if a.gemm_rates {
             crate::outln!("       {}", decode_gemm_rates(cfg, b));
@@ -448,6 +499,15 @@ fn run_gpu(
             "       time (run of {short} new tokens, synchronised between the parts of a step, \
              attention by CUDA events): {split}"
         );
+        if a.split_tokens > 0 {
+            let (_, _, split) =
+                timed_run_split(&model, b, a.prompt_len, a.split_tokens + 1, a, false, true)?;
+            crate::outln!(
+                "       time by CUDA events between ops (run of {} new tokens, no \
+                 synchronisation inside a step): {split}",
+                a.split_tokens
+            );
+        }
     }
     Ok(())
 }

@@ -16,6 +16,8 @@ use std::time::Instant;
 use anyhow::Result;
 use candle_core::Device;
 
+use crate::model::clock;
+use crate::model::layer_ops::{Counts, Place};
 use crate::train::settings::{ComputeDtype, TrainOps};
 
 use crate::train::adamw::{AdamW, AdamWConfig};
@@ -329,40 +331,36 @@ impl<'a> Bench<'a> {
         Ok(())
     }
 
-    /// Where a step's time goes, for a configuration. A forward alone is timed only without
-    /// recompute: with it, a forward outside the recompute path would hold every layer's
-    /// activations (what recompute exists to avoid, ~36 GiB at Qwen3-4B x 4,096 tokens).
+    /// Where a step's time goes, for a configuration: one more step under the clock
+    /// ([`clock`]: CUDA events on a GPU, the wall clock on the CPU), split by phase (forward,
+    /// head, backward with its recompute, optimizer), layer kind and op, printed when it ends.
     fn time_split(&mut self, recompute: bool, chunked: bool) -> Result<()> {
         let dev = self.dev.clone();
-        let fwd = if recompute {
-            None
-        } else {
-            let toks = candle_core::Tensor::new(self.batch.tokens.as_slice(), &dev)?;
-            let pos = candle_core::Tensor::new(self.batch.positions.as_slice(), &dev)?;
-            let mut attn = crate::model::attention::CausalAttention::with_composed(
-                self.batch.seq_lens.clone(),
-                self.t.model.composed(),
-            );
-            let t0 = Instant::now();
-            let h = self.t.model.forward_hidden(&toks, &pos, &mut attn)?;
-            dev.synchronize()?;
-            drop(h);
-            Some(t0.elapsed().as_secs_f64())
-        };
-        let t0 = Instant::now();
-        let grads = self.gradients(self.options(recompute, chunked))?;
-        dev.synchronize()?;
-        let fwd_bwd = t0.elapsed().as_secs_f64();
-        let t0 = Instant::now();
-        self.opt.step(&grads, 1e-5, Some(1.0))?;
-        dev.synchronize()?;
-        let adam = t0.elapsed().as_secs_f64();
-        let fwd = fwd.map_or("forward not timed alone under recompute".into(), |f| {
-            format!("forward {f:.2}s")
-        });
+        let g = self.options(recompute, chunked);
+        clock::start(&dev, "forward")?;
+        let run = (|| -> Result<()> {
+            let mut counts = Counts::timing();
+            let mut sums = GradSums::new(self.t.named_vars().len());
+            self.t
+                .accumulate_counted(&self.batch, self.scale, g, &mut sums, Some(&mut counts))?;
+            let grads = sums.finish(self.t.named_vars())?;
+            clock::mark(Place::Outside, "grad_sums");
+            clock::phase("optimizer");
+            self.opt.step(&grads, 1e-5, Some(1.0))?;
+            Ok(())
+        })();
+        let split = clock::stop();
+        run?;
+        let split = split?;
         crate::outln!(
-            "time split of a step: {fwd}, forward + head + backward {fwd_bwd:.2}s, AdamW \
-             {adam:.2}s"
+            "time split of a step (recompute {recompute}, chunked {chunked}; {}; rows under 1% \
+             summed):\n{}",
+            if dev.is_cpu() {
+                "wall time"
+            } else {
+                "CUDA events"
+            },
+            split.table(0.01)
         );
         Ok(())
     }

@@ -7,6 +7,7 @@
 
 pub mod attention;
 pub mod cards;
+pub mod clock;
 pub mod config;
 pub mod cost;
 pub mod cpu_op;

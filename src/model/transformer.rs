@@ -189,13 +189,20 @@ impl Transformer {
     ) -> Result<Tensor> {
         let (mut rope_cost, mut embed_cost) = (Cost::default(), Cost::default());
         let rope = StepRope::new(&self.rope, positions, self.exec, &mut rope_cost)?;
+        if let Some(c) = count.as_mut() {
+            c.counts.add(Place::Outside, "rope_rows", rope_cost);
+        }
         let x = self.embed_counted(tokens, &mut embed_cost)?; // (T, hidden)
         let mode = match &count {
             None => CountMode::Off,
+            Some(c) if c.counts.timing => CountMode::Off,
             Some(c) if c.as_cuda => CountMode::AsCuda,
             Some(_) => CountMode::On,
         };
-        let counts = count.as_mut().map(|c| &mut *c.counts);
+        let mut counts = count.as_mut().map(|c| &mut *c.counts);
+        if let Some(c) = counts.as_deref_mut() {
+            c.add(Place::Outside, "embedding", embed_cost);
+        }
         let x = match &self.host_layers {
             // packed for the CPU: the residual stream stays one host buffer through the layers
             Some(layers) => {
@@ -212,8 +219,6 @@ impl Transformer {
         let mut norm_cost = Cost::default();
         let h = self.norm.forward_counted(&x, self.exec, &mut norm_cost)?;
         if let Some(c) = count {
-            c.counts.add(Place::Outside, "embedding", embed_cost);
-            c.counts.add(Place::Outside, "rope_rows", rope_cost);
             c.counts.add(Place::Outside, "final_norm", norm_cost);
         }
         Ok(h)
@@ -332,7 +337,9 @@ impl Transformer {
         match counts {
             None => self.layers[i].forward(&mut o, i, x.clone(), rows, attn),
             Some(c) => {
-                o.count = CountMode::On;
+                if !c.timing {
+                    o.count = CountMode::On;
+                }
                 let mut o = Counting::new(o, c);
                 o.at(Place::Layer(i, kind));
                 self.layers[i].forward(&mut o, i, x.clone(), rows, attn)

@@ -19,6 +19,7 @@ use super::kv_cache::{KvCache, PagedAttention, SeqStep};
 use super::params::SamplingParams;
 use super::sampling::CandidateRow;
 use super::state_slots::StepSlots;
+use crate::model::layer_ops::Place;
 use crate::model::{ModelConfig, Transformer};
 
 /// A step's logits rows, end to end.
@@ -167,7 +168,8 @@ impl Backend {
                 if let Some((states, slots)) = step.states {
                     attn = attn.with_states(states, slots);
                 }
-                let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
+                crate::model::clock::mark(Place::Outside, "step_inputs");
+                let h = forward_marked(model, &tokens, &positions, &mut attn)?;
                 Ok((h, attn.seconds))
             }
             #[cfg(feature = "cuda")]
@@ -186,7 +188,8 @@ impl Backend {
                     states: step.states,
                     spent: Default::default(),
                 };
-                let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
+                crate::model::clock::mark(Place::Outside, "step_inputs");
+                let h = forward_marked(model, &tokens, &positions, &mut attn)?;
                 let seconds = attn.device_seconds()?;
                 Ok((h, seconds))
             }
@@ -271,4 +274,23 @@ impl Backend {
             }
         }
     }
+}
+
+/// The model's forward; under a running clock ([`crate::model::clock`]) with a mark after each
+/// op (the counting wrapper carrying the marks, nothing counted).
+fn forward_marked(
+    model: &Transformer,
+    tokens: &Tensor,
+    positions: &Tensor,
+    attn: &mut dyn crate::model::attention::AttentionBackend,
+) -> Result<Tensor> {
+    if !crate::model::clock::running() {
+        return Ok(model.forward_hidden(tokens, positions, attn)?);
+    }
+    let mut counts = crate::model::layer_ops::Counts::timing();
+    let count = crate::model::transformer::CountInto {
+        counts: &mut counts,
+        as_cuda: false,
+    };
+    Ok(model.forward_hidden_counted(tokens, positions, attn, Some(count))?)
 }

@@ -31,6 +31,8 @@ use super::params::SamplingParams;
 use super::sampling::{sample, stop_string_hit, SampleRng, Sampled, Scratch};
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, SeqState};
 use super::state_slots::{SavedState, StateSlots};
+use crate::model::clock;
+use crate::model::layer_ops::Place;
 use crate::model::Transformer;
 
 /// Why a sample ended.
@@ -435,7 +437,14 @@ impl<'m> Engine<'m> {
         // thread to sleep until it is done; run on one of the pool's threads, the loops split
         // with the other workers, which stay awake between them.
         if self.backend.is_host() && rayon::current_thread_index().is_none() {
-            return rayon::scope(|_| self.step_inner(decode));
+            // a running clock goes with the step, and comes back
+            let carried = clock::take();
+            let (r, carried) = rayon::scope(|_| {
+                clock::put(carried);
+                (self.step_inner(decode), clock::take())
+            });
+            clock::put(carried);
+            return r;
         }
         self.step_inner(decode)
     }
@@ -488,10 +497,12 @@ impl<'m> Engine<'m> {
             return Ok(Vec::new());
         }
         let logits = self.logits(&hidden, &rows)?;
+        clock::mark(Place::Outside, "lm_head");
         self.sync_device(&dev)?;
         let t3 = Instant::now();
         self.stats.time.lm_head += (t3 - t2).as_secs_f64();
         let finished = self.sample_rows(samplers, logits, decode)?;
+        clock::mark(Place::Outside, "sampling");
         self.stats.time.sampling += t3.elapsed().as_secs_f64();
         Ok(finished)
     }

@@ -17,9 +17,11 @@ use candle_core::{DType, Tensor, Var};
 use super::loss::PackedBatch;
 use super::Trainable;
 use crate::model::attention::CausalAttention;
+use crate::model::clock;
 use crate::model::cost::{backward_counted, Cost};
 use crate::model::layer_ops::{Counts, Place};
 use crate::model::ops::{cat_cost, matmul, matmul_cost};
+use crate::model::transformer::CountInto;
 
 /// Adds `cost` at `place` to the counts, when counting.
 fn note(counts: &mut Option<&mut Counts>, place: Place, what: &'static str, cost: Cost) {
@@ -332,22 +334,32 @@ impl Trainable {
         let w = m.lm_head_weight().detach();
         let (chunk, host) = (opt.loss_chunk_tokens, !m.composed());
         let mut spent = Cost::default();
+        let out = Place::Outside;
+        let counting = counts.as_ref().is_some_and(|c| !c.timing);
+        clock::phase("forward");
+        note(&mut counts, out, "inputs", Cost::UPLOAD * 2);
         if !opt.recompute {
-            if counts.is_some() {
+            if counting {
                 anyhow::bail!("counts follow the recompute path (each layer's backward alone)");
             }
-            let hidden = m.forward_hidden(&tokens, &positions, &mut attn)?;
+            let count = counts.as_deref_mut().map(|counts| CountInto {
+                counts,
+                as_cuda: false,
+            });
+            let hidden = m.forward_hidden_counted(&tokens, &positions, &mut attn, count)?;
+            clock::phase("head");
             let (loss, gh, gw) =
                 head_grads(&hidden.detach(), &w, b, scale, chunk, host, &mut spent)?;
+            note(&mut counts, out, "head_loss", spent);
+            clock::phase("backward");
             let store = (hidden * gh)?.sum_all()?.backward()?;
+            note(&mut counts, out, "backward", Cost::default());
             self.take(&store, sums)?;
             sums.add(self.head, &gw)?;
+            note(&mut counts, out, "grad_sums", Cost::default());
             return Ok(loss);
         }
-        let counting = counts.is_some();
         attn.count = counting;
-        let out = Place::Outside;
-        note(&mut counts, out, "inputs", Cost::UPLOAD * 2);
         // Forward, keeping only each layer's input.
         let rope = m.rope_rows_counted(&positions, &mut spent)?;
         note(&mut counts, out, "rope_rows", std::mem::take(&mut spent));
@@ -361,6 +373,7 @@ impl Trainable {
         }
         attn.take_backward_cost(); // this pass has no backward
                                    // The norm and the head.
+        clock::phase("head");
         let x = Var::from_tensor(&xs.pop().expect("layers + 1 inputs"))?;
         note(&mut counts, out, "input_var", Cost::kernels(1));
         let hidden = m.final_norm_counted(x.as_tensor(), &mut spent)?;
@@ -370,6 +383,7 @@ impl Trainable {
         note(&mut counts, out, "grad_sums", sums.add(self.head, &gw)?);
         let (mut gx, c) = self.drive(&hidden, gh, &x, sums, counting)?;
         note(&mut counts, out, "final_norm_backward", c);
+        clock::phase("backward");
         // Each layer again, last to first.
         for i in (0..layers).rev() {
             let place = Place::Layer(i, m.config().layer_kinds[i]);

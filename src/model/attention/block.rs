@@ -16,6 +16,7 @@ use candle_core::{
     CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor, D,
 };
 
+use crate::model::clock;
 use crate::model::cost::Cost;
 use crate::model::ops::matmul;
 
@@ -233,6 +234,8 @@ impl CustomOp3 for Attach {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // a timed run: the backward of what came after the attention ends here
+        clock::mark_here("backward");
         let (l, hq, hkv, d) = self.shape;
         let dtype = q.dtype();
         let (qh, kh, vh) = heads_first(q, k, v)?;
@@ -276,7 +279,9 @@ impl CustomOp3 for Attach {
                 .transpose(0, 1)?
                 .contiguous()
         };
-        Ok((Some(dq), Some(fold(dk)?), Some(fold(dv)?)))
+        let grads = (Some(dq), Some(fold(dk)?), Some(fold(dv)?));
+        clock::mark_here("attend_backward");
+        Ok(grads)
     }
 }
 

@@ -142,6 +142,8 @@ impl CustomOp3 for FusedCausal {
         res: &Tensor,
         grad_res: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        // a timed run: the backward of what came after the attention ends here
+        crate::model::clock::mark_here("backward");
         let dims = Dims::of(q.dims(), k.dims(), v.dims(), &self.seq_lens, self.window)?;
         let grad_res = grad_res.contiguous()?;
         let views = [view(q)?, view(k)?, view(v)?, view(res)?, view(&grad_res)?];
@@ -175,11 +177,13 @@ impl CustomOp3 for FusedCausal {
                 unsafe { kernels::backward(ins, ptrs, dims, start, len, g) }
             });
         let dev = q.device();
-        Ok((
+        let grads = (
             Some(Tensor::from_vec(dq, q.shape(), dev)?),
             Some(Tensor::from_vec(dk, k.shape(), dev)?),
             Some(Tensor::from_vec(dv, v.shape(), dev)?),
-        ))
+        );
+        crate::model::clock::mark_here("attend_backward");
+        Ok(grads)
     }
 }
 
