@@ -6,7 +6,7 @@
 //! device waits between the ops, and that wait is the time of the op the host was launching:
 //! a split says where the step's time goes, whichever side is the bound.
 //!
-//! Marks come from the counting wrapper ([`super::layer_ops::Counts::add`]) and from the few
+//! Marks come from the counting wrapper (`layer_ops::Counts::add`) and from the few
 //! places outside the ops that bracket work of their own (an attention backward inside candle's
 //! backward pass, the optimizer). With no clock installed, a mark is one thread-local read.
 //! Knows nothing of what the ops compute.
@@ -18,7 +18,6 @@ use std::time::Instant;
 use candle_core::{Device, Result};
 
 use super::config::LayerKind;
-use super::layer_ops::Place;
 
 /// One mark's time.
 enum Stamp {
@@ -33,7 +32,8 @@ type Key = (&'static str, Option<LayerKind>, &'static str);
 struct Clock {
     dev: Device,
     phase: &'static str,
-    place: Place,
+    /// The layer kind of the last mark.
+    kind: Option<LayerKind>,
     start: Instant,
     /// The first stamp, then one per mark with the key of the work it closes.
     first: Stamp,
@@ -79,7 +79,7 @@ pub fn start(dev: &Device, phase: &'static str) -> Result<()> {
     let clock = Clock {
         dev: dev.clone(),
         phase,
-        place: Place::Outside,
+        kind: None,
         start: Instant::now(),
         first: stamp(dev)?,
         marks: Vec::new(),
@@ -118,15 +118,12 @@ pub fn phase(name: &'static str) {
     });
 }
 
-/// Closes the work since the last mark as `op` at `place` (nothing without a clock).
-pub fn mark(place: Place, op: &'static str) {
+/// Closes the work since the last mark as `op` in a layer of `kind` (`None`: outside the
+/// layers); nothing without a clock.
+pub fn mark(kind: Option<LayerKind>, op: &'static str) {
     CLOCK.with(|c| {
         if let Some(clock) = c.borrow_mut().as_mut() {
-            clock.place = place;
-            let kind = match place {
-                Place::Layer(_, k) => Some(k),
-                Place::Outside => None,
-            };
+            clock.kind = kind;
             // a stamp that cannot be taken loses this mark's split, never the work
             if let Ok(s) = stamp(&clock.dev) {
                 clock.marks.push(((clock.phase, kind, op), s));
@@ -135,11 +132,11 @@ pub fn mark(place: Place, op: &'static str) {
     });
 }
 
-/// [`mark`] at the place of the last mark (for work that does not know its layer).
+/// [`mark`] in the layer kind of the last mark (for work that does not know its layer).
 pub fn mark_here(op: &'static str) {
-    let place = CLOCK.with(|c| c.borrow().as_ref().map(|clock| clock.place));
-    if let Some(p) = place {
-        mark(p, op);
+    let kind = CLOCK.with(|c| c.borrow().as_ref().map(|clock| clock.kind));
+    if let Some(k) = kind {
+        mark(k, op);
     }
 }
 
@@ -277,16 +274,16 @@ mod tests {
     /// marks.
     #[test]
     fn a_mark_closes_the_work_since_the_last() {
-        mark(Place::Outside, "before"); // no clock: nothing
+        mark(None, "before"); // no clock: nothing
         assert!(!running());
         start(&Device::Cpu, "forward").unwrap();
         std::thread::sleep(std::time::Duration::from_millis(30));
-        mark(Place::Layer(0, LayerKind::Attention), "attend");
+        mark(Some(LayerKind::Attention), "attend");
         mark_here("linear");
         phase("backward");
         std::thread::sleep(std::time::Duration::from_millis(10));
-        mark(Place::Outside, "head");
-        mark(Place::Layer(1, LayerKind::Attention), "attend");
+        mark(None, "head");
+        mark(Some(LayerKind::Attention), "attend");
         let s = stop().unwrap();
         assert!(!running());
         let phases = s.phases();

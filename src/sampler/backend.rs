@@ -19,7 +19,6 @@ use super::kv_cache::{KvCache, PagedAttention, SeqStep};
 use super::params::SamplingParams;
 use super::sampling::CandidateRow;
 use super::state_slots::StepSlots;
-use crate::model::layer_ops::Place;
 use crate::model::{ModelConfig, Transformer};
 
 /// A step's logits rows, end to end.
@@ -168,7 +167,7 @@ impl Backend {
                 if let Some((states, slots)) = step.states {
                     attn = attn.with_states(states, slots);
                 }
-                crate::model::clock::mark(Place::Outside, "step_inputs");
+                crate::model::clock::mark(None, "step_inputs");
                 let h = forward_marked(model, &tokens, &positions, &mut attn)?;
                 Ok((h, attn.seconds))
             }
@@ -188,7 +187,7 @@ impl Backend {
                     states: step.states,
                     spent: Default::default(),
                 };
-                crate::model::clock::mark(Place::Outside, "step_inputs");
+                crate::model::clock::mark(None, "step_inputs");
                 let h = forward_marked(model, &tokens, &positions, &mut attn)?;
                 let seconds = attn.device_seconds()?;
                 Ok((h, seconds))

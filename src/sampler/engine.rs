@@ -32,7 +32,6 @@ use super::sampling::{sample, stop_string_hit, SampleRng, Sampled, Scratch};
 use super::scheduler::{Scheduler, SchedulerConfig, SeqId, SeqState};
 use super::state_slots::{SavedState, StateSlots};
 use crate::model::clock;
-use crate::model::layer_ops::Place;
 use crate::model::Transformer;
 
 /// Why a sample ended.
@@ -497,12 +496,12 @@ impl<'m> Engine<'m> {
             return Ok(Vec::new());
         }
         let logits = self.logits(&hidden, &rows)?;
-        clock::mark(Place::Outside, "lm_head");
+        clock::mark(None, "lm_head");
         self.sync_device(&dev)?;
         let t3 = Instant::now();
         self.stats.time.lm_head += (t3 - t2).as_secs_f64();
         let finished = self.sample_rows(samplers, logits, decode)?;
-        clock::mark(Place::Outside, "sampling");
+        clock::mark(None, "sampling");
         self.stats.time.sampling += t3.elapsed().as_secs_f64();
         Ok(finished)
     }

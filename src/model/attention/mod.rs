@@ -16,6 +16,10 @@
 //! | `sampler::window_ring` | a sliding window's ring | CPU host kernel | none |
 //! | `sampler::gpu::paged::GpuPagedAttention` | the paged GPU cache | CUDA (`kernels/paged_attention.cu`) | none |
 //!
+//! [`flash`] is FlashAttention-2's tiling (query and key tiles, the online softmax, the backward
+//! by key tiles) in plain Rust, checked against the definition on the CPU: what the training
+//! attention kernels follow (issue 51), not a path any backend takes.
+//!
 //! The paged ones live with their caches (they read the sampler's block tables); one
 //! conformance test (`sampler::attention_conformance`) runs every implementation a CPU has over
 //! one table of shapes, GQA ratios, packed lengths and windows against [`attend_one`], and
@@ -24,6 +28,7 @@
 //! its end ([`AttentionBackend::recurrent_state`]). Knows nothing of weights.
 
 pub mod block;
+pub mod flash;
 pub mod fused;
 
 use candle_core::{DType, Device, Result, Tensor, D};

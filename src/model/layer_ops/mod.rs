@@ -238,6 +238,16 @@ pub enum Place {
     Outside,
 }
 
+impl Place {
+    /// The layer kind (`None` outside the layers).
+    pub fn kind(self) -> Option<LayerKind> {
+        match self {
+            Place::Layer(_, k) => Some(k),
+            Place::Outside => None,
+        }
+    }
+}
+
 /// The costs of a stretch of work (a step, a micro-batch), by place and op. Each call added is
 /// also a mark of this thread's clock, when one runs ([`crate::model::clock`]).
 #[derive(Debug, Clone, Default)]
@@ -260,7 +270,7 @@ impl Counts {
 
     /// Adds a call's cost.
     pub fn add(&mut self, place: Place, op: &'static str, cost: Cost) {
-        crate::model::clock::mark(place, op);
+        crate::model::clock::mark(place.kind(), op);
         let e = self.by_op.entry((place, op)).or_default();
         e.0 += 1;
         e.1 += cost;
