@@ -844,3 +844,146 @@ fn seeded_gpu_samples_are_the_same_at_max_num_seqs_1_and_64() {
         }
     }
 }
+
+/// Max |a - b| over f32 copies, and max |b|.
+fn max_abs(a: &[f32], b: &[f32]) -> (f64, f64) {
+    assert_eq!(a.len(), b.len());
+    assert!(a.iter().all(|x| x.is_finite()), "non-finite output");
+    let d = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| f64::from((x - y).abs()))
+        .fold(0.0, f64::max);
+    (d, b.iter().map(|y| f64::from(y.abs())).fold(0.0, f64::max))
+}
+
+fn host(t: &Tensor) -> Vec<f32> {
+    t.to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// The FlashAttention-2 kernels (`kernels/flash_attention.cu`) against their tiling on the CPU
+/// (`model::attention::flash`, f32, on the same bf16-rounded inputs), forward and backward: GQA
+/// 1:1, 4:1 and 8:1, head_dim 64, 128 and 256, packed sequences of lengths that are not a
+/// multiple of a tile (one of one token), sliding windows. The tolerance is the spread of the
+/// path the GPU trained with before these kernels, the block attention in bf16 (candle's ops
+/// and autograd), against the same reference: the kernels may be off by at most twice as much.
+#[test]
+fn flash_attention_kernels_follow_their_tiling() {
+    use selfdistill::cuda::flash_attention as fa;
+    use selfdistill::model::attention::{block, flash};
+    let dev = gpu();
+    // (query heads, KV heads, head_dim, sequence lengths, window)
+    type Case<'a> = (usize, usize, usize, &'a [usize], Option<usize>);
+    let cases: &[Case] = &[
+        (32, 8, 128, &[300, 77], None),
+        (16, 4, 64, &[129], Some(50)),
+        (8, 1, 256, &[200, 1, 64], None),
+        (4, 4, 128, &[65], Some(3)),
+        (8, 2, 128, &[1000], Some(600)),
+    ];
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut draw = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                ((seed >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0) as f32
+            })
+            .collect()
+    };
+    let mut failed = Vec::new();
+    for &(hq, hkv, d, lens, window) in cases {
+        let t: usize = lens.iter().sum();
+        let what = format!("hq {hq} hkv {hkv} d {d} lens {lens:?} window {window:?}");
+        let bf = |x: Vec<f32>, h: usize| {
+            Tensor::from_vec(x, (t, h, d), &dev)
+                .unwrap()
+                .to_dtype(DType::BF16)
+                .unwrap()
+        };
+        let (q, k, v, d_o) = (
+            bf(draw(t * hq * d), hq),
+            bf(draw(t * hkv * d), hkv),
+            bf(draw(t * hkv * d), hkv),
+            bf(draw(t * hq * d), hq),
+        );
+        let heads = flash::Heads {
+            hq,
+            hkv,
+            d,
+            scale: 1.0 / (d as f32).sqrt(),
+            window,
+        };
+        let (hq_, hk_, hv_, hdo) = (host(&q), host(&k), host(&v), host(&d_o));
+        let (o_ref, lse_ref) = flash::forward(flash::KERNEL_TILES, &hq_, &hk_, &hv_, lens, heads);
+        let saved = flash::Saved {
+            o: &o_ref,
+            lse: &lse_ref,
+            d_o: &hdo,
+        };
+        let (dq_ref, dk_ref, dv_ref) =
+            flash::backward(flash::KERNEL_TILES, &hq_, &hk_, &hv_, saved, lens, heads);
+        // the kernels
+        let (o, lse) = fa::forward(&q, &k, &v, lens, window).unwrap();
+        let saved = fa::Saved {
+            o: &o,
+            lse: &lse,
+            d_o: &d_o,
+        };
+        let (dq, dk, dv) = fa::backward(&q, &k, &v, saved, lens, window).unwrap();
+        // the block attention in bf16, with candle's autograd, per sequence
+        let vars = [&q, &k, &v].map(|x| candle_core::Var::from_tensor(x).unwrap());
+        let mut outs = Vec::new();
+        let mut start = 0;
+        for &l in lens {
+            let n = |x: &candle_core::Var| x.as_tensor().narrow(0, start, l).unwrap();
+            outs.push(
+                block::causal(
+                    &n(&vars[0]),
+                    &n(&vars[1]),
+                    &n(&vars[2]),
+                    block::BLOCK,
+                    window,
+                )
+                .unwrap(),
+            );
+            start += l;
+        }
+        let o_block = Tensor::cat(&outs, 0).unwrap();
+        let grads = (o_block.to_dtype(DType::F32).unwrap() * d_o.to_dtype(DType::F32).unwrap())
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let g = |i: usize| host(grads.get(vars[i].as_tensor()).unwrap());
+        let pairs = [
+            ("o", host(&o), host(&o_block), &o_ref),
+            ("dq", host(&dq), g(0), &dq_ref),
+            ("dk", host(&dk), g(1), &dk_ref),
+            ("dv", host(&dv), g(2), &dv_ref),
+        ];
+        for (name, ours, theirs, reference) in pairs {
+            let (err, scale) = max_abs(&ours, reference);
+            let (spread, _) = max_abs(&theirs, reference);
+            println!(
+                "{what} {name}: kernel {err:.3e}, block bf16 {spread:.3e}, max |ref| {scale:.3e}"
+            );
+            if err > 2.0 * spread {
+                failed.push(format!(
+                    "{what}: {name} off by {err:e}, the bf16 block attention by {spread:e}"
+                ));
+            }
+        }
+        let (err, _) = max_abs(&host(&lse), &lse_ref);
+        println!("{what} lse: kernel {err:.3e}");
+    }
+    // every case printed first, then the failures together
+    assert!(failed.is_empty(), "{failed:#?}");
+}

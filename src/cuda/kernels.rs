@@ -16,6 +16,10 @@ pub const SAMPLING_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/sampling.
 /// `kernels/gated_deltanet.cu`, likewise.
 pub const GATED_DELTANET_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gated_deltanet.ptx"));
 
+/// `kernels/flash_attention.cu`, likewise.
+pub const FLASH_ATTENTION_PTX: &str =
+    include_str!(concat!(env!("OUT_DIR"), "/flash_attention.ptx"));
+
 /// `kernels/state_slots.cu`, likewise.
 pub const STATE_SLOTS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/state_slots.ptx"));
 

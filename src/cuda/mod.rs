@@ -2,9 +2,11 @@
 //! the sampler runs on, and the helpers that launch a kernel on candle's stream. The model runs
 //! on candle's CUDA backend (cuBLAS matmuls, candle's fused norm and RoPE kernels); the sampler's
 //! GPU side (`sampler::gpu`: the paged KV cache, its attention backend, the candidate draw; the
-//! recurrent layers' state slots) and the Gated DeltaNet decode step (`gated_deltanet`) use these
-//! kernels. Knows nothing of models, scheduling or sampling.
+//! recurrent layers' state slots), the Gated DeltaNet decode step (`gated_deltanet`) and
+//! training's attention (`flash_attention`) use these kernels. Knows nothing of models, scheduling or sampling.
 
+#[cfg(feature = "cuda")]
+pub mod flash_attention;
 #[cfg(feature = "cuda")]
 pub mod gated_deltanet;
 #[cfg(feature = "cuda")]

@@ -11,6 +11,7 @@
 //! | implementation | keys from | device | backward |
 //! |---|---|---|---|
 //! | [`fused`] ([`CausalAttention`], f32) | the step itself | CPU host kernel | its own |
+//! | `gpu_flash` ([`CausalAttention`], bf16) | the step itself | CUDA (`kernels/flash_attention.cu`) | its own kernel |
 //! | [`block`] ([`CausalAttention`], composed) | the step itself | any (candle) | candle's, with a recompute |
 //! | `sampler::kv_cache::PagedAttention` | the paged host cache | CPU host kernel | none |
 //! | `sampler::window_ring` | a sliding window's ring | CPU host kernel | none |
@@ -30,6 +31,8 @@
 pub mod block;
 pub mod flash;
 pub mod fused;
+#[cfg(feature = "cuda")]
+pub mod gpu_flash;
 
 use candle_core::{DType, Device, Result, Tensor, D};
 
@@ -176,7 +179,8 @@ impl CausalAttention {
 }
 
 impl AttentionBackend for CausalAttention {
-    /// The fused CPU kernel (f32 on the CPU); the block attention (every device) otherwise.
+    /// The fused CPU kernel (f32 on the CPU); on a GPU in bf16 at head_dim 64, 128 or 256 the
+    /// FlashAttention-2 kernels ([`gpu_flash`]); the block attention (every device) otherwise.
     fn attend(
         &mut self,
         _layer: usize,
@@ -191,6 +195,15 @@ impl AttentionBackend for CausalAttention {
                 self.backward += Cost::kernels(1);
             }
             return fused::fused_causal(q, k, v, &self.seq_lens, window);
+        }
+        #[cfg(feature = "cuda")]
+        if gpu_flash::supported(q) {
+            if self.count {
+                let (f, b) = gpu_flash::costs();
+                self.spent += f;
+                self.backward += b;
+            }
+            return gpu_flash::causal(q, k, v, &self.seq_lens, window);
         }
         let block = block::BLOCK;
         let mut outs = Vec::with_capacity(self.seq_lens.len());
