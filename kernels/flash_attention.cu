@@ -31,25 +31,35 @@ constexpr int THREADS = WARPS * 32;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
+// Shared tiles are padded (bf16 rows by 8, f32 rows by 4) so that the 16 rows of a fragment
+// start in 8 different banks: unpadded, rows of 128 bf16 or 64 f32 all start in bank 0, and
+// every fragment load or store is a 16-way bank conflict.
+__host__ __device__ constexpr int ld_h(int cols) { return cols + 8; }
+__host__ __device__ constexpr int ld_f(int cols) { return cols + 4; }
+
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> Acc;
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> ARow;
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::col_major> ACol;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> BRow;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> BCol;
 
-// dst[r][c] = src[((start + r0 + r) * heads + head) * D + c] for r < valid, else 0; rows < n.
-// 16-byte loads (D a multiple of 8, rows 16-byte aligned).
-template <int D>
+// dst[r][c] (row stride LD) = src[((start + r0 + r) * heads + head) * D + c] for r < valid,
+// else 0; N rows. 16-byte loads (D a multiple of 8, rows 16-byte aligned), unrolled so that
+// many are in flight at once.
+template <int D, int LD, int N>
 __device__ __forceinline__ void load_rows(bf16* dst, const bf16* __restrict__ src, int start,
-                                          int r0, int n, int valid, int heads, int head) {
+                                          int r0, int valid, int heads, int head) {
   constexpr int V = D / 8;
-  for (int idx = threadIdx.x; idx < n * V; idx += THREADS) {
+  static_assert((N * V) % THREADS == 0, "whole passes of the block");
+#pragma unroll
+  for (int pass = 0; pass < N * V / THREADS; pass++) {
+    const int idx = pass * THREADS + threadIdx.x;
     const int r = idx / V, c = (idx % V) * 8;
     uint4 x = make_uint4(0, 0, 0, 0);
     if (r < valid) {
       x = *reinterpret_cast<const uint4*>(src + ((int64_t)(start + r0 + r) * heads + head) * D + c);
     }
-    *reinterpret_cast<uint4*>(dst + r * D + c) = x;
+    *reinterpret_cast<uint4*>(dst + r * LD + c) = x;
   }
 }
 
@@ -104,10 +114,10 @@ __device__ __forceinline__ void gemm(float* out, int ldo, const bf16* a, int lda
   }
 }
 
-// Shared memory of the forward: Q, K, V tiles (bf16), S (f32), O (f32), P (bf16).
+// Shared memory of the forward: Q, K, V tiles (bf16), S (f32), O (f32), P (bf16), padded.
 template <int D, int BR, int BC>
 constexpr int fwd_shared() {
-  return (BR * D + 2 * BC * D) * 2 + (BR * BC + BR * D) * 4 + BR * BC * 2;
+  return (BR + 2 * BC) * ld_h(D) * 2 + BR * ld_f(BC) * 4 + BR * ld_f(D) * 4 + BR * ld_h(BC) * 2;
 }
 
 template <int D, int BR, int BC>
@@ -116,6 +126,7 @@ __device__ void flash_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k
                           float* __restrict__ lse, const int* __restrict__ starts, int total,
                           int hq, int hkv, float scale_log2, int window) {
   static_assert(BR == WARPS * 16, "a warp owns 16 query rows");
+  constexpr int LH = ld_h(D), LS = ld_f(BC), LO = ld_f(D), LP = ld_h(BC);
   const int seq = blockIdx.z, start = starts[seq], len = starts[seq + 1] - start;
   const int q0 = blockIdx.x * BR;
   if (q0 >= len) return;
@@ -123,14 +134,14 @@ __device__ void flash_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k
   const int rows = min(BR, len - q0);
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sQ = reinterpret_cast<bf16*>(smem);
-  bf16* sK = sQ + BR * D;
-  bf16* sV = sK + BC * D;
-  float* sS = reinterpret_cast<float*>(sV + BC * D);
-  float* sO = sS + BR * BC;
-  bf16* sP = reinterpret_cast<bf16*>(sO + BR * D);
+  bf16* sK = sQ + BR * LH;
+  bf16* sV = sK + BC * LH;
+  float* sS = reinterpret_cast<float*>(sV + BC * LH);
+  float* sO = sS + BR * LS;
+  bf16* sP = reinterpret_cast<bf16*>(sO + BR * LO);
 
-  load_rows<D>(sQ, q, start, q0, BR, rows, hq, h);
-  for (int x = threadIdx.x; x < BR * D; x += THREADS) sO[x] = 0.f;
+  load_rows<D, LH, BR>(sQ, q, start, q0, rows, hq, h);
+  for (int x = threadIdx.x; x < BR * LO; x += THREADS) sO[x] = 0.f;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int r = warp * 16 + lane / 2, half = lane & 1;  // two lanes per row
   const int i = q0 + r;
@@ -140,8 +151,8 @@ __device__ void flash_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k
   for (int k0 = kb; k0 < ke; k0 += BC) {
     const int n = min(BC, len - k0);
     __syncthreads();  // the last tile's K and V are no longer read
-    load_rows<D>(sK, k, start, k0, BC, n, hkv, g);
-    load_rows<D>(sV, v, start, k0, BC, n, hkv, g);
+    load_rows<D, LH, BC>(sK, k, start, k0, n, hkv, g);
+    load_rows<D, LH, BC>(sV, v, start, k0, n, hkv, g);
     __syncthreads();
     // this warp's 16 rows of S = Q K^T (K^T: K read column-major)
     for (int nt = 0; nt < BC / 16; nt++) {
@@ -151,15 +162,15 @@ __device__ void flash_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k
       for (int kk = 0; kk < D / 16; kk++) {
         ARow fa;
         BCol fb;
-        wmma::load_matrix_sync(fa, sQ + warp * 16 * D + kk * 16, D);
-        wmma::load_matrix_sync(fb, sK + nt * 16 * D + kk * 16, D);
+        wmma::load_matrix_sync(fa, sQ + warp * 16 * LH + kk * 16, LH);
+        wmma::load_matrix_sync(fb, sK + nt * 16 * LH + kk * 16, LH);
         wmma::mma_sync(acc, fa, fb, acc);
       }
-      wmma::store_matrix_sync(sS + warp * 16 * BC + nt * 16, acc, BC, wmma::mem_row_major);
+      wmma::store_matrix_sync(sS + warp * 16 * LS + nt * 16, acc, LS, wmma::mem_row_major);
     }
     __syncwarp();
-    float* srow = sS + r * BC;
-    bf16* prow = sP + r * BC;
+    float* srow = sS + r * LS;
+    bf16* prow = sP + r * LP;
     const int c0 = half * (BC / 2);
     float mx = -INFINITY;
     for (int c = c0; c < c0 + BC / 2; c++) {
@@ -183,22 +194,22 @@ __device__ void flash_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     l = l * alpha + sum;
     m = m_new;
-    float* orow = sO + r * D;
+    float* orow = sO + r * LO;
     for (int c = half * (D / 2); c < (half + 1) * (D / 2); c++) orow[c] *= alpha;
     __syncwarp();
     // this warp's 16 rows of O += P V
     for (int dt = 0; dt < D / 16; dt++) {
       Acc acc;
-      wmma::load_matrix_sync(acc, sO + warp * 16 * D + dt * 16, D, wmma::mem_row_major);
+      wmma::load_matrix_sync(acc, sO + warp * 16 * LO + dt * 16, LO, wmma::mem_row_major);
 #pragma unroll
       for (int kk = 0; kk < BC / 16; kk++) {
         ARow fa;
         BRow fb;
-        wmma::load_matrix_sync(fa, sP + warp * 16 * BC + kk * 16, BC);
-        wmma::load_matrix_sync(fb, sV + kk * 16 * D + dt * 16, D);
+        wmma::load_matrix_sync(fa, sP + warp * 16 * LP + kk * 16, LP);
+        wmma::load_matrix_sync(fb, sV + kk * 16 * LH + dt * 16, LH);
         wmma::mma_sync(acc, fa, fb, acc);
       }
-      wmma::store_matrix_sync(sO + warp * 16 * D + dt * 16, acc, D, wmma::mem_row_major);
+      wmma::store_matrix_sync(sO + warp * 16 * LO + dt * 16, acc, LO, wmma::mem_row_major);
     }
   }
   __syncwarp();
@@ -206,7 +217,7 @@ __device__ void flash_fwd(const bf16* __restrict__ q, const bf16* __restrict__ k
     const float inv = 1.f / l;
     bf16* out = o + ((int64_t)(start + i) * hq + h) * D;
     for (int c = half * (D / 2); c < (half + 1) * (D / 2); c++) {
-      out[c] = __float2bfloat16(sO[r * D + c] * inv);
+      out[c] = __float2bfloat16(sO[r * LO + c] * inv);
     }
     if (half == 0) lse[(int64_t)h * total + start + i] = (m + log2f(l)) * LN2;
   }
@@ -230,12 +241,14 @@ extern "C" __global__ void flash_bwd_delta(const bf16* __restrict__ d_o,
   }
 }
 
-// Shared memory of the backward: K, V (bf16, BC x D), Q, dO (bf16, BR x D), S and dP (f32),
-// P and dS (bf16), dK and dV (f32, BC x D), lse and delta (BR), a 16 x 16 f32 scratch per warp.
+// Shared memory of the backward, padded: K, V (bf16, BC rows), Q, dO (bf16, BR rows), S and dP
+// (f32), P and dS (bf16), dK and dV (f32, BC rows), lse and delta (BR), a 16 x 20 f32 scratch
+// per warp.
+constexpr int SCRATCH = 16 * 20;
 template <int D, int BR, int BC>
 constexpr int bwd_shared() {
-  return (2 * BC * D + 2 * BR * D) * 2 + 2 * BR * BC * 4 + 2 * BR * BC * 2 + 2 * BC * D * 4 +
-         2 * BR * 4 + WARPS * 256 * 4;
+  return 2 * (BC + BR) * ld_h(D) * 2 + 2 * BR * ld_f(BC) * 4 + 2 * BR * ld_h(BC) * 2 +
+         2 * BC * ld_f(D) * 4 + 2 * BR * 4 + WARPS * SCRATCH * 4;
 }
 
 template <int D, int BR, int BC>
@@ -245,6 +258,7 @@ __device__ void flash_bwd(const bf16* __restrict__ q, const bf16* __restrict__ k
                           float* __restrict__ dq, float* __restrict__ dk,
                           float* __restrict__ dv, const int* __restrict__ starts, int total,
                           int hq, int hkv, float scale, int window) {
+  constexpr int LH = ld_h(D), LS = ld_f(BC), LP = ld_h(BC), LO = ld_f(D);
   const int seq = blockIdx.z, start = starts[seq], len = starts[seq + 1] - start;
   const int k0 = blockIdx.x * BC;
   if (k0 >= len) return;
@@ -252,22 +266,22 @@ __device__ void flash_bwd(const bf16* __restrict__ q, const bf16* __restrict__ k
   const int n = min(BC, len - k0);
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* sK = reinterpret_cast<bf16*>(smem);
-  bf16* sV = sK + BC * D;
-  bf16* sQ = sV + BC * D;
-  bf16* sdO = sQ + BR * D;
-  float* sS = reinterpret_cast<float*>(sdO + BR * D);
-  float* sdP = sS + BR * BC;
-  bf16* sP = reinterpret_cast<bf16*>(sdP + BR * BC);
-  bf16* sdS = sP + BR * BC;
-  float* sdK = reinterpret_cast<float*>(sdS + BR * BC);
-  float* sdV = sdK + BC * D;
-  float* sL = sdV + BC * D;
+  bf16* sV = sK + BC * LH;
+  bf16* sQ = sV + BC * LH;
+  bf16* sdO = sQ + BR * LH;
+  float* sS = reinterpret_cast<float*>(sdO + BR * LH);
+  float* sdP = sS + BR * LS;
+  bf16* sP = reinterpret_cast<bf16*>(sdP + BR * LS);
+  bf16* sdS = sP + BR * LP;
+  float* sdK = reinterpret_cast<float*>(sdS + BR * LP);
+  float* sdV = sdK + BC * LO;
+  float* sL = sdV + BC * LO;
   float* sD = sL + BR;
-  float* scratch = sD + BR + (threadIdx.x / 32) * 256;
+  float* scratch = sD + BR + (threadIdx.x / 32) * SCRATCH;
 
-  load_rows<D>(sK, k, start, k0, BC, n, hkv, g);
-  load_rows<D>(sV, v, start, k0, BC, n, hkv, g);
-  for (int x = threadIdx.x; x < BC * D; x += THREADS) {
+  load_rows<D, LH, BC>(sK, k, start, k0, n, hkv, g);
+  load_rows<D, LH, BC>(sV, v, start, k0, n, hkv, g);
+  for (int x = threadIdx.x; x < BC * LO; x += THREADS) {
     sdK[x] = 0.f;
     sdV[x] = 0.f;
   }
@@ -278,27 +292,27 @@ __device__ void flash_bwd(const bf16* __restrict__ q, const bf16* __restrict__ k
     for (int q0 = qb; q0 < qe; q0 += BR) {
       const int rows = min(BR, len - q0);
       __syncthreads();  // the last tile's Q, dO, P and dS are no longer read
-      load_rows<D>(sQ, q, start, q0, BR, rows, hq, h);
-      load_rows<D>(sdO, d_o, start, q0, BR, rows, hq, h);
+      load_rows<D, LH, BR>(sQ, q, start, q0, rows, hq, h);
+      load_rows<D, LH, BR>(sdO, d_o, start, q0, rows, hq, h);
       for (int r = threadIdx.x; r < BR; r += THREADS) {
         const bool in = r < rows;
         sL[r] = in ? lse[(int64_t)h * total + start + q0 + r] * LOG2E : 0.f;
         sD[r] = in ? delta[(int64_t)h * total + start + q0 + r] : 0.f;
       }
       __syncthreads();
-      gemm<BR, BC, D, false, true, false>(sS, BC, sQ, D, sK, D);    // S = Q K^T
-      gemm<BR, BC, D, false, true, false>(sdP, BC, sdO, D, sV, D);  // dP = dO V^T
+      gemm<BR, BC, D, false, true, false>(sS, LS, sQ, LH, sK, LH);    // S = Q K^T
+      gemm<BR, BC, D, false, true, false>(sdP, LS, sdO, LH, sV, LH);  // dP = dO V^T
       __syncthreads();
       for (int x = threadIdx.x; x < BR * BC; x += THREADS) {
         const int r = x / BC, c = x % BC;
         float p = 0.f;
-        if (sees(q0 + r, k0 + c, len, window)) p = exp2f(sS[x] * scale_log2 - sL[r]);
-        sP[x] = __float2bfloat16(p);
-        sdS[x] = __float2bfloat16(p * (sdP[x] - sD[r]) * scale);
+        if (sees(q0 + r, k0 + c, len, window)) p = exp2f(sS[r * LS + c] * scale_log2 - sL[r]);
+        sP[r * LP + c] = __float2bfloat16(p);
+        sdS[r * LP + c] = __float2bfloat16(p * (sdP[r * LS + c] - sD[r]) * scale);
       }
       __syncthreads();
-      gemm<BC, D, BR, true, false, true>(sdV, D, sP, BC, sdO, D);  // dV += P^T dO
-      gemm<BC, D, BR, true, false, true>(sdK, D, sdS, BC, sQ, D);  // dK += dS^T Q
+      gemm<BC, D, BR, true, false, true>(sdV, LO, sP, LP, sdO, LH);  // dV += P^T dO
+      gemm<BC, D, BR, true, false, true>(sdK, LO, sdS, LP, sQ, LH);  // dK += dS^T Q
       // dQ += dS K, by fragments through this warp's scratch, added atomically
       const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
       for (int f = warp; f < (BR / 16) * (D / 16); f += WARPS) {
@@ -310,17 +324,17 @@ __device__ void flash_bwd(const bf16* __restrict__ q, const bf16* __restrict__ k
         for (int kk = 0; kk < BC / 16; kk++) {
           ARow fa;
           BRow fb;
-          wmma::load_matrix_sync(fa, sdS + mt * 16 * BC + kk * 16, BC);
-          wmma::load_matrix_sync(fb, sK + kk * 16 * D + dt * 16, D);
+          wmma::load_matrix_sync(fa, sdS + mt * 16 * LP + kk * 16, LP);
+          wmma::load_matrix_sync(fb, sK + kk * 16 * LH + dt * 16, LH);
           wmma::mma_sync(acc, fa, fb, acc);
         }
-        wmma::store_matrix_sync(scratch, acc, 16, wmma::mem_row_major);
+        wmma::store_matrix_sync(scratch, acc, 20, wmma::mem_row_major);
         __syncwarp();
         for (int e = lane; e < 256; e += 32) {
           const int r = mt * 16 + e / 16;
           if (r < rows) {
             atomicAdd(dq + ((int64_t)(start + q0 + r) * hq + h) * D + dt * 16 + e % 16,
-                      scratch[e]);
+                      scratch[(e / 16) * 20 + e % 16]);
           }
         }
         __syncwarp();
@@ -331,8 +345,8 @@ __device__ void flash_bwd(const bf16* __restrict__ q, const bf16* __restrict__ k
   for (int x = threadIdx.x; x < n * D; x += THREADS) {
     const int c = x / D, e = x % D;
     const int64_t at = ((int64_t)(start + k0 + c) * hkv + g) * D + e;
-    dk[at] = sdK[x];
-    dv[at] = sdV[x];
+    dk[at] = sdK[c * LO + e];
+    dv[at] = sdV[c * LO + e];
   }
 }
 

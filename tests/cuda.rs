@@ -930,13 +930,14 @@ fn flash_attention_kernels_follow_their_tiling() {
         let (dq_ref, dk_ref, dv_ref) =
             flash::backward(flash::KERNEL_TILES, &hq_, &hk_, &hv_, saved, lens, heads);
         // the kernels
-        let (o, lse) = fa::forward(&q, &k, &v, lens, window).unwrap();
+        let st = fa::starts(lens, &q).unwrap();
+        let (o, lse) = fa::forward(&q, &k, &v, lens, &st, window).unwrap();
         let saved = fa::Saved {
             o: &o,
             lse: &lse,
             d_o: &d_o,
         };
-        let (dq, dk, dv) = fa::backward(&q, &k, &v, saved, lens, window).unwrap();
+        let (dq, dk, dv) = fa::backward(&q, &k, &v, saved, lens, &st, window).unwrap();
         // the block attention in bf16, with candle's autograd, per sequence
         let vars = [&q, &k, &v].map(|x| candle_core::Var::from_tensor(x).unwrap());
         let mut outs = Vec::new();

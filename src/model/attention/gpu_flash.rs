@@ -20,36 +20,45 @@ pub fn supported(q: &Tensor) -> bool {
 }
 
 /// Causal attention of `q` (T, Hq, D) over `k`, `v` (T, Hkv, D), sequences of `seq_lens` end to
-/// end, each to the `window` keys ending at its query when given; differentiable in all three.
+/// end (`starts`: theirs on the device, `cuda::flash_attention::starts`), each to the `window`
+/// keys ending at its query when given; differentiable in all three.
 pub fn causal(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     seq_lens: &[usize],
+    starts: &Tensor,
     window: Option<usize>,
 ) -> Result<Tensor> {
-    let (out, lse) = forward(&q.detach(), &k.detach(), &v.detach(), seq_lens, window)?;
+    let (out, lse) = forward(
+        &q.detach(),
+        &k.detach(),
+        &v.detach(),
+        seq_lens,
+        starts,
+        window,
+    )?;
     let op = Attach {
         out,
         lse,
         seq_lens: seq_lens.to_vec(),
+        starts: starts.clone(),
         window,
     };
     q.apply_op3_arc(k, v, std::sync::Arc::new(Box::new(op)))
 }
 
 /// What [`causal`] issues, (forward, backward), read off the code above and the launchers
-/// (inputs already contiguous and in bf16, as a layer hands them over): the forward uploads the
-/// starts, launches the kernel into two new buffers, and the op's forward copies the output;
-/// the backward launches the delta pass into a new buffer, zeroes dQ, uploads the starts,
+/// (inputs already contiguous and in bf16, as a layer hands them over; the starts uploaded by
+/// the caller): the forward launches the kernel into two new buffers, and the op's forward
+/// copies the output; the backward launches the delta pass into a new buffer, zeroes dQ,
 /// launches the backward into dK and dV, and converts the three gradients to the inputs' dtype.
 pub fn costs() -> (Cost, Cost) {
-    let fwd = Cost::UPLOAD + alloc(2) + Cost::in_place(1) + Cost::kernels(1);
+    let fwd = alloc(2) + Cost::in_place(1) + Cost::kernels(1);
     let bwd = alloc(1)
         + Cost::in_place(1)
         + Cost::kernels(1)
         + alloc(2)
-        + Cost::UPLOAD
         + Cost::in_place(1)
         + Cost::kernels(3);
     (fwd, bwd)
@@ -70,6 +79,8 @@ struct Attach {
     /// (Hq, T) f32
     lse: Tensor,
     seq_lens: Vec<usize>,
+    /// (sequences + 1) u32 on the device
+    starts: Tensor,
     window: Option<usize>,
 }
 
@@ -128,6 +139,7 @@ impl CustomOp3 for Attach {
             &v.detach(),
             saved,
             &self.seq_lens,
+            &self.starts,
             self.window,
         )?;
         let grads = (

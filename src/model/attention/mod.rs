@@ -153,6 +153,8 @@ pub struct CausalAttention {
     pub count: bool,
     spent: Cost,
     backward: Cost,
+    /// The sequences' starts on the GPU for the flash kernels, uploaded at the first call.
+    starts: Option<Tensor>,
 }
 
 impl CausalAttention {
@@ -168,6 +170,7 @@ impl CausalAttention {
             count: false,
             spent: Cost::default(),
             backward: Cost::default(),
+            starts: None,
         }
     }
 
@@ -198,12 +201,19 @@ impl AttentionBackend for CausalAttention {
         }
         #[cfg(feature = "cuda")]
         if gpu_flash::supported(q) {
+            if self.starts.is_none() {
+                self.starts = Some(crate::cuda::flash_attention::starts(&self.seq_lens, q)?);
+                if self.count {
+                    self.spent += Cost::UPLOAD;
+                }
+            }
             if self.count {
                 let (f, b) = gpu_flash::costs();
                 self.spent += f;
                 self.backward += b;
             }
-            return gpu_flash::causal(q, k, v, &self.seq_lens, window);
+            let starts = self.starts.as_ref().expect("set above");
+            return gpu_flash::causal(q, k, v, &self.seq_lens, starts, window);
         }
         let block = block::BLOCK;
         let mut outs = Vec::with_capacity(self.seq_lens.len());
