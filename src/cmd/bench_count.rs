@@ -28,7 +28,7 @@ use crate::model::init::random_model;
 use crate::model::layer_ops::{Cost, Counts, Place};
 use crate::model::transformer::CountInto;
 use crate::sampler::gpu_plan::{partitions, StepCosts};
-use crate::train::adamw::{norm_cost, AdamW, AdamWConfig};
+use crate::train::adamw::{norm_cost, AdamW, AdamWConfig, READ_BACK};
 use crate::train::grads::{GradOptions, GradSums};
 use crate::train::loss::PackedBatch;
 use crate::train::settings::{ComputeDtype, TrainOps, TrainSettings};
@@ -449,6 +449,9 @@ fn count_train(a: &TrainCount, cfg: &ModelConfig, cuda: bool) -> Result<Vec<Phas
         counts.add(place, "grad_norm", norm_cost(numel, DType::F32));
         counts.add(place, "update", opt.update_cost(i, numel, DType::F32, true));
     }
+    // the norm's sums and the update's statistics, each read back once
+    counts.add(Place::Outside, "grad_norm", READ_BACK);
+    counts.add(Place::Outside, "update", READ_BACK);
     let step = Phase {
         name: "optimizer_step",
         batch: a.rows,
@@ -475,6 +478,32 @@ mod tests {
         );
         assert_eq!(layer_of("model.embed_tokens.weight"), None);
         assert_eq!(layer_of("model.norm.weight"), None);
+    }
+
+    /// A GPU's optimizer step waits for the device twice, whatever the model's size: once for
+    /// the gradients' norm (the trainer checks it before the update), once for the update's
+    /// statistics; each was a wait per 16M-element slice (2,128 a Qwen3-4B step on an H100).
+    #[test]
+    fn an_optimizer_step_waits_for_the_device_twice() {
+        let cfg = crate::model::init::shape("qwen3-0.6b").unwrap();
+        let c = TrainCount {
+            shape: "qwen3-0.6b",
+            device: DeviceSpec::Cpu,
+            ops: TrainOps::Generic,
+            compute_dtype: ComputeDtype::Auto,
+            rows: 1,
+            seq_len: 8,
+            loss_chunk_tokens: 0,
+            json: false,
+        };
+        let phases = count_train(&c, &cfg, true).unwrap();
+        let step = phases.iter().find(|p| p.name == "optimizer_step").unwrap();
+        let total = step.counts.total();
+        assert_eq!((total.syncs, total.device_to_host), (2, 2), "{total:?}");
+        assert!(
+            total.launches > 1_000,
+            "the slices' kernels are still counted: {total:?}"
+        );
     }
 
     /// Counting a training step on the CPU's own ops is refused, not miscounted.

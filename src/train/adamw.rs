@@ -231,7 +231,10 @@ impl AdamW {
         let (b1, b2) = (self.cfg.beta1, self.cfg.beta2);
         let bias1 = 1.0 - b1.powi(t);
         let bias2_sqrt = (1.0 - b2.powi(t)).sqrt();
-        let (mut upd_sq, mut par_sq, mut changed, mut total) = (0f64, 0f64, 0f64, 0usize);
+        let total: usize = grads.iter().map(|g| g.elem_count()).sum();
+        // each parameter's statistics, in order: the host's, or the device sums of its slices
+        // (read back together once the update is issued: one wait for the device per step)
+        let mut parts: Vec<Part<HostStats, Vec<Tensor>>> = Vec::with_capacity(grads.len());
         let host = Step {
             clip: max_norm.map(|_| clip as f32),
             b1: b1 as f32,
@@ -255,18 +258,39 @@ impl AdamW {
                     if let Some(w) = &s.working {
                         w.set(&s.var.as_tensor().to_dtype(w.dtype())?)?;
                     }
-                    upd_sq += stats.upd_sq;
-                    par_sq += stats.par_sq;
-                    changed += stats.changed as f64;
-                    total += grad.elem_count();
+                    parts.push(Part::Host(stats));
                     continue;
                 }
             }
-            let stats = self.update_slices(i, grad, &host)?;
-            upd_sq += stats.upd_sq;
-            par_sq += stats.par_sq;
-            changed += stats.changed as f64;
-            total += grad.elem_count();
+            parts.push(Part::Device(self.update_slices(i, grad, &host)?));
+        }
+        let device: Vec<Tensor> = parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Device(sums) => Some(sums),
+                Part::Host(_) => None,
+            })
+            .flatten()
+            .cloned()
+            .collect();
+        let mut read = read_back(&device)?.into_iter().map(f64::from);
+        let (mut upd_sq, mut par_sq, mut changed) = (0f64, 0f64, 0f64);
+        for p in parts {
+            match p {
+                Part::Host(stats) => {
+                    upd_sq += stats.upd_sq;
+                    par_sq += stats.par_sq;
+                    changed += stats.changed as f64;
+                }
+                Part::Device(sums) => {
+                    for _ in 0..sums.len() / 3 {
+                        let mut next = || read.next().unwrap_or(0.0);
+                        upd_sq += next();
+                        par_sq += next();
+                        changed += (next() as f32) as usize as f64;
+                    }
+                }
+            }
         }
         Ok(StepStats {
             grad_norm,
@@ -277,9 +301,11 @@ impl AdamW {
 
     /// One parameter's update by candle ops (any device), slice by slice of [`SLICE`] elements
     /// of the flattened tensors, each written back in place (the master, the moments, the
-    /// working copy). `clip`: the gradient's multiplier when clipping is on. What it issues is
-    /// [`Self::update_cost`], declared beside it.
-    fn update_slices(&self, i: usize, grad: &Tensor, st: &Step) -> Result<HostStats> {
+    /// working copy). `clip`: the gradient's multiplier when clipping is on. Returns each
+    /// slice's statistics as three sums on the device (the update's squares, the old weights'
+    /// squares, the values that changed), for the step to read back with every other
+    /// parameter's. What it issues is [`Self::update_cost`], declared beside it.
+    fn update_slices(&self, i: usize, grad: &Tensor, st: &Step) -> Result<Vec<Tensor>> {
         let s = &self.slots[i];
         let n = s.var.elem_count();
         if grad.elem_count() != n {
@@ -290,7 +316,7 @@ impl AdamW {
         let state_dtype = s.m.dtype();
         let (dev, state_dev) = (s.var.device(), s.m.device());
         let grad = grad.to_dtype(DType::F32)?.flatten_all()?;
-        let mut stats = HostStats::default();
+        let mut stats = Vec::new();
         let mut start = 0;
         while start < n {
             let len = SLICE.min(n - start);
@@ -310,15 +336,13 @@ impl AdamW {
             let m = self.round(&m, i, 1, start)?;
             let v = self.round(&v, i, 2, start)?;
             let diff = (&new - &old)?;
-            stats.upd_sq += f64::from(sum_all_wide(&diff.sqr()?)?.to_scalar::<f32>()?);
-            stats.par_sq += f64::from(sum_all_wide(&old.sqr()?)?.to_scalar::<f32>()?);
-            let ne = sum_all_wide(
+            stats.push(sum_all_wide(&diff.sqr()?)?);
+            stats.push(sum_all_wide(&old.sqr()?)?);
+            stats.push(sum_all_wide(
                 &new.to_dtype(self.stored)?
                     .ne(&old.to_dtype(self.stored)?)?
                     .to_dtype(DType::F32)?,
-            )?
-            .to_scalar::<f32>()?;
-            stats.changed += ne as usize;
+            )?);
             drop(old);
             var.slice_set(&new, 0, start)?;
             m_all.slice_set(&m.to_dtype(state_dtype)?.to_device(state_dev)?, 0, start)?;
@@ -363,15 +387,16 @@ impl AdamW {
             StateRounding::Bf16Nearest => Cost::kernels(2),
             StateRounding::Bf16Stochastic { .. } => Cost::DOWNLOAD + Cost::UPLOAD,
         };
-        let wide = sum_all_wide_cost(len);
+        // each of the three sums is copied into the step's read-back ([`read_back`])
+        let wide = sum_all_wide_cost(len) + Cost::in_place(1);
         // clip, decay; the moments fetched, to f32; m (3), v (4), the denominator (3), the
-        // update (2), the new weight; each rounded; the statistics (three sums, each read
-        // back); the weight and the moments written back, and the working copy
+        // update (2), the new weight; each rounded; the statistics (three sums, kept on the
+        // device); the weight and the moments written back, and the working copy
         let mut c = k(clip) + k(s.decay && self.cfg.weight_decay != 0.0);
         c += (fetch + state_low) * 2 + Cost::kernels(13) + round * 3;
-        c += Cost::kernels(2) + wide + Cost::DOWNLOAD;
-        c += Cost::kernels(1) + wide + Cost::DOWNLOAD;
-        c += stored_low * 2 + Cost::kernels(2) + wide + Cost::DOWNLOAD;
+        c += Cost::kernels(2) + wide;
+        c += Cost::kernels(1) + wide;
+        c += stored_low * 2 + Cost::kernels(2) + wide;
         c += Cost::in_place(1) + (state_low + put_back + Cost::in_place(1)) * 2;
         if let Some(w) = &s.working {
             c += k(w.dtype() != DType::F32) + Cost::in_place(1);
@@ -453,38 +478,84 @@ impl AdamW {
 /// candle ops.
 /// Its candle ops issue [`norm_cost`].
 fn norm(grads: &[Tensor], host: bool) -> Result<f64> {
-    let mut sq = 0f64;
+    // each gradient's sum of squares in order: the host's, or its slices' sums on the device
+    // (read back together: one wait for the device)
+    let mut parts: Vec<Part<f64, usize>> = Vec::with_capacity(grads.len());
+    let mut device = Vec::new();
     for g in grads {
         let g = &g.contiguous()?;
         let view = host_view(g).filter(|_| host);
         match view {
-            Some(view) => {
-                sq += chunked(view.get()?, |c| {
+            Some(view) => parts.push(Part::Host(
+                chunked(view.get()?, |c| {
                     c.iter().map(|&x| f64::from(x) * f64::from(x)).sum::<f64>()
                 })
                 .into_iter()
-                .sum::<f64>()
-            }
+                .sum::<f64>(),
+            )),
             None => {
                 let flat = g.flatten_all()?;
                 let n = flat.elem_count();
                 let mut start = 0;
+                let mut slices = 0;
                 while start < n {
                     let len = SLICE.min(n - start);
                     let part = flat.narrow(0, start, len)?.to_dtype(DType::F32)?;
-                    sq += f64::from(sum_all_wide(&part.sqr()?)?.to_scalar::<f32>()?);
+                    device.push(sum_all_wide(&part.sqr()?)?);
+                    slices += 1;
                     start += len;
                 }
+                parts.push(Part::Device(slices));
             }
         };
+    }
+    let mut read = read_back(&device)?.into_iter().map(f64::from);
+    let mut sq = 0f64;
+    for p in parts {
+        match p {
+            Part::Host(s) => sq += s,
+            Part::Device(slices) => {
+                for _ in 0..slices {
+                    sq += read.next().unwrap_or(0.0);
+                }
+            }
+        }
     }
     Ok(sq.sqrt())
 }
 
+/// A parameter's share of a sum: computed on the host, or still on the device (what is needed to
+/// find it in the step's read-back).
+enum Part<H, D> {
+    Host(H),
+    Device(D),
+}
+
+/// Scalars on the device, read back together: one wait for the device (none when there are
+/// none). What it issues beyond the copies its callers declare is [`READ_BACK`].
+fn read_back(sums: &[Tensor]) -> Result<Vec<f32>> {
+    if sums.is_empty() {
+        return Ok(Vec::new());
+    }
+    Tensor::stack(sums, 0)?
+        .to_dtype(DType::F32)?
+        .to_vec1::<f32>()
+}
+
+/// What [`read_back`] issues once, besides a copy per scalar: the buffer they are copied into,
+/// and the download that waits for the device.
+pub const READ_BACK: Cost = Cost {
+    launches: 0,
+    allocations: 1,
+    host_to_device: 0,
+    device_to_host: 1,
+    syncs: 1,
+};
+
 /// What [`norm`]'s candle ops issue for one slice of `len` elements in `dtype`: to f32, the
-/// squares, their sum, read back.
+/// squares, their sum, copied into the read-back ([`READ_BACK`], once per norm).
 fn norm_slice_cost(len: usize, dtype: DType) -> Cost {
-    Cost::kernels(u64::from(dtype != DType::F32) + 1) + sum_all_wide_cost(len) + Cost::DOWNLOAD
+    Cost::kernels(u64::from(dtype != DType::F32) + 1) + sum_all_wide_cost(len) + Cost::in_place(1)
 }
 
 /// What [`AdamW::norm_of`]'s candle ops issue for a gradient of `numel` elements in `dtype`.

@@ -154,6 +154,7 @@ pub struct CausalAttention {
     spent: Cost,
     backward: Cost,
     /// The sequences' starts on the GPU for the flash kernels, uploaded at the first call.
+    #[cfg(feature = "cuda")]
     starts: Option<Tensor>,
 }
 
@@ -170,6 +171,7 @@ impl CausalAttention {
             count: false,
             spent: Cost::default(),
             backward: Cost::default(),
+            #[cfg(feature = "cuda")]
             starts: None,
         }
     }
