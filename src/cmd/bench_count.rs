@@ -26,9 +26,10 @@ use crate::model::config::{LayerKind, ModelConfig};
 use crate::model::cost::KEEP_BACKWARD_GRAPH;
 use crate::model::init::random_model;
 use crate::model::layer_ops::{Cost, Counts, Place};
+use crate::model::ops::READ_BACK;
 use crate::model::transformer::CountInto;
 use crate::sampler::gpu_plan::{partitions, StepCosts};
-use crate::train::adamw::{norm_cost, AdamW, AdamWConfig, READ_BACK};
+use crate::train::adamw::{norm_cost, AdamW, AdamWConfig};
 use crate::train::grads::{GradOptions, GradSums};
 use crate::train::loss::PackedBatch;
 use crate::train::settings::{ComputeDtype, TrainOps, TrainSettings};
@@ -482,9 +483,10 @@ mod tests {
 
     /// A GPU's optimizer step waits for the device twice, whatever the model's size: once for
     /// the gradients' norm (the trainer checks it before the update), once for the update's
-    /// statistics; each was a wait per 16M-element slice (2,128 a Qwen3-4B step on an H100).
+    /// statistics; each was a wait per 16M-element slice (2,128 a Qwen3-4B step on an H100,
+    /// with the head's). A micro-batch waits once, for its loss (was once per loss chunk).
     #[test]
-    fn an_optimizer_step_waits_for_the_device_twice() {
+    fn training_waits_for_the_device_once_a_micro_batch_and_twice_a_step() {
         let cfg = crate::model::init::shape("qwen3-0.6b").unwrap();
         let c = TrainCount {
             shape: "qwen3-0.6b",
@@ -492,11 +494,14 @@ mod tests {
             ops: TrainOps::Generic,
             compute_dtype: ComputeDtype::Auto,
             rows: 1,
-            seq_len: 8,
-            loss_chunk_tokens: 0,
+            seq_len: 64,
+            loss_chunk_tokens: 16,
             json: false,
         };
         let phases = count_train(&c, &cfg, true).unwrap();
+        let micro = phases.iter().find(|p| p.name == "micro_batch").unwrap();
+        let total = micro.counts.total();
+        assert_eq!((total.syncs, total.device_to_host), (1, 1), "{total:?}");
         let step = phases.iter().find(|p| p.name == "optimizer_step").unwrap();
         let total = step.counts.total();
         assert_eq!((total.syncs, total.device_to_host), (2, 2), "{total:?}");

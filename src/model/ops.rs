@@ -450,6 +450,27 @@ pub fn sum_all_wide_cost(n: usize) -> Cost {
     Cost::kernels(1 + tail) + sum_all_wide_cost(rows)
 }
 
+/// Scalars on the device, read back together: one wait for the device (none when there are
+/// none). What it issues beyond the copies its callers declare is [`READ_BACK`].
+pub fn read_back(sums: &[Tensor]) -> Result<Vec<f32>> {
+    if sums.is_empty() {
+        return Ok(Vec::new());
+    }
+    Tensor::stack(sums, 0)?
+        .to_dtype(DType::F32)?
+        .to_vec1::<f32>()
+}
+
+/// What [`read_back`] issues once, besides a copy per scalar: the buffer they are copied into,
+/// and the download that waits for the device.
+pub const READ_BACK: Cost = Cost {
+    launches: 0,
+    allocations: 1,
+    host_to_device: 0,
+    device_to_host: 1,
+    syncs: 1,
+};
+
 /// Elements per row of [`sum_all_wide`]'s first level.
 const SUM_ROW: usize = 1024;
 

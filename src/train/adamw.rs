@@ -24,7 +24,7 @@ use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Result, Ten
 use super::data::SplitMix;
 use crate::model::cost::Cost;
 use crate::model::cpu_op::{host_view, slice, slice_mut};
-use crate::model::ops::{sum_all_wide, sum_all_wide_cost};
+use crate::model::ops::{read_back, sum_all_wide, sum_all_wide_cost};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWConfig {
@@ -387,7 +387,7 @@ impl AdamW {
             StateRounding::Bf16Nearest => Cost::kernels(2),
             StateRounding::Bf16Stochastic { .. } => Cost::DOWNLOAD + Cost::UPLOAD,
         };
-        // each of the three sums is copied into the step's read-back ([`read_back`])
+        // each of the three sums is copied into the step's read-back (`ops::read_back`)
         let wide = sum_all_wide_cost(len) + Cost::in_place(1);
         // clip, decay; the moments fetched, to f32; m (3), v (4), the denominator (3), the
         // update (2), the new weight; each rounded; the statistics (three sums, kept on the
@@ -531,29 +531,8 @@ enum Part<H, D> {
     Device(D),
 }
 
-/// Scalars on the device, read back together: one wait for the device (none when there are
-/// none). What it issues beyond the copies its callers declare is [`READ_BACK`].
-fn read_back(sums: &[Tensor]) -> Result<Vec<f32>> {
-    if sums.is_empty() {
-        return Ok(Vec::new());
-    }
-    Tensor::stack(sums, 0)?
-        .to_dtype(DType::F32)?
-        .to_vec1::<f32>()
-}
-
-/// What [`read_back`] issues once, besides a copy per scalar: the buffer they are copied into,
-/// and the download that waits for the device.
-pub const READ_BACK: Cost = Cost {
-    launches: 0,
-    allocations: 1,
-    host_to_device: 0,
-    device_to_host: 1,
-    syncs: 1,
-};
-
 /// What [`norm`]'s candle ops issue for one slice of `len` elements in `dtype`: to f32, the
-/// squares, their sum, copied into the read-back ([`READ_BACK`], once per norm).
+/// squares, their sum, copied into the read-back (`ops::READ_BACK`, once per norm).
 fn norm_slice_cost(len: usize, dtype: DType) -> Cost {
     Cost::kernels(u64::from(dtype != DType::F32) + 1) + sum_all_wide_cost(len) + Cost::in_place(1)
 }

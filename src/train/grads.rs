@@ -20,7 +20,7 @@ use crate::model::attention::CausalAttention;
 use crate::model::clock;
 use crate::model::cost::{backward_counted, Cost};
 use crate::model::layer_ops::{Counts, Place};
-use crate::model::ops::{cat_cost, matmul, matmul_cost};
+use crate::model::ops::{cat_cost, matmul, matmul_cost, read_back, READ_BACK};
 use crate::model::transformer::CountInto;
 
 /// Adds `cost` at `place` to the counts, when counting.
@@ -139,7 +139,7 @@ fn head_grads_tensors(
         Cost::kernels(u64::from(w.dtype() != DType::F32)),
     );
     let mut gw = None;
-    let mut loss = 0f64;
+    let mut losses = Vec::new();
     let mut gh_parts = Vec::new();
     for c in sel.chunks(chunk) {
         let idx = Tensor::new(c, dev)?;
@@ -150,7 +150,7 @@ fn head_grads_tensors(
         *spent += Cost::UPLOAD + Cost::kernels(1) + mm + low;
         let (l, g) = ce_grad_tensors(logits, &targets, &weights, scale, spent)?;
         let g = g.to_dtype(w.dtype())?;
-        loss += l;
+        losses.push(l);
         gh_parts.push(matmul(&g, w)?); // (c, H)
         let part = matmul(&g.t()?, &hc)?.to_dtype(DType::F32)?; // (V, H)
         *spent += low + mm + mm + low + Cost::kernels(u64::from(gw.is_some()));
@@ -168,6 +168,9 @@ fn head_grads_tensors(
     // the indices up, zeros, and the add (a copy of the zeros, then the rows added)
     *spent += Cost::UPLOAD + Cost::kernels(1) + COPY_AND_ADD;
     let gw = gw.expect("at least one chunk");
+    // the chunks' losses, read back together: the micro-batch's one wait for the device
+    let loss = read_back(&losses)?.into_iter().map(f64::from).sum();
+    *spent += READ_BACK;
     Ok((loss, gh, gw))
 }
 
@@ -215,20 +218,21 @@ fn head_grads_host(
 }
 
 /// `d(scale * loss)/d logits = weight * scale * (softmax - onehot)` of each row of `logits`
-/// (c, V), and the rows' loss sum `sum weight * (logsumexp - logit[target])`, from candle ops
-/// (any device and dtype).
+/// (c, V), and the rows' loss sum `sum weight * (logsumexp - logit[target])` (f32, on the
+/// device: the caller reads the chunks' sums back together), from candle ops (any device and
+/// dtype).
 fn ce_grad_tensors(
     logits: Tensor,
     targets: &[u32],
     weights: &[f32],
     scale: f64,
     spent: &mut Cost,
-) -> candle_core::Result<(f64, Tensor)> {
+) -> candle_core::Result<(Tensor, Tensor)> {
     let low = Cost::kernels(u64::from(logits.dtype() != DType::F32));
     // targets and weights up; max, shift, exp, sum, pick, log, subtract, weigh, sum; the loss
-    // down; divide, -1s, the one-hot subtracted (a copy, then the scatter), the weights scaled,
-    // applied
-    *spent += Cost::UPLOAD * 2 + low + Cost::kernels(9) + low + Cost::DOWNLOAD;
+    // copied into the read-back; divide, -1s, the one-hot subtracted (a copy, then the
+    // scatter), the weights scaled, applied
+    *spent += Cost::UPLOAD * 2 + low + Cost::kernels(9) + low + Cost::in_place(1);
     *spent += Cost::kernels(2) + low + COPY_AND_ADD + Cost::kernels(2);
     let dev = logits.device().clone();
     let tg = Tensor::new(targets, &dev)?.unsqueeze(1)?;
@@ -242,12 +246,7 @@ fn ce_grad_tensors(
     let picked = shifted.gather(&tg, 1)?; // (c, 1)
     drop(shifted);
     let nll = (se.log()? - picked)?;
-    let loss = f64::from(
-        (nll * &wt)?
-            .sum_all()?
-            .to_dtype(DType::F32)?
-            .to_scalar::<f32>()?,
-    );
+    let loss = (nll * &wt)?.sum_all()?.to_dtype(DType::F32)?;
     // softmax - onehot, times weight * scale
     let p = e.broadcast_div(&se)?;
     drop(e);
@@ -487,6 +486,7 @@ mod tests {
         let t = Tensor::from_vec(logits, (rows, v), &Device::Cpu).unwrap();
         let (lt, gt) = ce_grad_tensors(t, &targets, &weights, scale, &mut Cost::default()).unwrap();
         let gt = gt.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let lt = f64::from(lt.to_scalar::<f32>().unwrap());
         assert!((lh - lt).abs() <= 1e-5 * lt.abs(), "loss {lh} vs {lt}");
         let worst = gh
             .iter()
