@@ -32,7 +32,7 @@
 #   JOBS      which jobs the job part runs ["a b"]
 #   T_*       per-step timeouts in seconds (T_TESTS, T_BENCH, T_HYB, T_TRAIN, T_JOB, T_PROBE)
 #   SPEED     which benchmarks the speed part runs ["sample hybrid train"]; SHYB, BATCH, HYB_BATCH,
-#             NEW, HYB_NEW: its shapes and sizes
+#             NEW, HYB_NEW: its shapes and sizes; SPLIT: new tokens of the run split by op [32]
 # A step that fails or times out is logged as FAILED with its exit code; the script goes on to
 # the next step and exits non-zero at the end if any failed.
 set -uo pipefail
@@ -68,13 +68,14 @@ JOBS=${JOBS:-a b}
 
 if [ "$SMALL" = 1 ]; then
   S4B=tiny; SHYB=hybrid-20m; STRAIN=tiny; BATCH=1,4; HYB_BATCH=1,4; PROMPT=16; NEW=8; HYB_NEW=8
-  REPEAT=1; ATTN=("--shape tiny --batch 4 --context 64 --iters 2")
+  REPEAT=1; SPLIT=4; ATTN=("--shape tiny --batch 4 --context 64 --iters 2")
   TRAIN_BENCH="--rows 1 --seq-len 64 --steps 1"
   JA_PROBLEMS=4; JA_N=2; JA_NEW=8; EVAL_LIMIT=2; EVAL_NEW=8
   JB_STEPS=4; JB_MICRO=512; JB_TOKENS=1024; JB_EVERY=2
 else
   S4B=qwen3-4b; SHYB=${SHYB:-qwen3.5-4b}; STRAIN=qwen3-0.6b; BATCH=${BATCH:-1,32,128,256}
   HYB_BATCH=${HYB_BATCH:-1,32,128}; PROMPT=128; NEW=${NEW:-512}; HYB_NEW=${HYB_NEW:-256}; REPEAT=1
+  SPLIT=${SPLIT:-32}
   TRAIN_BENCH="--rows 1 --seq-len 4096 --steps 2"
   ATTN=("--batch 128 --context 2176" "--batch 128 --context 2176 --kv-fp8"
     "--batch 16 --context 8192")
@@ -162,10 +163,10 @@ part_attention() {
 part_speed() {
   [[ " $SPEED " == *" sample "* ]] && step "bench sample $S4B" "$T_BENCH" "$PIPELINE" bench sample \
     --device "$DEVICE" --shape "$S4B" --batch "$BATCH" --prompt-len "$PROMPT" --new-tokens "$NEW" \
-    --repeat "$REPEAT"
+    --repeat "$REPEAT" --split-tokens "$SPLIT"
   [[ " $SPEED " == *" hybrid "* ]] && step "bench sample $SHYB" "${T_HYB:-90}" "$PIPELINE" bench sample \
     --device "$DEVICE" --shape "$SHYB" --batch "$HYB_BATCH" --prompt-len "$PROMPT" \
-    --new-tokens "$HYB_NEW" --repeat "$REPEAT"
+    --new-tokens "$HYB_NEW" --repeat "$REPEAT" --split-tokens "$SPLIT"
   [[ " $SPEED " == *" train "* ]] && step "bench train $S4B" "$T_TRAIN" "$PIPELINE" bench train \
     --device "$DEVICE" --shape "$S4B" $TRAIN_BENCH --recompute-only
   return 0

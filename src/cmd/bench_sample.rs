@@ -42,10 +42,10 @@ pub struct SampleBenchArgs {
     pub prompt_len: usize,
     #[arg(long, default_value_t = 32)]
     pub new_tokens: usize,
-    /// New tokens of the run split by op after each batch size's timed runs: the time between
+    /// New tokens of a run split by op after each batch size's timed runs: the time between
     /// consecutive ops (CUDA events on a GPU, the wall clock on the CPU), by layer kind and op;
-    /// 0 skips it.
-    #[arg(long, default_value_t = 32)]
+    /// 0 (the default) runs none.
+    #[arg(long, default_value_t = 0)]
     pub split_tokens: usize,
     /// Runs per batch size; the best is reported (the machine's noise only ever slows a run).
     #[arg(long, default_value_t = 3)]

@@ -138,8 +138,12 @@ pub fn starts(seq_lens: &[usize], q: &Tensor) -> Result<Tensor> {
     Tensor::new(s, q.device())
 }
 
-fn window_arg(window: Option<usize>) -> i32 {
-    window.map_or(0, |w| w.max(1) as i32)
+fn window_arg(window: Option<usize>) -> Result<i32> {
+    match window {
+        None => Ok(0),
+        Some(0) => bail!("flash attention: a window of 0 keys sees nothing"),
+        Some(w) => Ok(w as i32),
+    }
 }
 
 /// Causal attention of `q` (T, Hq, D) over `k`, `v` (T, Hkv, D), sequences of `seq_lens` end to
@@ -153,6 +157,10 @@ pub fn forward(
     window: Option<usize>,
 ) -> Result<(Tensor, Tensor)> {
     let (t, hq, hkv, d) = check(q, k, v, seq_lens, st)?;
+    if t == 0 {
+        let o = Tensor::zeros((0, hq, d), DType::BF16, q.device())?;
+        return Ok((o, Tensor::zeros((hq, 0), DType::F32, q.device())?));
+    }
     let (q, k, v) = (aligned(q)?, aligned(k)?, aligned(v)?);
     let dev = cuda_device(&q)?;
     let o = output(&dev, &[t, hq, d], DType::BF16)?;
@@ -178,7 +186,7 @@ pub fn forward(
     ];
     let (t_i, hq_i, hkv_i) = (t as i32, hq as i32, hkv as i32);
     let scale_log2 = std::f32::consts::LOG2_E / (d as f32).sqrt();
-    let w = window_arg(window);
+    let w = window_arg(window)?;
     let stream = dev.cuda_stream();
     let mut l = stream.launch_builder(&f);
     for p in &ptrs {
@@ -233,6 +241,10 @@ pub fn backward(
             q.dims()
         );
     }
+    if t == 0 {
+        let z = |h: usize| Tensor::zeros((0, h, d), DType::F32, q.device());
+        return Ok((z(hq)?, z(hkv)?, z(hkv)?));
+    }
     let (q, k, v) = (aligned(q)?, aligned(k)?, aligned(v)?);
     let (o, d_o) = (s.o.contiguous()?, aligned(&s.d_o.to_dtype(DType::BF16)?)?);
     let lse = s.lse.to_dtype(DType::F32)?.contiguous()?;
@@ -285,7 +297,7 @@ pub fn backward(
         tensor_ptr(st)?,
     ];
     let scale = 1.0 / (d as f32).sqrt();
-    let w = window_arg(window);
+    let w = window_arg(window)?;
     let mut l = stream.launch_builder(&f);
     for p in &ptrs {
         l.arg(p);

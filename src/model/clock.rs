@@ -104,6 +104,16 @@ pub fn put(clock: Option<Carried>) {
     }
 }
 
+/// Removes this thread's clock when dropped: held by work that runs under a carried clock, so
+/// that a panic there leaves no clock behind on a pool's thread.
+pub struct Unset;
+
+impl Drop for Unset {
+    fn drop(&mut self) {
+        drop(take());
+    }
+}
+
 /// Whether a clock is installed on this thread.
 pub fn running() -> bool {
     CLOCK.with(|c| c.borrow().is_some())

@@ -453,12 +453,18 @@ pub fn sum_all_wide_cost(n: usize) -> Cost {
 /// Scalars on the device, read back together: one wait for the device (none when there are
 /// none). What it issues beyond the copies its callers declare is [`READ_BACK`].
 pub fn read_back(sums: &[Tensor]) -> Result<Vec<f32>> {
-    if sums.is_empty() {
-        return Ok(Vec::new());
+    match sums {
+        [] => Ok(Vec::new()),
+        // candle's stack of one is the tensor itself: copy it, as a stack copies each
+        [one] => one
+            .flatten_all()?
+            .copy()?
+            .to_dtype(DType::F32)?
+            .to_vec1::<f32>(),
+        _ => Tensor::stack(sums, 0)?
+            .to_dtype(DType::F32)?
+            .to_vec1::<f32>(),
     }
-    Tensor::stack(sums, 0)?
-        .to_dtype(DType::F32)?
-        .to_vec1::<f32>()
 }
 
 /// What [`read_back`] issues once, besides a copy per scalar: the buffer they are copied into,

@@ -439,6 +439,7 @@ impl<'m> Engine<'m> {
             // a running clock goes with the step, and comes back
             let carried = clock::take();
             let (r, carried) = rayon::scope(|_| {
+                let _unset = clock::Unset;
                 clock::put(carried);
                 (self.step_inner(decode), clock::take())
             });

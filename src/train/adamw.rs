@@ -283,12 +283,18 @@ impl AdamW {
                     changed += stats.changed as f64;
                 }
                 Part::Device(sums) => {
+                    // the parameter's own sums first, then into the step's (as when each
+                    // slice was read back on its own: the same f64 additions in order)
+                    let mut stats = HostStats::default();
                     for _ in 0..sums.len() / 3 {
                         let mut next = || read.next().unwrap_or(0.0);
-                        upd_sq += next();
-                        par_sq += next();
-                        changed += (next() as f32) as usize as f64;
+                        stats.upd_sq += next();
+                        stats.par_sq += next();
+                        stats.changed += next() as f32 as usize;
                     }
+                    upd_sq += stats.upd_sq;
+                    par_sq += stats.par_sq;
+                    changed += stats.changed as f64;
                 }
             }
         }
@@ -336,13 +342,18 @@ impl AdamW {
             let m = self.round(&m, i, 1, start)?;
             let v = self.round(&v, i, 2, start)?;
             let diff = (&new - &old)?;
-            stats.push(sum_all_wide(&diff.sqr()?)?);
-            stats.push(sum_all_wide(&old.sqr()?)?);
-            stats.push(sum_all_wide(
-                &new.to_dtype(self.stored)?
-                    .ne(&old.to_dtype(self.stored)?)?
-                    .to_dtype(DType::F32)?,
-            )?);
+            // detached: a sum kept for the read-back must not keep the slice's tensors alive
+            // through the graph of the master weights
+            stats.push(sum_all_wide(&diff.sqr()?)?.detach());
+            stats.push(sum_all_wide(&old.sqr()?)?.detach());
+            stats.push(
+                sum_all_wide(
+                    &new.to_dtype(self.stored)?
+                        .ne(&old.to_dtype(self.stored)?)?
+                        .to_dtype(DType::F32)?,
+                )?
+                .detach(),
+            );
             drop(old);
             var.slice_set(&new, 0, start)?;
             m_all.slice_set(&m.to_dtype(state_dtype)?.to_device(state_dev)?, 0, start)?;
@@ -501,7 +512,7 @@ fn norm(grads: &[Tensor], host: bool) -> Result<f64> {
                 while start < n {
                     let len = SLICE.min(n - start);
                     let part = flat.narrow(0, start, len)?.to_dtype(DType::F32)?;
-                    device.push(sum_all_wide(&part.sqr()?)?);
+                    device.push(sum_all_wide(&part.sqr()?)?.detach());
                     slices += 1;
                     start += len;
                 }

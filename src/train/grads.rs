@@ -246,7 +246,8 @@ fn ce_grad_tensors(
     let picked = shifted.gather(&tg, 1)?; // (c, 1)
     drop(shifted);
     let nll = (se.log()? - picked)?;
-    let loss = (nll * &wt)?.sum_all()?.to_dtype(DType::F32)?;
+    // detached: kept until the micro-batch's read-back, it must hold no graph
+    let loss = (nll * &wt)?.sum_all()?.to_dtype(DType::F32)?.detach();
     // softmax - onehot, times weight * scale
     let p = e.broadcast_div(&se)?;
     drop(e);

@@ -144,8 +144,8 @@ pub type AttnShape = (usize, usize, usize, usize);
 pub struct CausalAttention {
     /// Lengths of the sequences laid end to end in the step.
     pub seq_lens: Vec<usize>,
-    /// Elementary candle ops on every device (the device-generic training path), not the fused
-    /// CPU kernel.
+    /// Elementary candle ops on the CPU (the device-generic training path), not the fused CPU
+    /// kernel. A GPU in bf16 takes the flash kernels either way.
     pub composed: bool,
     /// Declare what each call issues (the block attention's; the fused CPU kernel is one op
     /// each way, its backward pass host code): forward through
