@@ -93,22 +93,11 @@ fn bench_prompt(b: usize, len: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// (prefill tokens/s, decode tokens/s, the decode steps' time split) for `batch` requests of `prompt_len` tokens generating
-/// `new` tokens each.
+/// (prefill tokens/s, decode tokens/s, the decode steps' time split) for `batch` requests of
+/// `prompt_len` tokens generating `new` tokens each. The split: with `split`, the decode steps
+/// under the clock ([`clock`]: CUDA events on a GPU) by layer kind and op; else by the engine's
+/// timers (synchronised between the parts of a step with `sync_timing`).
 fn timed_run(
-    model: &Transformer,
-    batch: usize,
-    prompt_len: usize,
-    new: usize,
-    a: &SampleBenchArgs,
-    sync_timing: bool,
-) -> Result<(f64, f64, String)> {
-    timed_run_split(model, batch, prompt_len, new, a, sync_timing, false)
-}
-
-/// [`timed_run`]; with `split`, under the clock ([`clock`]: CUDA events on a GPU), the third
-/// figure being the decode steps' split by layer kind and op instead of the synchronised one.
-fn timed_run_split(
     model: &Transformer,
     batch: usize,
     prompt_len: usize,
@@ -154,34 +143,37 @@ fn timed_run_split(
     let prefill_s = t0.elapsed().as_secs_f64();
     let first = e.stats.generated_tokens;
     let at_prefill = e.stats.time;
-    if split {
-        clock::start(model.device(), "decode")?;
-    }
     let t1 = Instant::now();
-    let run = (|| -> Result<()> {
+    let by_op = if split {
+        let ((), s) = clock::timed(model.device(), "decode", || -> Result<()> {
+            while !e.is_idle() {
+                e.step(None)?;
+            }
+            Ok(())
+        })?;
+        Some(s)
+    } else {
         while !e.is_idle() {
             e.step(None)?;
         }
-        Ok(())
-    })();
+        None
+    };
     let decode_s = t1.elapsed().as_secs_f64();
-    if split {
-        let s = clock::stop();
-        run?;
-        let s = s?;
+    let rates = (
+        (batch * prompt_len) as f64 / prefill_s.max(1e-9),
+        (e.stats.generated_tokens - first) as f64 / decode_s.max(1e-9),
+    );
+    if let Some(s) = by_op {
         let steps = new.saturating_sub(1).max(1) as f64;
-        return Ok((
-            (batch * prompt_len) as f64 / prefill_s.max(1e-9),
-            (e.stats.generated_tokens - first) as f64 / decode_s.max(1e-9),
-            format!(
-                "{:.3} ms per decode step between the first and last marks ({:.3} ms host wall), by op:\n{}",
-                1e3 * s.marked / steps,
-                1e3 * s.wall / steps,
-                s.table(0.005)
-            ),
-        ));
+        let split = format!(
+            "{:.3} ms per decode step between the first and last marks ({:.3} ms host wall), by \
+             op:\n{}",
+            1e3 * s.marked / steps,
+            1e3 * s.wall / steps,
+            s.table(0.005)
+        );
+        return Ok((rates.0, rates.1, split));
     }
-    run?;
     // the split of the decode steps alone
     let (t, p) = (e.stats.time, at_prefill);
     let share = |x: f64, y: f64| 100.0 * (x - y) / decode_s.max(1e-9);
@@ -194,11 +186,7 @@ fn timed_run_split(
         share(t.sampling, p.sampling),
         share(t.schedule, p.schedule)
     );
-    Ok((
-        (batch * prompt_len) as f64 / prefill_s.max(1e-9),
-        (e.stats.generated_tokens - first) as f64 / decode_s.max(1e-9),
-        split,
-    ))
+    Ok((rates.0, rates.1, split))
 }
 
 pub fn run(a: &SampleBenchArgs) -> Result<()> {
@@ -302,7 +290,7 @@ fn run_cpu(a: &SampleBenchArgs, cfg: &ModelConfig, batches: &[usize]) -> Result<
     for &b in batches {
         let (mut prefill, mut decode, mut split) = (0.0, 0.0, String::new());
         for _ in 0..a.repeat.max(1) {
-            let (p, d, s) = timed_run(&model, b, a.prompt_len, a.new_tokens + 1, a, false)?;
+            let (p, d, s) = timed_run(&model, b, a.prompt_len, a.new_tokens + 1, a, false, false)?;
             prefill = f64::max(prefill, p);
             if d > decode {
                 (decode, split) = (d, s);
@@ -322,7 +310,7 @@ fn run_cpu(a: &SampleBenchArgs, cfg: &ModelConfig, batches: &[usize]) -> Result<
         crate::outln!("       {split}");
         if a.split_tokens > 0 {
             let (_, _, split) =
-                timed_run_split(&model, b, a.prompt_len, a.split_tokens + 1, a, false, true)?;
+                timed_run(&model, b, a.prompt_len, a.split_tokens + 1, a, false, true)?;
             crate::outln!(
                 "       time between ops (run of {} new tokens, wall clock): {split}",
                 a.split_tokens
@@ -479,7 +467,8 @@ fn run_gpu(
             );
             continue;
         }
-        let (prefill, decode, _) = timed_run(&model, b, a.prompt_len, a.new_tokens + 1, a, false)?;
+        let (prefill, decode, _) =
+            timed_run(&model, b, a.prompt_len, a.new_tokens + 1, a, false, false)?;
         // Decode step s (0-based) computes token prompt+1+s of every sequence and reads that
         // many keys and values per sequence, plus every weight once.
         let (p, n) = (a.prompt_len as f64, a.new_tokens as f64);
@@ -494,14 +483,14 @@ fn run_gpu(
         );
         remember(a, &crate::train::memory::device_name(dev), cfg, b, decode);
         let short = a.new_tokens.min(256);
-        let (_, _, split) = timed_run(&model, b, a.prompt_len, short + 1, a, true)?;
+        let (_, _, split) = timed_run(&model, b, a.prompt_len, short + 1, a, true, false)?;
         crate::outln!(
             "       time (run of {short} new tokens, synchronised between the parts of a step, \
              attention by CUDA events): {split}"
         );
         if a.split_tokens > 0 {
             let (_, _, split) =
-                timed_run_split(&model, b, a.prompt_len, a.split_tokens + 1, a, false, true)?;
+                timed_run(&model, b, a.prompt_len, a.split_tokens + 1, a, false, true)?;
             crate::outln!(
                 "       time by CUDA events between ops (run of {} new tokens, no \
                  synchronisation inside a step): {split}",

@@ -337,8 +337,7 @@ impl<'a> Bench<'a> {
     fn time_split(&mut self, recompute: bool, chunked: bool) -> Result<()> {
         let dev = self.dev.clone();
         let g = self.options(recompute, chunked);
-        clock::start(&dev, "forward")?;
-        let run = (|| -> Result<()> {
+        let ((), split) = clock::timed(&dev, "forward", || -> Result<()> {
             let mut counts = Counts::timing();
             let mut sums = GradSums::new(self.t.named_vars().len());
             self.t
@@ -348,10 +347,7 @@ impl<'a> Bench<'a> {
             clock::phase("optimizer");
             self.opt.step(&grads, 1e-5, Some(1.0))?;
             Ok(())
-        })();
-        let split = clock::stop();
-        run?;
-        let split = split?;
+        })?;
         crate::outln!(
             "time split of a step (recompute {recompute}, chunked {chunked}; {}; rows under 1% \
              summed):\n{}",

@@ -5,7 +5,7 @@
 //! this.
 
 use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
-use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, DType, Result, Storage, Tensor};
 
@@ -125,6 +125,24 @@ fn output(dev: &CudaDevice, dims: &[usize], dt: DType) -> Result<Tensor> {
     ))
 }
 
+/// Kernel `name` of the module, allowed `shared` bytes of dynamic shared memory (above 48 KiB a
+/// kernel must ask for it).
+fn kernel(dev: &CudaDevice, name: &str, shared: usize) -> Result<CudaFunction> {
+    let f = module_fn(
+        dev,
+        name,
+        "selfdistill_flash_attention",
+        FLASH_ATTENTION_PTX,
+    )?;
+    if shared > 0 {
+        checked(f.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        ))?;
+    }
+    Ok(f)
+}
+
 /// The sequences' starts and the end (n + 1 values, u32) on `q`'s device: what [`forward`] and
 /// [`backward`] take, uploaded once per step by their caller.
 pub fn starts(seq_lens: &[usize], q: &Tensor) -> Result<Tensor> {
@@ -165,17 +183,8 @@ pub fn forward(
     let dev = cuda_device(&q)?;
     let o = output(&dev, &[t, hq, d], DType::BF16)?;
     let lse = output(&dev, &[hq, t], DType::F32)?;
-    let f = module_fn(
-        &dev,
-        &format!("flash_fwd_d{d}"),
-        "selfdistill_flash_attention",
-        FLASH_ATTENTION_PTX,
-    )?;
     let shared = fwd_shared(d);
-    checked(f.set_attribute(
-        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        shared as i32,
-    ))?;
+    let f = kernel(&dev, &format!("flash_fwd_d{d}"), shared)?;
     let ptrs = [
         tensor_ptr(&q)?,
         tensor_ptr(&k)?,
@@ -253,12 +262,7 @@ pub fn backward(
     let (t_i, hq_i, hkv_i, d_i) = (t as i32, hq as i32, hkv as i32, d as i32);
     // delta = rowsum(dO * O), one warp per (token, head)
     let delta = output(&dev, &[hq, t], DType::F32)?;
-    let f = module_fn(
-        &dev,
-        "flash_bwd_delta",
-        "selfdistill_flash_attention",
-        FLASH_ATTENTION_PTX,
-    )?;
+    let f = kernel(&dev, "flash_bwd_delta", 0)?;
     let (dop, op, dp) = (tensor_ptr(&d_o)?, tensor_ptr(&o)?, tensor_ptr(&delta)?);
     let mut l = stream.launch_builder(&f);
     l.arg(&dop).arg(&op).arg(&dp).arg(&t_i).arg(&hq_i).arg(&d_i);
@@ -273,17 +277,8 @@ pub fn backward(
     let dq = Tensor::zeros((t, hq, d), DType::F32, q.device())?;
     let dk = output(&dev, &[t, hkv, d], DType::F32)?;
     let dv = output(&dev, &[t, hkv, d], DType::F32)?;
-    let f = module_fn(
-        &dev,
-        &format!("flash_bwd_d{d}"),
-        "selfdistill_flash_attention",
-        FLASH_ATTENTION_PTX,
-    )?;
     let shared = bwd_shared(d);
-    checked(f.set_attribute(
-        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        shared as i32,
-    ))?;
+    let f = kernel(&dev, &format!("flash_bwd_d{d}"), shared)?;
     let ptrs = [
         tensor_ptr(&q)?,
         tensor_ptr(&k)?,

@@ -171,6 +171,20 @@ pub struct Split {
     pub marked: f64,
 }
 
+/// Runs `f` under a clock installed for `dev` in phase `phase` and reads the split; the clock is
+/// removed whether `f` returns, fails or panics.
+pub fn timed<T, E: From<candle_core::Error>>(
+    dev: &Device,
+    phase: &'static str,
+    f: impl FnOnce() -> std::result::Result<T, E>,
+) -> std::result::Result<(T, Split), E> {
+    start(dev, phase)?;
+    let _unset = Unset;
+    let r = f();
+    let split = stop();
+    Ok((r?, split?))
+}
+
 /// Removes this thread's clock and reads its split (waiting for the device once).
 pub fn stop() -> Result<Split> {
     let Some(clock) = CLOCK.with(|c| c.borrow_mut().take()) else {
