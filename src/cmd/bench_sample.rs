@@ -410,7 +410,8 @@ fn run_mistralrs(
 #[cfg(feature = "cuda")]
 /// The GPU benchmark: the two ceilings of the device, then for each batch size the decode rate
 /// against the bandwidth roofline (weights plus every sequence's keys and values read once per
-/// step), and the step's time split from a second, synchronised run.
+/// step, and its recurrent states read and written), and the step's time split from a second
+/// run.
 fn run_gpu(
     a: &SampleBenchArgs,
     cfg: &ModelConfig,
@@ -473,7 +474,9 @@ fn run_gpu(
         // many keys and values per sequence, plus every weight once.
         let (p, n) = (a.prompt_len as f64, a.new_tokens as f64);
         let ctx_sum = b as f64 * (n * (p + 1.0) + n * (n - 1.0) / 2.0);
-        let bytes = n * weight_bytes + kv_tok * ctx_sum;
+        // each step also reads and writes back every sequence's recurrent states
+        let state = (b * state_bytes_per_step(cfg)) as f64;
+        let bytes = n * (weight_bytes + state) + kv_tok * ctx_sum;
         let roofline = b as f64 * n / (bytes / bw);
         let kv_gib = kv_bytes / (1u64 << 30) as f64;
         crate::outln!(
@@ -572,17 +575,22 @@ fn decode_gemm_rates(cfg: &ModelConfig, batch: usize) -> String {
 /// `bw`.
 fn decode_roofline(cfg: &ModelConfig, batch: usize, ctx: usize, peak: f64, bw: f64) -> (f64, bool) {
     let compute = batch as f64 * decode_flops_per_token(cfg, ctx) / peak;
-    // a recurrent layer's state is read and written back once per step; a sliding layer's
-    // ring of the window's keys and values is read (and one row of it written)
-    let ring: usize = (0..cfg.num_layers())
-        .filter(|&l| matches!(cfg.layer_cache(l), LayerCache::Window { .. }))
-        .map(|l| cfg.layer_cache(l).fixed_values() * 4)
-        .sum();
-    let state = 2 * (StateSlots::bytes_per_seq(cfg) - ring) + ring;
+    let state = state_bytes_per_step(cfg);
     let bytes =
         (cfg.num_params() * 4 + batch * (ctx * KvCache::bytes_per_token(cfg) + state)) as f64;
     let memory = bytes / bw;
     (batch as f64 / compute.max(memory), compute >= memory)
+}
+
+/// Bytes of a sequence's fixed state (f32) one decode step must move: a recurrent layer's state
+/// is read and written back once; a sliding layer's ring of the window's keys and values is read
+/// (and one row of it written).
+fn state_bytes_per_step(cfg: &ModelConfig) -> usize {
+    let ring: usize = (0..cfg.num_layers())
+        .filter(|&l| matches!(cfg.layer_cache(l), LayerCache::Window { .. }))
+        .map(|l| cfg.layer_cache(l).fixed_values() * 4)
+        .sum();
+    2 * (StateSlots::bytes_per_seq(cfg) - ring) + ring
 }
 
 /// FLOPs of one decode token at context length `ctx`: every weight matrix once (lm_head

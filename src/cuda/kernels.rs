@@ -20,6 +20,9 @@ pub const GATED_DELTANET_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gat
 pub const FLASH_ATTENTION_PTX: &str =
     include_str!(concat!(env!("OUT_DIR"), "/flash_attention.ptx"));
 
+/// `kernels/layer_ops.cu`, likewise.
+pub const LAYER_OPS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/layer_ops.ptx"));
+
 /// `kernels/state_slots.cu`, likewise.
 pub const STATE_SLOTS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/state_slots.ptx"));
 
@@ -64,6 +67,21 @@ pub fn tensor_ptr(t: &Tensor) -> Result<u64> {
     if !t.is_contiguous() {
         bail!("tensor_ptr: the tensor is not contiguous");
     }
+    first_element(t)
+}
+
+/// Device address of the first row of the 2-D `t` and the elements from one row to the next:
+/// `t` may be a view of some columns of a wider matrix (its elements adjacent within a row).
+pub fn rows_ptr(t: &Tensor) -> Result<(u64, i64)> {
+    let ((rows, cols), stride) = (t.dims2()?, t.stride());
+    if cols > 1 && stride[1] != 1 {
+        bail!("rows_ptr: a row's elements are not adjacent (strides {stride:?})");
+    }
+    let ld = if rows > 1 { stride[0] } else { cols };
+    Ok((first_element(t)?, ld as i64))
+}
+
+fn first_element(t: &Tensor) -> Result<u64> {
     let (storage, layout) = t.storage_and_layout();
     let Storage::Cuda(c) = &*storage else {
         bail!("tensor_ptr: not a CUDA tensor")

@@ -11,6 +11,8 @@ pub mod flash_attention;
 pub mod gated_deltanet;
 #[cfg(feature = "cuda")]
 pub mod kernels;
+#[cfg(feature = "cuda")]
+pub mod layer_ops;
 pub mod shapes;
 
 #[cfg(feature = "cuda")]

@@ -35,3 +35,39 @@ impl GdnShape {
             && (2..=8).contains(&self.conv_kernel)
     }
 }
+
+/// An attention layer's q/k/v shape, as the fused epilogue (`qkv_rope`) takes it.
+#[derive(Debug, Clone, Copy)]
+pub struct QkvShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Leading dims of each head RoPE rotates (the head_dim but for partial RoPE).
+    pub rotary: usize,
+    /// q_proj gives a query and an output gate per head (Qwen3.5).
+    pub gate: bool,
+    pub eps: f64,
+    pub q_scale: f64,
+}
+
+impl QkvShape {
+    /// Columns of the stacked projection's rows.
+    pub fn width(&self) -> usize {
+        let q = self.heads * self.head_dim * if self.gate { 2 } else { 1 };
+        q + 2 * self.kv_heads * self.head_dim
+    }
+
+    /// Whether the kernel takes this shape: one thread per element of a head (head_dim a
+    /// multiple of 32, at most 512), an even rotary width within the head.
+    pub fn supported(&self) -> bool {
+        let d = self.head_dim;
+        d > 0
+            && d.is_multiple_of(32)
+            && d <= 512
+            && self.rotary > 0
+            && self.rotary.is_multiple_of(2)
+            && self.rotary <= d
+            && self.heads > 0
+            && self.kv_heads > 0
+    }
+}

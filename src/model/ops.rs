@@ -266,6 +266,11 @@ impl RopeRows {
         })
     }
 
+    /// The step's cos and sin rows, (T, R/2) each in the model's dtype (R: the rotated dims).
+    pub(super) fn tables(&self) -> (&Tensor, &Tensor) {
+        (&self.cos, &self.sin)
+    }
+
     /// x: (T, H, D) -> rotated x (the Hugging Face `rotate_half` layout). With partial RoPE
     /// (tables narrower than D) the leading dims rotate and the rest pass through.
     /// The candle operations it issues are added to `spent`.

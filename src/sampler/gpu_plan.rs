@@ -79,6 +79,17 @@ impl StepCosts {
         Cost::kernels(1) + if first { Cost::UPLOAD } else { Cost::default() }
     }
 
+    /// A recurrent layer's states handed to the kernels in the pool itself: the step's slot
+    /// ids uploaded on the first layer, and its sequence starts when a sequence brings more
+    /// than one token (`state_slots.rs`).
+    pub fn state_pool(first: bool, starts: bool) -> Cost {
+        if first {
+            Cost::UPLOAD * (1 + u64::from(starts))
+        } else {
+            Cost::default()
+        }
+    }
+
     /// A recurrent layer's new states scattered back into the pool (a kernel).
     pub const STATE_SCATTER: Cost = Cost {
         launches: 1,

@@ -14,7 +14,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::model::attention::RecurrentStep;
+use crate::model::attention::{PoolStep, RecurrentStep};
 use crate::model::cost::Cost;
 use crate::model::ModelConfig;
 #[cfg(feature = "cuda")]
@@ -54,6 +54,9 @@ struct DeviceSlots {
     pools: Vec<Option<Tensor>>,
     zeros: Vec<Option<Tensor>>,
     rows: Option<(Vec<usize>, Tensor)>,
+    /// The step's sequence starts for the kernels, uploaded once for all its layers (none when
+    /// each sequence brings one token).
+    starts: Option<(Vec<usize>, Option<Tensor>)>,
     gather: candle_core::cuda_backend::cudarc::driver::CudaFunction,
     scatter: candle_core::cuda_backend::cudarc::driver::CudaFunction,
 }
@@ -135,6 +138,7 @@ impl StateSlots {
             pools,
             zeros,
             rows: None,
+            starts: None,
             gather: load("gather_rows_f32")?,
             scatter: load("scatter_rows_f32")?,
         });
@@ -311,6 +315,25 @@ impl StateSlots {
         })
     }
 
+    /// Layer `layer`'s pool on the GPU and the step's rows of it (`slots`, whose sequences bring
+    /// `seq_lens` tokens), for kernels that update them in place; `None` for slots on the host.
+    pub fn pool_step(
+        &mut self,
+        layer: usize,
+        values: usize,
+        slots: &[usize],
+        seq_lens: &[usize],
+    ) -> candle_core::Result<Option<PoolStep>> {
+        #[cfg(feature = "cuda")]
+        if self.device.is_some() {
+            return self
+                .pool_step_cuda(layer, values, slots, seq_lens)
+                .map(Some);
+        }
+        let _ = (layer, values, slots, seq_lens);
+        Ok(None)
+    }
+
     /// Keeps the states a step's sequences end with (from any device) in their `slots`.
     pub fn store_step_state(
         &mut self,
@@ -380,6 +403,59 @@ impl StateSlots {
         })
     }
 
+    fn pool_step_cuda(
+        &mut self,
+        layer: usize,
+        values: usize,
+        slots: &[usize],
+        seq_lens: &[usize],
+    ) -> candle_core::Result<PoolStep> {
+        if self.values.get(layer) != Some(&values) {
+            candle_core::bail!("layer {layer}: state slots of another size than {values} values")
+        }
+        if slots.len() != seq_lens.len() {
+            candle_core::bail!(
+                "layer {layer}: {} slots for {} sequences",
+                slots.len(),
+                seq_lens.len()
+            )
+        }
+        let Some(pool) = self.device.as_ref().and_then(|d| d.pools[layer].clone()) else {
+            candle_core::bail!("layer {layer} has no state slots")
+        };
+        let ids = self.step_ids(slots, pool.device())?;
+        let d = self.device.as_mut().expect("checked above");
+        if d.starts.as_ref().is_none_or(|(l, _)| l != seq_lens) {
+            let starts = crate::model::attention::seq_starts(seq_lens)
+                .map(|s| Tensor::new(s.as_slice(), pool.device()))
+                .transpose()?;
+            if starts.is_some() {
+                self.spent += Cost::UPLOAD;
+            }
+            d.starts = Some((seq_lens.to_vec(), starts));
+        }
+        let starts = d.starts.as_ref().and_then(|(_, s)| s.clone());
+        Ok(PoolStep {
+            seq_lens: seq_lens.to_vec(),
+            pool,
+            ids,
+            starts,
+        })
+    }
+
+    /// The step's slot ids on the device (u32), uploaded once for all its layers.
+    fn step_ids(&mut self, slots: &[usize], device: &Device) -> candle_core::Result<Tensor> {
+        let Some(d) = self.device.as_mut() else {
+            candle_core::bail!("no GPU state slots")
+        };
+        if d.rows.as_ref().is_none_or(|(s, _)| s != slots) {
+            let ids: Vec<u32> = slots.iter().map(|&s| s as u32).collect();
+            d.rows = Some((slots.to_vec(), Tensor::new(ids.as_slice(), device)?));
+            self.spent += Cost::UPLOAD;
+        }
+        Ok(d.rows.as_ref().expect("set above").1.clone())
+    }
+
     /// One launch: `rows` (slots.len(), values) f32 from layer `layer`'s pool rows `slots`
     /// (`gather`), or into them.
     fn copy_rows_cuda(
@@ -392,7 +468,7 @@ impl StateSlots {
         use crate::cuda::kernels::{checked, tensor_ptr};
         use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
         let v = self.values.get(layer).copied().unwrap_or(0);
-        let Some(d) = self.device.as_mut() else {
+        let Some(d) = self.device.as_ref() else {
             candle_core::bail!("no GPU state slots")
         };
         let Some(pool) = d.pools.get(layer).and_then(|p| p.as_ref()) else {
@@ -409,13 +485,10 @@ impl StateSlots {
         if slots.is_empty() {
             return Ok(());
         }
+        let pool = pool.clone();
         // the step's slot ids go up once for all its layers
-        if d.rows.as_ref().is_none_or(|(s, _)| s != slots) {
-            let ids: Vec<u32> = slots.iter().map(|&s| s as u32).collect();
-            d.rows = Some((slots.to_vec(), Tensor::new(ids.as_slice(), pool.device())?));
-            self.spent += Cost::UPLOAD;
-        }
-        let ids = &d.rows.as_ref().expect("set above").1;
+        let ids = &self.step_ids(slots, pool.device())?;
+        let d = self.device.as_ref().expect("checked above");
         if gather && !rows.is_contiguous() {
             candle_core::bail!("layer {layer}: the rows a gather writes must be contiguous")
         }
@@ -424,7 +497,7 @@ impl StateSlots {
                 StepCosts::STATE_SCATTER + Cost::kernels(u64::from(!rows.is_contiguous()));
         }
         let rows = rows.contiguous()?;
-        let (pool_p, rows_p, ids_p) = (tensor_ptr(pool)?, tensor_ptr(&rows)?, tensor_ptr(ids)?);
+        let (pool_p, rows_p, ids_p) = (tensor_ptr(&pool)?, tensor_ptr(&rows)?, tensor_ptr(ids)?);
         let cuda = pool.device().as_cuda_device()?;
         let f = if gather { &d.gather } else { &d.scatter };
         let stream = cuda.cuda_stream();

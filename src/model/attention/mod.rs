@@ -72,6 +72,17 @@ pub trait AttentionBackend {
     /// sequence's next step, or dropped by a backend that keeps none.
     fn store_recurrent_state(&mut self, layer: usize, state: Tensor) -> Result<()>;
 
+    /// Recurrent layer `layer`'s states in the device memory they live in, for kernels that
+    /// update them in place (`values` f32 values per sequence): a backend whose states are
+    /// slots of a pool on the GPU gives the pool and the step's rows of it, and no copy is
+    /// made either way ([`Self::recurrent_state`] and [`Self::store_recurrent_state`] are then
+    /// not called for the layer). `None`, this default: the backend hands out and takes back
+    /// copies.
+    fn recurrent_pool(&mut self, layer: usize, values: usize) -> Result<Option<PoolStep>> {
+        let _ = (layer, values);
+        Ok(None)
+    }
+
     /// Whether [`Self::lend_recurrent_host`] lends the states in place: a backend whose states
     /// are on the host says so, so that the CPU's packed layers skip the tensors.
     fn lends_recurrent_host(&self) -> bool {
@@ -134,6 +145,37 @@ pub struct RecurrentStep {
     /// Each sequence's state at the start of the step, (sequences, values) f32; `None` when
     /// every sequence starts from zeros.
     pub state: Option<Tensor>,
+}
+
+/// A step's rows of a pool of recurrent states on a device
+/// ([`AttentionBackend::recurrent_pool`]).
+#[derive(Debug, Clone)]
+pub struct PoolStep {
+    /// Tokens each sequence brings, in the order they are laid end to end.
+    pub seq_lens: Vec<usize>,
+    /// The layer's pool, (slots, values) f32 (a new sequence's slot holds zeros).
+    pub pool: Tensor,
+    /// (sequences) u32 on the pool's device: each sequence's slot, distinct.
+    pub ids: Tensor,
+    /// (sequences + 1) u32 on the pool's device, the running sums of `seq_lens` from 0: where
+    /// each sequence's tokens start; `None` when each brings one token.
+    pub starts: Option<Tensor>,
+}
+
+/// The running sums of `seq_lens` from 0, as the kernels take sequence starts (u32); `None`
+/// when every sequence brings one token.
+pub fn seq_starts(seq_lens: &[usize]) -> Option<Vec<u32>> {
+    if seq_lens.iter().all(|&n| n == 1) {
+        return None;
+    }
+    let mut at = 0u32;
+    let mut out = Vec::with_capacity(seq_lens.len() + 1);
+    out.push(0);
+    for &n in seq_lens {
+        at += n as u32;
+        out.push(at);
+    }
+    Some(out)
 }
 
 /// A step's attention shape: (tokens, query heads, KV heads, head_dim).

@@ -4,9 +4,10 @@
 //! two forms of the delta rule, equal up to float rounding, [`delta_rule_recurrent`] (token by
 //! token: decode) and [`delta_rule_chunked`] (chunks of [`CHUNK`] tokens in a few matmuls:
 //! prompts and training), following transformers' `models/qwen3_5`
-//! (`torch_chunk_gated_delta_rule`), in f32 whatever the model's dtype. A decode step on a GPU
-//! (sampling only) runs the two kernels of `crate::cuda::gated_deltanet` instead, on the step's
-//! states in place.
+//! (`torch_chunk_gated_delta_rule`), in f32 whatever the model's dtype. Sampling on a GPU runs
+//! the two kernels of `crate::cuda::gated_deltanet` instead (decode steps and prompts alike),
+//! after one stacked input projection, on the states in place: in the backend's pool of state
+//! slots when it has one, else in the step's copy.
 //!
 //! Each op declares the candle operations it issues, as the rest of the candle ops do. Knows
 //! nothing of where states are kept (the backend's) or of weights' names.
@@ -17,7 +18,7 @@ use candle_nn::Linear;
 use super::super::attention::AttentionBackend;
 use super::super::config::LinearAttention;
 use super::super::cost::{Cost, CountMode};
-use super::super::ops::{cat_cost, copy_cost, project_counted, Exec, RmsNorm};
+use super::super::ops::{cat_cost, copy_cost, project_counted, stack_linears, Exec, RmsNorm};
 use crate::cuda::shapes::GdnShape;
 
 /// Tokens per chunk of the chunked form (transformers' default).
@@ -33,6 +34,23 @@ pub struct CandleDeltaIn {
     pub z: Linear,
     pub b: Linear,
     pub a: Linear,
+    /// For sampling through the GPU kernels: the four as one matrix, so that a step runs one
+    /// matmul where it ran four, and the kernels read the rows' parts in place; the separate
+    /// projections above become views of it.
+    pub stacked: Option<Linear>,
+}
+
+impl CandleDeltaIn {
+    /// Stacks the four projections into one matrix (the separate ones become views of it).
+    pub fn stack(&mut self) -> Result<()> {
+        if self.stacked.is_none() {
+            let (all, v) = stack_linears(&[&self.qkv, &self.z, &self.b, &self.a])?;
+            (self.qkv, self.z, self.b, self.a) =
+                (v[0].clone(), v[1].clone(), v[2].clone(), v[3].clone());
+            self.stacked = Some(all);
+        }
+        Ok(())
+    }
 }
 
 /// What they give, in the model's dtype: qkv (T, conv_dim), z (T, value_dim), b and a (T, Hv).
@@ -72,18 +90,23 @@ enum StatePath {
         windows: Vec<Tensor>,
         heads: Vec<Tensor>,
     },
-    /// The GPU's decode kernels on the whole step's states (B, values) f32, updated in place.
-    /// `dry`: counting a GPU's step on a machine without one (the kernels' cost declared, their
-    /// outputs zeros).
+    /// The GPU's kernels on the step's states (f32), updated in place: rows `ids` of the
+    /// backend's pool (`pooled`), or the step's own copy, row by sequence. `dry`: counting a
+    /// GPU's step on a machine without one (the kernels' cost declared, their outputs zeros).
+    /// The rows' ids and the sequence starts are read by the kernels' launch alone.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     Kernels {
         shape: GdnShape,
-        state: Tensor,
+        states: Tensor,
+        ids: Option<Tensor>,
+        starts: Option<Tensor>,
+        pooled: bool,
         dry: bool,
     },
 }
 
-/// The GPU decode kernels' shape for a layer, when they take it.
-fn decode_shape(w: &CandleDeltaNet) -> Option<GdnShape> {
+/// The GPU kernels' shape for a layer, when they take it.
+pub fn kernel_shape(w: &CandleDeltaNet) -> Option<GdnShape> {
     let l = w.shape;
     let shape = GdnShape {
         nk: l.num_key_heads,
@@ -111,6 +134,23 @@ pub struct Run<'a> {
 impl Run<'_> {
     pub fn deltanet_in(&mut self, h: Tensor, w: &CandleDeltaIn) -> Result<CandleDeltaRows> {
         let (exec, spent) = (self.exec, &mut *self.spent);
+        let kernels = h.device().is_cuda() || self.count == CountMode::AsCuda;
+        if let (Some(all), Exec::Sampling, true) = (&w.stacked, exec, kernels) {
+            // one matmul; the kernels read each part of its rows in place
+            let y = project_counted(all, &h, exec, spent)?;
+            let mut at = 0;
+            let mut part = |l: &Linear| -> Result<Tensor> {
+                let n = l.weight().dim(0)?;
+                at += n;
+                y.narrow(1, at - n, n)
+            };
+            return Ok(CandleDeltaRows {
+                qkv: part(&w.qkv)?,
+                z: part(&w.z)?,
+                b: part(&w.b)?,
+                a: part(&w.a)?,
+            });
+        }
         Ok(CandleDeltaRows {
             qkv: project_counted(&w.qkv, &h, exec, spent)?,
             z: project_counted(&w.z, &h, exec, spent)?,
@@ -127,33 +167,73 @@ impl Run<'_> {
         backend: &'b mut dyn AttentionBackend,
     ) -> Result<CandleDeltaState<'b>> {
         let l = w.shape;
+        let t = x.qkv.dim(0)?;
+        let check = |seq_lens: &[usize]| -> Result<()> {
+            if seq_lens.iter().sum::<usize>() != t {
+                candle_core::bail!(
+                    "layer {layer}: {t} tokens, but the step's sequences bring {seq_lens:?}"
+                )
+            }
+            Ok(())
+        };
+        // sampling on a GPU: the kernels record no backward pass
+        let dry = self.count == CountMode::AsCuda && !x.qkv.device().is_cuda();
+        let kernels = kernel_shape(w)
+            .filter(|_| self.exec == Exec::Sampling && (x.qkv.device().is_cuda() || dry));
+        if let Some(shape) = kernels {
+            if let Some(p) = backend.recurrent_pool(layer, l.state_values())? {
+                *self.spent += backend.take_cost();
+                check(&p.seq_lens)?;
+                return Ok(CandleDeltaState {
+                    backend,
+                    layer,
+                    seq_lens: p.seq_lens,
+                    path: StatePath::Kernels {
+                        shape,
+                        states: p.pool,
+                        ids: Some(p.ids),
+                        starts: p.starts,
+                        pooled: true,
+                        dry,
+                    },
+                });
+            }
+        }
         let step = backend.recurrent_state(layer, l.state_values())?;
         *self.spent += backend.take_cost();
-        let t = x.qkv.dim(0)?;
-        if step.seq_lens.iter().sum::<usize>() != t {
-            candle_core::bail!(
-                "layer {layer}: {t} tokens, but the step's sequences bring {:?}",
-                step.seq_lens
-            )
-        }
-        // decode steps on a GPU, for sampling only: the kernels record no backward pass
-        let decode = self.exec == Exec::Sampling && step.seq_lens.iter().all(|&n| n == 1);
-        let dry = self.count == CountMode::AsCuda && !x.qkv.device().is_cuda();
-        let kernels = decode_shape(w).filter(|_| decode && (x.qkv.device().is_cuda() || dry));
+        check(&step.seq_lens)?;
         let path = match kernels {
             Some(shape) => {
-                // the kernels update the state in place: a copy unless it is the step's own
-                let state = match &step.state {
+                // the kernels update the states in place: a copy unless it is the step's own
+                let states = match &step.state {
                     Some(s) => {
                         *self.spent += cast_cost(s.dtype()) + copy_cost(s);
                         s.to_dtype(DType::F32)?.contiguous()?
                     }
                     None => {
                         *self.spent += Cost::kernels(1);
-                        Tensor::zeros((t, l.state_values()), DType::F32, x.qkv.device())?
+                        Tensor::zeros(
+                            (step.seq_lens.len(), l.state_values()),
+                            DType::F32,
+                            x.qkv.device(),
+                        )?
                     }
                 };
-                StatePath::Kernels { shape, state, dry }
+                let starts = super::super::attention::seq_starts(&step.seq_lens);
+                if starts.is_some() {
+                    *self.spent += Cost::UPLOAD;
+                }
+                let starts = starts
+                    .map(|s| Tensor::new(s.as_slice(), x.qkv.device()))
+                    .transpose()?;
+                StatePath::Kernels {
+                    shape,
+                    states,
+                    ids: None,
+                    starts,
+                    pooled: false,
+                    dry,
+                }
             }
             None => StatePath::Composed {
                 start: step.state,
@@ -177,10 +257,11 @@ impl Run<'_> {
     ) -> Result<Tensor> {
         let l = w.shape;
         let (conv_len, k1) = (l.conv_dim() * (l.conv_kernel - 1), l.conv_kernel - 1);
+        let seqs = st.seq_lens.len();
         let (start, windows) = match &mut st.path {
-            StatePath::Kernels { shape, state, dry } => {
+            StatePath::Kernels { .. } => {
                 *self.spent += Cost::kernels(1);
-                return conv_kernel(shape, &x.qkv, &w.conv, state, *dry);
+                return conv_kernel(&st.path, seqs, &x.qkv, &w.conv);
             }
             StatePath::Composed { start, windows, .. } => (start.as_ref(), windows),
         };
@@ -260,10 +341,11 @@ impl Run<'_> {
         st: &mut CandleDeltaState<'_>,
     ) -> Result<Tensor> {
         let l = w.shape;
+        let seqs = st.seq_lens.len();
         let (start, heads) = match &mut st.path {
-            StatePath::Kernels { shape, state, dry } => {
+            StatePath::Kernels { .. } => {
                 *self.spent += Cost::kernels(1);
-                return recurrent_kernel(shape, &u, &x, w, state, *dry);
+                return recurrent_kernel(&st.path, seqs, &u, &x, w);
             }
             StatePath::Composed { start, heads, .. } => (start.as_ref(), heads),
         };
@@ -329,7 +411,9 @@ impl Run<'_> {
             ..
         } = st;
         let state = match path {
-            StatePath::Kernels { state, .. } => state,
+            // the kernels wrote the states where the backend keeps them
+            StatePath::Kernels { pooled: true, .. } => return Ok(()),
+            StatePath::Kernels { states, .. } => states,
             StatePath::Composed { windows, heads, .. } => {
                 let rows = windows
                     .iter()
@@ -350,45 +434,77 @@ impl Run<'_> {
     }
 }
 
-/// The conv kernel of a GPU decode step on `qkv` (B, conv_dim): its output (B, conv_dim) f32,
-/// the conv inputs of `state` moved on in place.
-fn conv_kernel(
-    shape: &GdnShape,
-    qkv: &Tensor,
-    conv: &Tensor,
-    state: &Tensor,
-    dry: bool,
-) -> Result<Tensor> {
+/// The kernels' view of a step's states (`path` is [`StatePath::Kernels`]).
+#[cfg(feature = "cuda")]
+fn gdn_step(
+    path: &StatePath,
+    seqs: usize,
+) -> Result<(GdnShape, crate::cuda::gated_deltanet::GdnStep<'_>)> {
+    let StatePath::Kernels {
+        shape,
+        states,
+        ids,
+        starts,
+        ..
+    } = path
+    else {
+        candle_core::bail!("the Gated DeltaNet kernels on composed states")
+    };
+    let step = crate::cuda::gated_deltanet::GdnStep {
+        states,
+        ids: ids.as_ref(),
+        starts: starts.as_ref(),
+        seqs,
+    };
+    Ok((*shape, step))
+}
+
+/// The GPU kernels' shape, and whether they only count (`path` is [`StatePath::Kernels`]).
+fn kernel_path(path: &StatePath) -> Result<(GdnShape, bool)> {
+    match path {
+        StatePath::Kernels { shape, dry, .. } => Ok((*shape, *dry)),
+        StatePath::Composed { .. } => {
+            candle_core::bail!("the Gated DeltaNet kernels on composed states")
+        }
+    }
+}
+
+/// The conv kernel of a GPU step on `qkv` (T, conv_dim) of `seqs` sequences: its output
+/// (T, conv_dim) f32, each sequence's conv inputs moved on in place.
+fn conv_kernel(path: &StatePath, seqs: usize, qkv: &Tensor, conv: &Tensor) -> Result<Tensor> {
+    let (shape, dry) = kernel_path(path)?;
     if dry {
         return Tensor::zeros((qkv.dim(0)?, shape.conv_dim()), DType::F32, qkv.device());
     }
     #[cfg(feature = "cuda")]
     {
-        crate::cuda::gated_deltanet::conv_step(shape, qkv, &conv.squeeze(1)?, state)
+        let (shape, step) = gdn_step(path, seqs)?;
+        crate::cuda::gated_deltanet::conv_step(&shape, qkv, &conv.squeeze(1)?, &step)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (shape, conv, state);
-        candle_core::bail!("the Gated DeltaNet decode kernels need a build with the cuda feature")
+        let _ = (seqs, conv);
+        candle_core::bail!("the Gated DeltaNet kernels need a build with the cuda feature")
     }
 }
 
-/// The recurrent kernel of a GPU decode step: the gated norm's output (B, value_dim) in the
-/// model's dtype, the heads' states of `state` updated in place.
+/// The recurrent kernel of a GPU step: the gated norm's output (T, value_dim) in the model's
+/// dtype, the heads' states updated in place.
 fn recurrent_kernel(
-    shape: &GdnShape,
+    path: &StatePath,
+    seqs: usize,
     u: &Tensor,
     x: &CandleDeltaRows,
     w: &CandleDeltaNet,
-    state: &Tensor,
-    dry: bool,
 ) -> Result<Tensor> {
+    let (shape, dry) = kernel_path(path)?;
     if dry {
         return Tensor::zeros((u.dim(0)?, shape.nv * shape.dv), x.z.dtype(), u.device());
     }
     #[cfg(feature = "cuda")]
     {
         use crate::cuda::gated_deltanet::{recurrent_step, GdnRecurrent};
+        let (shape, step) = gdn_step(path, seqs)?;
         let r = GdnRecurrent {
             u,
             a: &x.a,
@@ -397,14 +513,13 @@ fn recurrent_kernel(
             a_log: &w.a_log,
             dt_bias: &w.dt_bias,
             norm_w: &w.norm.weight,
-            state,
         };
-        recurrent_step(shape, &r)
+        recurrent_step(&shape, &r, &step)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (shape, w, state);
-        candle_core::bail!("the Gated DeltaNet decode kernels need a build with the cuda feature")
+        let _ = (seqs, w);
+        candle_core::bail!("the Gated DeltaNet kernels need a build with the cuda feature")
     }
 }
 

@@ -9,7 +9,7 @@
 //!
 //! Knows nothing of layer kinds, caches or weights' names.
 
-use candle_core::{Module, Result, Tensor};
+use candle_core::{DType, Module, Result, Tensor};
 use candle_nn::Linear;
 
 use super::super::attention::AttentionBackend;
@@ -22,6 +22,7 @@ use super::candle_deltanet::{
     CandleDeltaIn, CandleDeltaNet, CandleDeltaRows, CandleDeltaState, Run,
 };
 use super::{AttnDims, Cost, LayerOps, Qkv};
+use crate::cuda::shapes::QkvShape;
 
 /// The candle implementation: how it computes, and what its calls have spent.
 #[derive(Debug, Clone, Copy)]
@@ -101,6 +102,149 @@ impl CandleGateUp {
     }
 }
 
+impl CandleOps {
+    /// Whether a sampling step runs our fused kernels on `x` (a GPU's step in f32 or bf16):
+    /// `Some(dry)`, `dry` when counting a GPU's step on a machine without one (the kernels'
+    /// cost declared, their outputs zeros); `None` for candle's ops.
+    fn gpu_sampling(&self, x: &Tensor) -> Option<bool> {
+        let dry = self.count == CountMode::AsCuda && !x.device().is_cuda();
+        let gpu = self.exec == Exec::Sampling && (x.device().is_cuda() || dry);
+        (gpu && matches!(x.dtype(), DType::F32 | DType::BF16)).then_some(dry)
+    }
+
+    /// [`LayerOps::add_rms_norm`] of a GPU's sampling step as one kernel (no sandwich norm);
+    /// `None` elsewhere.
+    fn fused_add_rms_norm(
+        &mut self,
+        x: &Tensor,
+        y: &Tensor,
+        y_norm: Option<&RmsNorm>,
+        next: &RmsNorm,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        let Some(dry) = self.gpu_sampling(x) else {
+            return Ok(None);
+        };
+        if y_norm.is_some() || next.offset || x.rank() != 2 || y.dims() != x.dims() {
+            return Ok(None);
+        }
+        // one launch into the sum and the normed sum
+        self.spent += Cost {
+            launches: 1,
+            allocations: 2,
+            ..Cost::default()
+        };
+        if dry {
+            return Ok(Some((x.zeros_like()?, x.zeros_like()?)));
+        }
+        #[cfg(feature = "cuda")]
+        {
+            crate::cuda::layer_ops::add_rms_norm(x, y, &next.weight, next.eps).map(Some)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            candle_core::bail!("the fused add and norm kernel needs a build with the cuda feature")
+        }
+    }
+
+    /// [`LayerOps::gate_up_act`] of a GPU's sampling step as the stacked projection and one
+    /// kernel; `None` elsewhere.
+    fn fused_gate_up_act(
+        &mut self,
+        h: &Tensor,
+        w: &CandleGateUp,
+        act: Activation,
+    ) -> Result<Option<Tensor>> {
+        let (Some(dry), Some(gu)) = (self.gpu_sampling(h), w.stacked.as_ref()) else {
+            return Ok(None);
+        };
+        self.spent += Cost::kernels(1 + u64::from(gu.bias().is_some()));
+        let y = gu.forward(h)?;
+        self.spent += Cost::kernels(1);
+        if dry {
+            return Tensor::zeros((y.dim(0)?, y.dim(1)? / 2), y.dtype(), y.device()).map(Some);
+        }
+        #[cfg(feature = "cuda")]
+        {
+            let gelu = act == Activation::GeluTanh;
+            crate::cuda::layer_ops::gate_up_act(&y, gelu).map(Some)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = act;
+            candle_core::bail!("the fused activation kernel needs a build with the cuda feature")
+        }
+    }
+
+    /// [`LayerOps::qkv_rope`] of a GPU's sampling step as the stacked projection and one fused
+    /// kernel (`crate::cuda::layer_ops::qkv_rope`), where it takes the shape; `None` elsewhere.
+    /// Counting a GPU's step on a machine without one, the kernel's cost is declared and its
+    /// outputs are zeros.
+    fn fused_qkv_rope(
+        &mut self,
+        h: &Tensor,
+        w: &CandleQkv,
+        dims: AttnDims,
+        rope: &RopeRows,
+    ) -> Result<Option<Qkv<Tensor>>> {
+        let (Some(dry), Some(stacked)) = (self.gpu_sampling(h), w.stacked.as_ref()) else {
+            return Ok(None);
+        };
+        let norms = match (&w.q_norm, &w.k_norm) {
+            (Some(q), Some(k)) if !q.offset && !k.offset => Some((q, k)),
+            (None, None) => None,
+            _ => return Ok(None),
+        };
+        let (cos, sin) = rope.tables();
+        let shape = QkvShape {
+            heads: dims.heads,
+            kv_heads: dims.kv_heads,
+            head_dim: dims.head_dim,
+            rotary: 2 * cos.dim(1)?,
+            gate: dims.gate,
+            eps: norms.map_or(0.0, |n| n.0.eps),
+            q_scale: dims.q_scale,
+        };
+        if !shape.supported() {
+            return Ok(None);
+        }
+        self.spent += Cost::kernels(1 + u64::from(stacked.bias().is_some()));
+        let y = stacked.forward(h)?;
+        // one launch into q, k, v (and the gate)
+        self.spent += Cost {
+            launches: 1,
+            allocations: 3 + u64::from(dims.gate),
+            ..Cost::default()
+        };
+        let t = h.dim(0)?;
+        if dry {
+            let (hq, hkv, d) = (dims.heads, dims.kv_heads, dims.head_dim);
+            let z = |dims: &[usize]| Tensor::zeros(dims, y.dtype(), y.device());
+            return Ok(Some(Qkv {
+                q: z(&[t, hq, d])?,
+                k: z(&[t, hkv, d])?,
+                v: z(&[t, hkv, d])?,
+                gate: dims.gate.then(|| z(&[t, hq * d])).transpose()?,
+            }));
+        }
+        #[cfg(feature = "cuda")]
+        {
+            let x = crate::cuda::layer_ops::QkvRopeIn {
+                y: &y,
+                norms: norms.map(|(q, k)| (&q.weight, &k.weight)),
+                cos,
+                sin,
+            };
+            let (q, k, v, gate) = crate::cuda::layer_ops::qkv_rope(&shape, &x)?;
+            Ok(Some(Qkv { q, k, v, gate }))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = sin;
+            candle_core::bail!("the fused q/k/v kernel needs a build with the cuda feature")
+        }
+    }
+}
+
 impl LayerOps for CandleOps {
     type Act = Tensor;
     type Norm = RmsNorm;
@@ -123,6 +267,9 @@ impl LayerOps for CandleOps {
         y_norm: Option<&RmsNorm>,
         next: &RmsNorm,
     ) -> Result<(Tensor, Tensor)> {
+        if let Some(fused) = self.fused_add_rms_norm(&x, &y, y_norm, next)? {
+            return Ok(fused);
+        }
         let x = self.add(x, y, y_norm)?;
         let h = next.forward_counted(&x, self.exec, &mut self.spent)?;
         Ok((x, h))
@@ -144,6 +291,9 @@ impl LayerOps for CandleOps {
         dims: AttnDims,
         rope: &RopeRows,
     ) -> Result<Qkv<Tensor>> {
+        if let Some(fused) = self.fused_qkv_rope(&h, w, dims, rope)? {
+            return Ok(fused);
+        }
         let (exec, spent) = (self.exec, &mut self.spent);
         let AttnDims {
             heads: hq,
@@ -228,6 +378,9 @@ impl LayerOps for CandleOps {
     }
 
     fn gate_up_act(&mut self, h: Tensor, w: &CandleGateUp, act: Activation) -> Result<Tensor> {
+        if let Some(fused) = self.fused_gate_up_act(&h, w, act)? {
+            return Ok(fused);
+        }
         let (exec, spent) = (self.exec, &mut self.spent);
         let (g, u) = match (&w.stacked, exec) {
             (Some(gu), Exec::Sampling) => {

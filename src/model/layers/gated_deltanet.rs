@@ -23,7 +23,7 @@ use candle_nn::VarBuilder;
 
 use super::super::attention::AttentionBackend;
 use super::super::config::ModelConfig;
-use super::super::layer_ops::candle_deltanet::{CandleDeltaIn, CandleDeltaNet};
+use super::super::layer_ops::candle_deltanet::{kernel_shape, CandleDeltaIn, CandleDeltaNet};
 use super::super::layer_ops::candle_ops::CandleOps;
 use super::super::layer_ops::host_deltanet::HostDeltaNet;
 use super::super::layer_ops::host_ops::{pack_linear, HostOps};
@@ -81,6 +81,7 @@ impl GatedDeltaNet<CandleOps> {
                 z: lin(h, l.value_dim(), "in_proj_z")?,
                 b: lin(h, nv, "in_proj_b")?,
                 a: lin(h, nv, "in_proj_a")?,
+                stacked: None,
             },
             weights: CandleDeltaNet {
                 conv: vb.get((l.conv_dim(), 1, l.conv_kernel), "conv1d.weight")?,
@@ -91,6 +92,16 @@ impl GatedDeltaNet<CandleOps> {
             },
             out_proj: lin(l.value_dim(), h, "out_proj")?,
         })
+    }
+
+    /// Stacks the four input projections into one matrix for sampling, where the GPU kernels
+    /// take the layer's shape and read the parts of its rows in place (the separate
+    /// projections become views of it).
+    pub fn stack_projections(&mut self) -> Result<()> {
+        if kernel_shape(&self.weights).is_some() {
+            self.in_proj.stack()?;
+        }
+        Ok(())
     }
 
     /// The host path's packed weights (the four input projections stacked into one); the candle

@@ -138,7 +138,7 @@ impl Layer<CandleOps> {
         self.post_norm.freeze_scale()?;
         match &mut self.mixer {
             Mixer::Attention(a) => a.stack_projections()?,
-            Mixer::GatedDeltaNet(_) => {}
+            Mixer::GatedDeltaNet(g) => g.stack_projections()?,
         }
         self.gate_up.stack()
     }

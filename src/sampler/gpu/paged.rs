@@ -411,6 +411,19 @@ pub struct GpuPagedAttention<'a> {
 }
 
 impl AttentionBackend for GpuPagedAttention<'_> {
+    /// The layer's pool of state slots in GPU memory and the step's rows of it, for the Gated
+    /// DeltaNet kernels to update in place (`None` for slots on the host).
+    fn recurrent_pool(
+        &mut self,
+        layer: usize,
+        values: usize,
+    ) -> Result<Option<crate::model::attention::PoolStep>> {
+        let (states, slots) = step_slots(&mut self.states, layer)?;
+        let step = states.pool_step(layer, values, slots, &self.seq_lens);
+        self.spent += states.take_cost();
+        step
+    }
+
     /// The sequences' states gathered from their slots (in GPU memory, or on the host and
     /// moved to the device).
     fn recurrent_state(
