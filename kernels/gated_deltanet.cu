@@ -19,18 +19,9 @@
 //
 // Value head hv reads key head hv / (nv / nk) (each key head serves consecutive value heads).
 
-#include <cuda_bf16.h>
 #include <stdint.h>
 
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
-  return __float2bfloat16(x);
-}
-// x rounded to T and back: where the candle path holds a value in the model's dtype
-template <typename T> __device__ __forceinline__ float round_t(float x) { return to_f(from_f<T>(x)); }
+#include "dtype.cuh"
 
 __device__ __forceinline__ float silu(float x) { return x / (1.f + __expf(-x)); }
 
@@ -69,6 +60,8 @@ __device__ void gdn_conv(const T* __restrict__ qkv, int64_t ld_qkv, float* __res
       win[j] = j < k - 1 ? st[(int64_t)j * c] : 0.f;
     }
     const float w_new = to_f(conv_w[(int64_t)ch * k + k - 1]);
+    // a prompt's tokens: unrolled so that several tokens' loads are in flight at once
+#pragma unroll 4
     for (int t = t0; t < t1; t++) {
       const float x = to_f(qkv[(int64_t)t * ld_qkv + ch]);
       float acc = win[0] * w[0];

@@ -22,17 +22,9 @@
 // projection's rows: SiLU, or GELU's tanh approximation (GeGLU).
 //   y [T][2 I] (T, rows ld apart): g = y[t][0, I), u = y[t][I, 2 I); out [T][I] (T).
 
-#include <cuda_bf16.h>
 #include <stdint.h>
 
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
-  return __float2bfloat16(x);
-}
-template <typename T> __device__ __forceinline__ float round_t(float x) { return to_f(from_f<T>(x)); }
+#include "dtype.cuh"
 
 // Sum over the block's warps (blockDim.x a multiple of 32, <= 1024) through `red` (32 floats).
 __device__ __forceinline__ float head_sum(float x, float* red) {

@@ -23,16 +23,11 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "dtype.cuh"
 
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// the fp8 KV cache's conversions beside dtype.cuh's
 __device__ __forceinline__ float to_f(__nv_fp8_e4m3 x) { return float(x); }
-
-template <typename T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) {
-  return __float2bfloat16(x);
-}
 template <> __device__ __forceinline__ __nv_fp8_e4m3 from_f<__nv_fp8_e4m3>(float x) {
   return __nv_fp8_e4m3(x);
 }

@@ -19,11 +19,11 @@
 #include <float.h>
 #include <stdint.h>
 
+#include "dtype.cuh"
+
 #define THREADS 1024
 #define KMAX 1024
 
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 __device__ __forceinline__ float sanitize(float x) {
   if (isnan(x)) return -INFINITY;

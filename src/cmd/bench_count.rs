@@ -29,7 +29,7 @@ use crate::model::layer_ops::{Cost, Counts, Place};
 use crate::model::ops::READ_BACK;
 use crate::model::transformer::CountInto;
 use crate::sampler::gpu_plan::{partitions, StepCosts};
-use crate::train::adamw::{norm_cost, AdamW, AdamWConfig};
+use crate::train::adamw::{fused_norm_cost, norm_cost, AdamW, AdamWConfig};
 use crate::train::grads::{GradOptions, GradSums};
 use crate::train::loss::PackedBatch;
 use crate::train::settings::{ComputeDtype, TrainOps, TrainSettings};
@@ -469,6 +469,9 @@ fn count_train(a: &TrainCount, cfg: &ModelConfig, cuda: bool) -> Result<Vec<Phas
         .into_iter()
         .map(|(name, shape, _)| (name, shape.iter().product()))
         .collect();
+    // a GPU runs each gradient's share of the norm and each parameter's update as one kernel,
+    // but for the device-generic ops
+    let fused = cuda && a.ops != TrainOps::Generic;
     let mut counts = Counts::default();
     let kinds = &small.layer_kinds;
     for (i, (name, _)) in t.masters().iter().enumerate() {
@@ -476,8 +479,18 @@ fn count_train(a: &TrainCount, cfg: &ModelConfig, cuda: bool) -> Result<Vec<Phas
             .get(name)
             .ok_or_else(|| anyhow::anyhow!("{name}: not a weight of {}", a.shape))?;
         let place = layer_of(name).map_or(Place::Outside, |l| Place::Layer(l, kinds[l]));
-        counts.add(place, "grad_norm", norm_cost(numel, DType::F32));
-        counts.add(place, "update", opt.update_cost(i, numel, DType::F32, true));
+        let norm = if fused {
+            fused_norm_cost()
+        } else {
+            norm_cost(numel, DType::F32)
+        };
+        counts.add(place, "grad_norm", norm);
+        let update = if fused {
+            AdamW::fused_update_cost()
+        } else {
+            opt.update_cost(i, numel, DType::F32, true)
+        };
+        counts.add(place, "update", update);
     }
     // the norm's sums and the update's statistics, each read back once
     counts.add(Place::Outside, "grad_norm", READ_BACK);

@@ -20,6 +20,9 @@ pub const GATED_DELTANET_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/gat
 pub const FLASH_ATTENTION_PTX: &str =
     include_str!(concat!(env!("OUT_DIR"), "/flash_attention.ptx"));
 
+/// `kernels/adamw.cu`, likewise.
+pub const ADAMW_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx"));
+
 /// `kernels/layer_ops.cu`, likewise.
 pub const LAYER_OPS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/layer_ops.ptx"));
 

@@ -6,6 +6,8 @@
 //! training's attention (`flash_attention`) use these kernels. Knows nothing of models, scheduling or sampling.
 
 #[cfg(feature = "cuda")]
+pub mod adamw;
+#[cfg(feature = "cuda")]
 pub mod flash_attention;
 #[cfg(feature = "cuda")]
 pub mod gated_deltanet;

@@ -455,20 +455,27 @@ pub fn sum_all_wide_cost(n: usize) -> Cost {
     Cost::kernels(1 + tail) + sum_all_wide_cost(rows)
 }
 
-/// Scalars on the device, read back together: one wait for the device (none when there are
-/// none). What it issues beyond the copies its callers declare is [`READ_BACK`].
+/// Values on the device (scalars, or vectors of partial sums), read back together in order:
+/// one wait for the device (none when there are none). What it issues beyond the copies its
+/// callers declare (one per tensor) is [`READ_BACK`].
 pub fn read_back(sums: &[Tensor]) -> Result<Vec<f32>> {
     match sums {
         [] => Ok(Vec::new()),
-        // candle's stack of one is the tensor itself: copy it, as a stack copies each
+        // candle's cat of one is the tensor itself: copy it, as a cat copies each
         [one] => one
             .flatten_all()?
             .copy()?
             .to_dtype(DType::F32)?
             .to_vec1::<f32>(),
-        _ => Tensor::stack(sums, 0)?
-            .to_dtype(DType::F32)?
-            .to_vec1::<f32>(),
+        _ => {
+            let flat = sums
+                .iter()
+                .map(Tensor::flatten_all)
+                .collect::<Result<Vec<_>>>()?;
+            Tensor::cat(&flat, 0)?
+                .to_dtype(DType::F32)?
+                .to_vec1::<f32>()
+        }
     }
 }
 

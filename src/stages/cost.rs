@@ -6,17 +6,18 @@
 //! - generation on a device `pipeline bench sample` has measured (the records in
 //!   `~/.cache/selfdistill/bench-sample.jsonl`, same device, a model within 25% of the size):
 //!   the measured decode rate at the batch nearest the stage's `max_num_seqs`;
-//! - generation on a GPU: the decode rates measured on an H100 at Qwen3-4B shapes (131, 3,798,
-//!   11,015 and 15,195 tok/s at batch 1, 32, 128 and 256; `docs/gpu.md`), at the batch nearest
-//!   the stage's `max_num_seqs`, scaled by the GPU's memory bandwidth and the model's size
-//!   (decoding reads every weight per step);
+//! - generation on a GPU: the decode rates measured on an H200 at Qwen3-4B shapes (182, 3,871,
+//!   12,622 and 16,683 tok/s at batch 1, 32, 128 and 256; `docs/gpu.md`, 2026-11-28), at the
+//!   batch nearest the stage's `max_num_seqs`, scaled by the GPU's memory bandwidth and the
+//!   model's size (decoding reads every weight per step);
 //! - generation on the CPU: 10 GFLOP/s per core at 2 FLOPs per parameter and token;
 //! - training on a device where a training run has finished before (the records in
 //!   `~/.cache/selfdistill/train-rates.jsonl`, a model within a factor of 4 of the size): its
 //!   measured tokens/s, scaled by size;
 //! - training on a GPU: 6 FLOPs per parameter and token at the MFU our trainer measured on an
-//!   H100 at Qwen3-4B shapes (708 tok/s, 1.7% of the bf16 peak; `docs/gpu.md`), scaled by the
-//!   GPU's bf16 peak; on the CPU, 10 GFLOP/s per core.
+//!   H200 at Qwen3-4B shapes (1,415 tok/s with the flash attention kernels, 3.45% of the bf16
+//!   peak; `docs/gpu.md`, 2026-11-28), scaled by the GPU's bf16 peak; on the CPU, 10 GFLOP/s
+//!   per core.
 //!
 //! The table says which source each row used. Knows the stages only through their estimates.
 
@@ -42,17 +43,17 @@ pub struct StageCost {
     pub cost: Option<f64>,
 }
 
-/// Decode tokens/s measured on an H100 for Qwen3-4B shapes by batch (bf16, random weights,
-/// prompt 128, 512 new tokens; `bench sample`, 2026-11-27, paged attention v5).
-const H100_QWEN3_4B_DECODE: [(usize, f64); 4] =
-    [(1, 131.0), (32, 3798.0), (128, 11015.0), (256, 15195.0)];
-const H100_BANDWIDTH: f64 = 3.35e12;
+/// Decode tokens/s measured on an H200 for Qwen3-4B shapes by batch (bf16, random weights,
+/// prompt 128, 512 new tokens; `bench sample`, 2026-11-28, paged attention v5).
+const H200_QWEN3_4B_DECODE: [(usize, f64); 4] =
+    [(1, 182.0), (32, 3871.0), (128, 12622.0), (256, 16683.0)];
+const H200_BANDWIDTH: f64 = 4.8e12;
 const QWEN3_4B_PARAMS: f64 = 4.02e9;
 /// FLOP/s per CPU core assumed without a measurement.
 const CPU_FLOPS_PER_CORE: f64 = 10e9;
-/// Training MFU measured on an H100 at Qwen3-4B shapes (`bench train`, 4,096-token rows with
-/// recompute: 708 tok/s).
-const GPU_TRAIN_MFU: f64 = 0.017;
+/// Training MFU measured on an H200 at Qwen3-4B shapes (`bench train`, 4,096-token rows with
+/// recompute, the flash attention kernels: 1,415 tok/s, 6 x 4.02e9 x 1,415 / 989e12).
+const GPU_TRAIN_MFU: f64 = 0.0345;
 
 /// The price of an hour of `gpu` (of the H100 the estimates assume when there is none) from
 /// `run.gpu_hour_price`.
@@ -118,7 +119,7 @@ fn same_device(record_device: &str, on_gpu: bool, gpu_name: &str) -> bool {
 }
 
 /// A sample stage's decode rate (tokens/s) and where it comes from: `bench sample` on this
-/// device at the nearest batch for a model within 25% of the size, else the H100's measured
+/// device at the nearest batch for a model within 25% of the size, else the H200's measured
 /// Qwen3-4B rates scaled by bandwidth and size, else an assumed CPU rate.
 fn sample_rate(
     w: &Work,
@@ -143,14 +144,14 @@ fn sample_rate(
             format!("bench sample at batch {} on this machine", r.batch),
         ),
         (None, Some(g)) if on_gpu => {
-            let (batch, rate) = H100_QWEN3_4B_DECODE
+            let (batch, rate) = H200_QWEN3_4B_DECODE
                 .iter()
                 .copied()
                 .min_by_key(|(b, _)| b.abs_diff(w.batch))
                 .expect("measured rates");
             (
-                rate * (g.bandwidth / H100_BANDWIDTH) * (QWEN3_4B_PARAMS / params),
-                format!("H100 Qwen3-4B batch {batch} measured, scaled by bandwidth and size"),
+                rate * (g.bandwidth / H200_BANDWIDTH) * (QWEN3_4B_PARAMS / params),
+                format!("H200 Qwen3-4B batch {batch} measured, scaled by bandwidth and size"),
             )
         }
         _ => (
@@ -211,7 +212,7 @@ fn stage_cost(
             Some(g) => (
                 GPU_TRAIN_MFU * g.bf16_flops / (6.0 * params),
                 format!(
-                    "{:.1}% MFU of {:.0} TFLOP/s (measured on an H100)",
+                    "{:.2}% MFU of {:.0} TFLOP/s (measured on an H200)",
                     100.0 * GPU_TRAIN_MFU,
                     g.bf16_flops / 1e12
                 ),
@@ -373,8 +374,8 @@ mod tests {
         let none = Records::default();
         let c = stage_cost(
             "sample",
-            &work(11_015 * 3600, false, "cuda"),
-            h100,
+            &work(12_622 * 3600, false, "cuda"),
+            h200,
             Some(2.0),
             &none,
         );
@@ -384,14 +385,20 @@ mod tests {
         assert!(c.rate_source.contains("batch 128"), "{c:?}");
         let fast = stage_cost(
             "sample",
-            &work(11_015 * 3600, false, "cuda"),
+            &work(12_622 * 3600, false, "cuda"),
             b200,
             None,
             &none,
         );
         assert!(
-            (c.seconds / fast.seconds - 8.0 / 3.35).abs() < 0.01,
+            (c.seconds / fast.seconds - 8.0 / 4.8).abs() < 0.01,
             "{fast:?}"
+        );
+        let slow = stage_cost("sample", &work(1000, false, "cuda"), h100, None, &none);
+        let same = stage_cost("sample", &work(1000, false, "cuda"), h200, None, &none);
+        assert!(
+            (slow.seconds / same.seconds - 4.8 / 3.35).abs() < 0.01,
+            "{slow:?}"
         );
         let mut small = work(1000, false, "cuda");
         small.batch = 20;
@@ -404,7 +411,7 @@ mod tests {
             "{h:?}"
         );
         let t = stage_cost("train", &work(1_000_000, true, "cuda"), h200, None, &none);
-        let expect = 6.0 * 4.02e9 * 1e6 / (0.017 * 989e12);
+        let expect = 6.0 * 4.02e9 * 1e6 / (0.0345 * 989e12);
         assert!((t.seconds - expect).abs() / expect < 1e-6, "{t:?}");
         // CPU stages cost no GPU hours
         let cpu = stage_cost("sample", &work(1000, false, "cpu"), h200, Some(2.0), &none);

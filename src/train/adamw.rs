@@ -167,7 +167,8 @@ impl AdamW {
         Ok(())
     }
 
-    /// Off: no in-place host passes, candle ops on every device (the device-generic path).
+    /// Off: candle ops on every device (the device-generic path): no in-place host passes on
+    /// the CPU, no fused update kernel on a GPU.
     pub fn set_host(&mut self, on: bool) {
         self.host = on;
     }
@@ -262,6 +263,12 @@ impl AdamW {
                     continue;
                 }
             }
+            if self.host {
+                if let Some(sums) = self.update_fused(i, grad, &host)? {
+                    parts.push(Part::Device(vec![sums]));
+                    continue;
+                }
+            }
             parts.push(Part::Device(self.update_slices(i, grad, &host)?));
         }
         let device: Vec<Tensor> = parts
@@ -283,10 +290,11 @@ impl AdamW {
                     changed += stats.changed as f64;
                 }
                 Part::Device(sums) => {
-                    // the parameter's own sums first, then into the step's (as when each
-                    // slice was read back on its own: the same f64 additions in order)
+                    // the parameter's own sums first (its slices', or its blocks' partial
+                    // sums), then into the step's: the same f64 additions in order
                     let mut stats = HostStats::default();
-                    for _ in 0..sums.len() / 3 {
+                    let values: usize = sums.iter().map(Tensor::elem_count).sum();
+                    for _ in 0..values / 3 {
                         let mut next = || read.next().unwrap_or(0.0);
                         stats.upd_sq += next();
                         stats.par_sq += next();
@@ -303,6 +311,66 @@ impl AdamW {
             update_ratio: (upd_sq / par_sq.max(1e-30)).sqrt(),
             changed_share: changed / total.max(1) as f64,
         })
+    }
+
+    /// One parameter's update on a GPU as one kernel (`kernels/adamw.cu`), where it takes it:
+    /// f32 state (no rounding) on the weights' device, f32 weights and gradient, a bf16
+    /// working copy or none. Returns the kernel's partial sums of the statistics (blocks x 3,
+    /// on the device, in the order of [`Self::update_slices`]'s triples); `None` where it does
+    /// not take the parameter (then the candle ops do). The same bits as the host passes.
+    fn update_fused(&self, i: usize, grad: &Tensor, st: &Step) -> Result<Option<Tensor>> {
+        let s = &self.slots[i];
+        let p = s.var.as_tensor();
+        let on_gpu = p.device().is_cuda()
+            && s.m.device().same_device(p.device())
+            && grad.device().same_device(p.device());
+        let f32s = [p, &s.m, &s.v, grad]
+            .iter()
+            .all(|t| t.dtype() == DType::F32 && t.is_contiguous());
+        let work_ok = s.working.as_ref().is_none_or(|w| {
+            w.dtype() == DType::BF16
+                && w.as_tensor().is_contiguous()
+                && w.device().same_device(p.device())
+        });
+        let stored_ok = matches!(self.stored, DType::F32 | DType::BF16 | DType::F16);
+        if self.rounding != StateRounding::F32
+            || !on_gpu
+            || !f32s
+            || !work_ok
+            || !stored_ok
+            || grad.elem_count() != p.elem_count()
+        {
+            return Ok(None);
+        }
+        #[cfg(feature = "cuda")]
+        {
+            let k = crate::cuda::adamw::AdamStep {
+                clip: st.clip,
+                decay_mul: st.decay_mul,
+                b1: st.b1,
+                one_b1: st.one_b1,
+                b2: st.b2,
+                one_b2: st.one_b2,
+                inv_bias2_sqrt: st.inv_bias2_sqrt,
+                eps: st.eps,
+                step_size: st.step_size,
+                stored: self.stored,
+            };
+            let work = s.working.as_ref().map(|w| w.as_tensor());
+            crate::cuda::adamw::update(p, &s.m, &s.v, grad, work, &k).map(Some)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = st;
+            candle_core::bail!("a CUDA tensor in a build without the cuda feature")
+        }
+    }
+
+    /// What [`Self::update_fused`] issues for a parameter of any size (the grid strides over
+    /// it): the partial sums' zeroed buffer, the kernel, and their copy into the step's
+    /// read-back.
+    pub fn fused_update_cost() -> Cost {
+        Cost::kernels(1) + Cost::in_place(2)
     }
 
     /// One parameter's update by candle ops (any device), slice by slice of [`SLICE`] elements
@@ -495,6 +563,13 @@ fn norm(grads: &[Tensor], host: bool) -> Result<f64> {
     let mut device = Vec::new();
     for g in grads {
         let g = &g.contiguous()?;
+        if host && g.device().is_cuda() && g.dtype() == DType::F32 {
+            // a GPU's kernel: the partial sums of its blocks
+            let partials = fused_sum_squares(g)?;
+            parts.push(Part::Device(partials.elem_count()));
+            device.push(partials);
+            continue;
+        }
         let view = host_view(g).filter(|_| host);
         match view {
             Some(view) => parts.push(Part::Host(
@@ -516,6 +591,7 @@ fn norm(grads: &[Tensor], host: bool) -> Result<f64> {
                     slices += 1;
                     start += len;
                 }
+                // one value a slice
                 parts.push(Part::Device(slices));
             }
         };
@@ -525,14 +601,33 @@ fn norm(grads: &[Tensor], host: bool) -> Result<f64> {
     for p in parts {
         match p {
             Part::Host(s) => sq += s,
-            Part::Device(slices) => {
-                for _ in 0..slices {
+            Part::Device(values) => {
+                for _ in 0..values {
                     sq += read.next().unwrap_or(0.0);
                 }
             }
         }
     }
     Ok(sq.sqrt())
+}
+
+/// `crate::cuda::adamw::sum_squares` (a CUDA tensor exists only in a build with the feature).
+fn fused_sum_squares(g: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    {
+        crate::cuda::adamw::sum_squares(g)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = g;
+        candle_core::bail!("a CUDA tensor in a build without the cuda feature")
+    }
+}
+
+/// What [`AdamW::norm_of`] issues for one f32 gradient on a GPU: the partial sums' zeroed
+/// buffer, the kernel, their copy into the read-back.
+pub fn fused_norm_cost() -> Cost {
+    Cost::kernels(1) + Cost::in_place(2)
 }
 
 /// A parameter's share of a sum: computed on the host, or still on the device (what is needed to

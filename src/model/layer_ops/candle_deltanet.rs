@@ -132,10 +132,17 @@ pub struct Run<'a> {
 }
 
 impl Run<'_> {
+    /// Whether the GPU's kernels run this layer for rows like `x`: sampling, on a GPU or
+    /// counted as one, in f32 or bf16 (the stacked input projection goes with them).
+    fn gpu_kernels(&self, x: &Tensor) -> bool {
+        let gpu = x.device().is_cuda() || self.count == CountMode::AsCuda;
+        self.exec == Exec::Sampling && gpu && matches!(x.dtype(), DType::F32 | DType::BF16)
+    }
+
     pub fn deltanet_in(&mut self, h: Tensor, w: &CandleDeltaIn) -> Result<CandleDeltaRows> {
+        let kernels = self.gpu_kernels(&h);
         let (exec, spent) = (self.exec, &mut *self.spent);
-        let kernels = h.device().is_cuda() || self.count == CountMode::AsCuda;
-        if let (Some(all), Exec::Sampling, true) = (&w.stacked, exec, kernels) {
+        if let (Some(all), true) = (&w.stacked, kernels) {
             // one matmul; the kernels read each part of its rows in place
             let y = project_counted(all, &h, exec, spent)?;
             let mut at = 0;
@@ -178,8 +185,7 @@ impl Run<'_> {
         };
         // sampling on a GPU: the kernels record no backward pass
         let dry = self.count == CountMode::AsCuda && !x.qkv.device().is_cuda();
-        let kernels = kernel_shape(w)
-            .filter(|_| self.exec == Exec::Sampling && (x.qkv.device().is_cuda() || dry));
+        let kernels = kernel_shape(w).filter(|_| self.gpu_kernels(&x.qkv));
         if let Some(shape) = kernels {
             if let Some(p) = backend.recurrent_pool(layer, l.state_values())? {
                 *self.spent += backend.take_cost();

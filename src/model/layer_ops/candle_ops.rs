@@ -124,7 +124,14 @@ impl CandleOps {
         let Some(dry) = self.gpu_sampling(x) else {
             return Ok(None);
         };
-        if y_norm.is_some() || next.offset || x.rank() != 2 || y.dims() != x.dims() {
+        let dt = x.dtype();
+        if y_norm.is_some()
+            || next.offset
+            || next.weight.dtype() != dt
+            || y.dtype() != dt
+            || x.rank() != 2
+            || y.dims() != x.dims()
+        {
             return Ok(None);
         }
         // one launch into the sum and the normed sum
@@ -189,12 +196,25 @@ impl CandleOps {
         let (Some(dry), Some(stacked)) = (self.gpu_sampling(h), w.stacked.as_ref()) else {
             return Ok(None);
         };
+        // norms and RoPE tables as the kernel takes them (one eps, the rows' dtype), else candle
+        let dt = h.dtype();
         let norms = match (&w.q_norm, &w.k_norm) {
-            (Some(q), Some(k)) if !q.offset && !k.offset => Some((q, k)),
+            (Some(q), Some(k))
+                if !q.offset
+                    && !k.offset
+                    && q.eps == k.eps
+                    && q.weight.dtype() == dt
+                    && k.weight.dtype() == dt =>
+            {
+                Some((q, k))
+            }
             (None, None) => None,
             _ => return Ok(None),
         };
         let (cos, sin) = rope.tables();
+        if cos.dtype() != dt || sin.dtype() != dt {
+            return Ok(None);
+        }
         let shape = QkvShape {
             heads: dims.heads,
             kv_heads: dims.kv_heads,
