@@ -1271,20 +1271,28 @@ fn the_fused_adamw_kernel_equals_the_host_passes() {
         opt.set_working(&working).unwrap();
         (opt, vars, working)
     };
+    // one device handle for the weights and the gradients: another handle on the same GPU is
+    // another stream, which the fused kernel refuses (the candle slices would run instead)
+    let dev = gpu();
     let (mut cpu, cpu_vars, cpu_work) = setup(&Device::Cpu);
-    let (mut gpu_opt, gpu_vars, gpu_work) = setup(&gpu());
+    let (mut gpu_opt, gpu_vars, gpu_work) = setup(&dev);
     for step in 0..3 {
         let grads: Vec<Tensor> = init
             .iter()
             .map(|(_, t)| Tensor::randn(0f32, 1.0, t.shape(), &Device::Cpu).unwrap())
             .collect();
         let norm = AdamW::grad_norm(&grads).unwrap();
-        let gpu_grads: Vec<Tensor> = grads.iter().map(|g| g.to_device(&gpu()).unwrap()).collect();
+        let gpu_grads: Vec<Tensor> = grads.iter().map(|g| g.to_device(&dev).unwrap()).collect();
         let a = cpu.step_with_norm(&grads, norm, 1e-3, Some(1.0)).unwrap();
         let b = gpu_opt
             .step_with_norm(&gpu_grads, norm, 1e-3, Some(1.0))
             .unwrap();
         println!("step {step}: cpu {a:?}\n        gpu {b:?}");
+        assert_eq!(
+            (cpu.last_fused, gpu_opt.last_fused),
+            (0, init.len()),
+            "the CPU takes the host passes, the GPU the fused kernel"
+        );
         assert_eq!(a.changed_share, b.changed_share, "step {step}");
         let rel = (a.update_ratio - b.update_ratio).abs() / a.update_ratio;
         assert!(

@@ -470,7 +470,8 @@ fn count_train(a: &TrainCount, cfg: &ModelConfig, cuda: bool) -> Result<Vec<Phas
         .map(|(name, shape, _)| (name, shape.iter().product()))
         .collect();
     // a GPU runs each gradient's share of the norm and each parameter's update as one kernel,
-    // but for the device-generic ops
+    // but for the device-generic ops (this count's optimizer keeps f32 state on the device, the
+    // trainer's default; bf16 state or offloaded moments would take candle's slices)
     let fused = cuda && a.ops != TrainOps::Generic;
     let mut counts = Counts::default();
     let kinds = &small.layer_kinds;

@@ -77,6 +77,8 @@ pub struct AdamW {
     host: bool,
     /// Steps taken.
     pub step: u64,
+    /// Parameters the last step updated by the fused GPU kernel (`kernels/adamw.cu`).
+    pub last_fused: usize,
 }
 
 /// Elements per slice of the candle-op update: a multiple of 4 (the stochastic rounding draws
@@ -137,6 +139,7 @@ impl AdamW {
             stored,
             host: true,
             step: 0,
+            last_fused: 0,
         };
         if rounding != StateRounding::F32 {
             // the master weights start on the bf16 grid
@@ -236,6 +239,7 @@ impl AdamW {
         // each parameter's statistics, in order: the host's, or the device sums of its slices
         // (read back together once the update is issued: one wait for the device per step)
         let mut parts: Vec<Part<HostStats, Vec<Tensor>>> = Vec::with_capacity(grads.len());
+        self.last_fused = 0;
         let host = Step {
             clip: max_norm.map(|_| clip as f32),
             b1: b1 as f32,
@@ -265,6 +269,7 @@ impl AdamW {
             }
             if self.host {
                 if let Some(sums) = self.update_fused(i, grad, &host)? {
+                    self.last_fused += 1;
                     parts.push(Part::Device(vec![sums]));
                     continue;
                 }
@@ -315,7 +320,8 @@ impl AdamW {
 
     /// One parameter's update on a GPU as one kernel (`kernels/adamw.cu`), where it takes it:
     /// f32 state (no rounding) on the weights' device, f32 weights and gradient, a bf16
-    /// working copy or none. Returns the kernel's partial sums of the statistics (blocks x 3,
+    /// working copy or none. "The weights' device" is the same candle device (so the same
+    /// stream), not another handle on the same GPU, whose stream would not be ordered with it. Returns the kernel's partial sums of the statistics (blocks x 3,
     /// on the device, in the order of [`Self::update_slices`]'s triples); `None` where it does
     /// not take the parameter (then the candle ops do). The same bits as the host passes.
     fn update_fused(&self, i: usize, grad: &Tensor, st: &Step) -> Result<Option<Tensor>> {
