@@ -105,6 +105,16 @@ enum StatePath {
     },
 }
 
+/// Whether a sampling step runs our GPU kernels on rows like `x` (sampling, on a GPU or counted
+/// as one, in f32 or bf16): `Some(dry)`, `dry` when counting a GPU's step on a machine without
+/// one (the kernels' cost declared, their outputs zeros); `None` for candle's ops. The one
+/// decision every fused sampling op of the candle layer ops takes.
+pub(super) fn our_gpu_kernels(exec: Exec, count: CountMode, x: &Tensor) -> Option<bool> {
+    let dry = count == CountMode::AsCuda && !x.device().is_cuda();
+    let gpu = exec == Exec::Sampling && (x.device().is_cuda() || dry);
+    (gpu && matches!(x.dtype(), DType::F32 | DType::BF16)).then_some(dry)
+}
+
 /// The GPU kernels' shape for a layer, when they take it.
 pub fn kernel_shape(w: &CandleDeltaNet) -> Option<GdnShape> {
     let l = w.shape;
@@ -135,8 +145,7 @@ impl Run<'_> {
     /// Whether the GPU's kernels run this layer for rows like `x`: sampling, on a GPU or
     /// counted as one, in f32 or bf16 (the stacked input projection goes with them).
     fn gpu_kernels(&self, x: &Tensor) -> bool {
-        let gpu = x.device().is_cuda() || self.count == CountMode::AsCuda;
-        self.exec == Exec::Sampling && gpu && matches!(x.dtype(), DType::F32 | DType::BF16)
+        our_gpu_kernels(self.exec, self.count, x).is_some()
     }
 
     pub fn deltanet_in(&mut self, h: Tensor, w: &CandleDeltaIn) -> Result<CandleDeltaRows> {

@@ -9,7 +9,7 @@
 //!
 //! Knows nothing of layer kinds, caches or weights' names.
 
-use candle_core::{DType, Module, Result, Tensor};
+use candle_core::{Module, Result, Tensor};
 use candle_nn::Linear;
 
 use super::super::attention::AttentionBackend;
@@ -107,9 +107,7 @@ impl CandleOps {
     /// `Some(dry)`, `dry` when counting a GPU's step on a machine without one (the kernels'
     /// cost declared, their outputs zeros); `None` for candle's ops.
     fn gpu_sampling(&self, x: &Tensor) -> Option<bool> {
-        let dry = self.count == CountMode::AsCuda && !x.device().is_cuda();
-        let gpu = self.exec == Exec::Sampling && (x.device().is_cuda() || dry);
-        (gpu && matches!(x.dtype(), DType::F32 | DType::BF16)).then_some(dry)
+        super::candle_deltanet::our_gpu_kernels(self.exec, self.count, x)
     }
 
     /// [`LayerOps::add_rms_norm`] of a GPU's sampling step as one kernel (no sandwich norm);
