@@ -1,6 +1,8 @@
-// Row copies between the recurrent layers' state-slot pool on the GPU and a step's gathered
-// states (src/sampler/state_slots.rs). A pool is [slots][values] f32 per layer; a step's states
-// are [rows][values], row i belonging to slot rows[i]. Knows nothing of what the values are.
+// Row copies by index of 32-bit words, unchanged: between the recurrent layers' state-slot pool
+// on the GPU and a step's gathered states (src/sampler/state_slots.rs; a pool is
+// [slots][values] f32 per layer, a step's states [rows][values], row i belonging to slot
+// rows[i]), and the sampler's row picks (src/cuda/rows.rs: the embedding lookup, RoPE rows and
+// sampling rows, f32 or bf16 pairs). Knows nothing of what the values are.
 //
 // Grid: (rows, chunks); each block copies a grid-stride share of one row, 16 bytes at a time
 // when `values` is a multiple of 4 (every Gated DeltaNet shape), else 4.

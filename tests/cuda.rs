@@ -299,6 +299,90 @@ fn block_copies_move_every_layer() {
     }
 }
 
+/// A step's one upload: sections read back as written through their views (u32, i64 words,
+/// f32 bits), across a growth of the buffer and a smaller step after it; the row gather that
+/// reads ids from the upload equals candle's `index_select` in f32 and bf16; the kept output
+/// buffer comes back in one copy.
+#[test]
+fn one_upload_feeds_every_reader_and_the_row_gather_equals_index_select() {
+    use selfdistill::sampler::gpu::step_io::{Staging, StepIo};
+    let dev = gpu();
+    let cuda = dev.as_cuda_device().unwrap();
+    let mut io = StepIo::new(cuda);
+    let mut grew = Vec::new();
+    for n in [3usize, 5000, 7] {
+        let mut s = Staging::new();
+        let ids: Vec<u32> = (0..n as u32).map(|i| (i * 7 + n as u32) % 50).collect();
+        let a = s.u32s(ids.iter().copied());
+        let b = s.i64s([-(n as i64), 1 << 40]);
+        let c = s.f32s([0.5, -2.25]);
+        let (buf, g) = io.upload(&s).unwrap();
+        grew.push(g.0);
+        assert_eq!(
+            buf.tensor(a).unwrap().to_vec1::<u32>().unwrap(),
+            ids,
+            "n = {n}"
+        );
+        let words = buf.tensor(b).unwrap().to_vec1::<u32>().unwrap();
+        let back: Vec<i64> = words
+            .chunks(2)
+            .map(|w| (w[0] as i64) | ((w[1] as i64) << 32))
+            .collect();
+        assert_eq!(back, [-(n as i64), 1 << 40]);
+        let f: Vec<f32> = buf
+            .tensor(c)
+            .unwrap()
+            .to_vec1::<u32>()
+            .unwrap()
+            .into_iter()
+            .map(f32::from_bits)
+            .collect();
+        assert_eq!(f, [0.5, -2.25]);
+        for dtype in [DType::F32, DType::BF16] {
+            for cols in [12, 64, 6] {
+                let table = Tensor::randn(0f32, 1.0, (50, cols), &dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let idx = buf.tensor(a).unwrap();
+                let got = selfdistill::cuda::rows::gather(&table, &idx)
+                    .unwrap()
+                    .expect("the gather takes an f32 or even bf16 table");
+                let want = table.index_select(&idx, 0).unwrap();
+                let (g, w) = (
+                    got.to_dtype(DType::F32).unwrap().flatten_all().unwrap(),
+                    want.to_dtype(DType::F32).unwrap().flatten_all().unwrap(),
+                );
+                assert_eq!(
+                    g.to_vec1::<f32>().unwrap(),
+                    w.to_vec1::<f32>().unwrap(),
+                    "{dtype:?} cols {cols} n {n}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        grew,
+        [true, true, false],
+        "grows once past 4,096 words, then kept"
+    );
+    // the output buffer: written by a copy on the device, read back whole
+    let (out, _) = io.output(10).unwrap();
+    let src = Tensor::arange(100u32, 110, &dev).unwrap();
+    let sp = selfdistill::cuda::kernels::tensor_ptr(&src).unwrap();
+    let stream = cuda.cuda_stream();
+    unsafe {
+        candle_core::cuda_backend::cudarc::driver::result::memcpy_dtod_async(
+            out,
+            sp,
+            40,
+            stream.cu_stream(),
+        )
+        .unwrap();
+    }
+    assert_eq!(io.download(10).unwrap(), (100..110).collect::<Vec<u32>>());
+}
+
 fn fixture() -> PathBuf {
     fixture_named("tiny-qwen3")
 }

@@ -68,7 +68,6 @@ struct CountBackend {
     seq_lens: Vec<usize>,
     cuda: bool,
     split: bool,
-    ids_uploaded: bool,
     spent: Cost,
 }
 
@@ -94,8 +93,7 @@ impl AttentionBackend for CountBackend {
         values: usize,
     ) -> candle_core::Result<RecurrentStep> {
         if self.cuda {
-            self.spent += StepCosts::state_gather(!self.ids_uploaded);
-            self.ids_uploaded = true;
+            self.spent += StepCosts::STATE_GATHER;
         }
         let n = self.seq_lens.len();
         Ok(RecurrentStep {
@@ -113,9 +111,8 @@ impl AttentionBackend for CountBackend {
         if !self.cuda {
             return Ok(None);
         }
+        // the slot ids and sequence starts are in the step's upload
         let starts = seq_starts(&self.seq_lens);
-        self.spent += StepCosts::state_pool(!self.ids_uploaded, starts.is_some());
-        self.ids_uploaded = true;
         let n = self.seq_lens.len();
         let dev = Device::Cpu;
         Ok(Some(PoolStep {
@@ -166,7 +163,6 @@ fn count_step(
         seq_lens: vec![new; batch],
         cuda,
         split: parts > 1,
-        ids_uploaded: false,
         spent: Cost::default(),
     };
     let mut counts = Counts::default();
@@ -183,8 +179,7 @@ fn count_step(
     )?;
     if cuda {
         let outside = [
-            ("inputs", StepCosts::INPUTS),
-            ("paged_metadata", StepCosts::paged_metadata(parts > 1)),
+            ("step_upload", StepCosts::STEP_UPLOAD),
             ("logits", StepCosts::LOGITS),
             ("candidates", StepCosts::CANDIDATES),
         ];
@@ -609,7 +604,8 @@ mod tests {
         for c in [&one, &many, &prompt, &prompts] {
             assert_eq!(mixer(c), want, "a GDN mixer");
         }
-        // the slot ids go up once a step, in the first GDN layer; a prompt's sequence starts too
+        // the slot ids and a prompt's sequence starts are in the step's one upload: no layer
+        // uploads; the step uploads once, downloads once and waits once
         let uploads = |c: &Counts, i: usize| c.layer(i).iter().map(|o| o.2.host_to_device).sum();
         let up: [u64; 4] = [
             uploads(&one, first),
@@ -617,9 +613,13 @@ mod tests {
             uploads(&prompt, first),
             uploads(&prompt, layer),
         ];
-        assert_eq!(up, [1, 0, 2, 0]);
+        assert_eq!(up, [0, 0, 0, 0]);
         for c in [&one, &many, &prompt, &prompts] {
-            assert_eq!(c.total().syncs, StepCosts::CANDIDATES.syncs);
+            let t = c.total();
+            assert_eq!(
+                (t.host_to_device, t.device_to_host, t.syncs),
+                (1, 1, StepCosts::CANDIDATES.syncs)
+            );
         }
     }
 
@@ -639,38 +639,38 @@ mod tests {
                 "qwen3-4b",
                 (1, 1, 64),
                 &[(attn, 396, 468, 0)],
-                (409, 487, 7, 6, 6),
+                (403, 474, 1, 1, 1),
             ),
             (
                 "qwen3-4b",
                 (256, 1, 64),
                 &[(attn, 396, 468, 0)],
-                (409, 487, 7, 6, 6),
+                (403, 474, 1, 1, 1),
             ),
             (
                 "qwen3-4b",
                 (1, 64, 0),
                 &[(attn, 396, 468, 0)],
-                (409, 487, 7, 6, 6),
+                (403, 474, 1, 1, 1),
             ),
             (
                 "qwen3.5-4b",
                 (1, 1, 64),
-                &[(attn, 104, 128, 0), (gdn, 240, 265, 1)],
-                (357, 412, 8, 6, 6),
+                &[(attn, 104, 128, 0), (gdn, 240, 264, 0)],
+                (351, 398, 1, 1, 1),
             ),
             (
                 "qwen3.5-4b",
                 (256, 1, 64),
-                &[(attn, 104, 128, 0), (gdn, 240, 265, 1)],
-                (357, 412, 8, 6, 6),
+                &[(attn, 104, 128, 0), (gdn, 240, 264, 0)],
+                (351, 398, 1, 1, 1),
             ),
-            // a prompt runs the Gated DeltaNet kernels too, its sequence starts uploaded
+            // a prompt runs the Gated DeltaNet kernels too, its sequence starts in the upload
             (
                 "qwen3.5-4b",
                 (1, 64, 0),
-                &[(attn, 104, 128, 0), (gdn, 240, 266, 2)],
-                (357, 413, 9, 6, 6),
+                &[(attn, 104, 128, 0), (gdn, 240, 264, 0)],
+                (351, 398, 1, 1, 1),
             ),
         ];
         for (name, step, kinds, total) in cases {

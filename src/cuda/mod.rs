@@ -15,6 +15,8 @@ pub mod gated_deltanet;
 pub mod kernels;
 #[cfg(feature = "cuda")]
 pub mod layer_ops;
+#[cfg(feature = "cuda")]
+pub mod rows;
 pub mod shapes;
 
 #[cfg(feature = "cuda")]

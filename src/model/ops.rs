@@ -44,6 +44,21 @@ enum OpPath {
     Composed,
 }
 
+/// Rows of the 2-D `table` at the 1-D u32 `ids`, as one (ids, cols) tensor: candle's
+/// `index_select` (and its gradient), or when sampling on a GPU our gather
+/// ([`crate::cuda::rows::gather`]), the same copy without candle's upload of the index layout.
+/// Either way one kernel into a new buffer.
+pub fn pick_rows(table: &Tensor, ids: &Tensor, exec: Exec) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if exec == Exec::Sampling && table.device().is_cuda() {
+        if let Some(t) = crate::cuda::rows::gather(table, ids)? {
+            return Ok(t);
+        }
+    }
+    let _ = exec;
+    table.index_select(ids, 0)
+}
+
 /// The one place that picks an op's implementation for `x` under `exec`.
 fn path(x: &Tensor, exec: Exec) -> OpPath {
     match exec {
@@ -163,10 +178,10 @@ impl Rope {
     }
 
     /// The cos and sin rows of each token's position: (T, D/2) each.
-    fn rows(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
+    fn rows(&self, positions: &Tensor, exec: Exec) -> Result<(Tensor, Tensor)> {
         Ok((
-            self.cos.index_select(positions, 0)?,
-            self.sin.index_select(positions, 0)?,
+            pick_rows(&self.cos, positions, exec)?,
+            pick_rows(&self.sin, positions, exec)?,
         ))
     }
 }
@@ -244,7 +259,7 @@ impl RopeRows {
         exec: Exec,
         spent: &mut Cost,
     ) -> Result<Self> {
-        let (cos, sin) = rope.rows(positions)?;
+        let (cos, sin) = rope.rows(positions, exec)?;
         *spent += Cost::kernels(2);
         let full = if exec == Exec::Sampling {
             None

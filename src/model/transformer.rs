@@ -293,6 +293,9 @@ impl Transformer {
                 }
                 Tensor::from_vec(rows, (ids.len(), p.w.cols()), tokens.device())
             }
+            _ if tokens.rank() == 1 => {
+                super::ops::pick_rows(self.embed.embeddings(), tokens, self.exec)
+            }
             _ => self.embed.forward(tokens),
         }
     }

@@ -36,7 +36,35 @@ pub enum Backend {
         logits_buf: Vec<f32>,
     },
     #[cfg(feature = "cuda")]
-    Cuda(super::gpu::GpuKvCache),
+    Cuda(Box<GpuBackend>),
+}
+
+/// The GPU's side: the paged cache, the buffers a step's one upload and one download go
+/// through, and what the last step staged for its sampling rows.
+#[cfg(feature = "cuda")]
+pub struct GpuBackend {
+    cache: super::gpu::GpuKvCache,
+    io: super::gpu::step_io::StepIo,
+    sampling: Option<StagedSampling>,
+}
+
+/// A step's sampling rows and their temperatures as staged in its upload, and where.
+#[cfg(feature = "cuda")]
+struct StagedSampling {
+    buf: super::gpu::step_io::StepBuf,
+    rows: Vec<u32>,
+    rows_at: super::gpu::step_io::Section,
+    temperatures: Vec<f32>,
+    temperatures_at: super::gpu::step_io::Section,
+}
+
+/// How a sampling row ranks its logits on the device: 0 for greedy, else its temperature.
+pub fn row_temperature(p: &SamplingParams) -> f32 {
+    if p.is_greedy() {
+        0.0
+    } else {
+        p.temperature
+    }
 }
 
 /// Bytes one token's keys and values take in the cache on the model's device.
@@ -80,6 +108,10 @@ pub struct StepInputs<'a> {
     pub positions: &'a [u32],
     /// The state slots and each scheduled sequence's slot (models with recurrent layers).
     pub states: StepSlots<'a>,
+    /// The rows of the step's hidden states that sample, and each one's temperature
+    /// ([`row_temperature`]): on a GPU they go up with the step's metadata.
+    pub sample_rows: &'a [u32],
+    pub temperatures: Vec<f32>,
     pub sync_timing: bool,
 }
 
@@ -112,14 +144,18 @@ impl Backend {
         if model.device().is_cuda() {
             check_gpu_model(model.config())?;
             #[cfg(feature = "cuda")]
-            return Ok(Backend::Cuda(super::gpu::GpuKvCache::new(
-                model.config(),
-                block_size,
-                num_blocks,
-                model.device(),
-                model.dtype(),
-                kv_fp8,
-            )?));
+            return Ok(Backend::Cuda(Box::new(GpuBackend {
+                cache: super::gpu::GpuKvCache::new(
+                    model.config(),
+                    block_size,
+                    num_blocks,
+                    model.device(),
+                    model.dtype(),
+                    kv_fp8,
+                )?,
+                io: super::gpu::step_io::StepIo::new(model.device().as_cuda_device()?),
+                sampling: None,
+            })));
         }
         if !model.device().is_cpu() {
             bail!("the sampler runs on the CPU or, built with the cuda feature, on CUDA GPUs");
@@ -142,7 +178,7 @@ impl Backend {
         match self {
             Backend::Cpu { cache, .. } => cache.copy_block(c.src, c.dst),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(cache) => cache.copy_block(c.src, c.dst)?,
+            Backend::Cuda(g) => g.cache.copy_block(c.src, c.dst)?,
         }
         Ok(())
     }
@@ -158,11 +194,11 @@ impl Backend {
     /// The model's final hidden states for the step's tokens, through the paged cache; and the
     /// seconds spent in attention.
     pub fn forward(&mut self, model: &Transformer, step: StepInputs) -> Result<(Tensor, f64)> {
-        let dev = model.device();
-        let tokens = Tensor::new(step.tokens, dev)?;
-        let positions = Tensor::new(step.positions, dev)?;
         match self {
             Backend::Cpu { cache, .. } => {
+                let dev = model.device();
+                let tokens = Tensor::new(step.tokens, dev)?;
+                let positions = Tensor::new(step.positions, dev)?;
                 let mut attn = PagedAttention::new(cache, step.seq_steps);
                 if let Some((states, slots)) = step.states {
                     attn = attn.with_states(states, slots);
@@ -172,41 +208,31 @@ impl Backend {
                 Ok((h, attn.seconds))
             }
             #[cfg(feature = "cuda")]
-            Backend::Cuda(cache) => {
-                let seq_lens = step.seq_steps.iter().map(|s| s.num_new).collect();
-                let meta =
-                    super::gpu::GpuStep::new(cache, &step.seq_steps, model.config().num_heads)?;
-                let mut attn = super::gpu::GpuPagedAttention {
-                    cache,
-                    step: &meta,
-                    sync_timing: step.sync_timing,
-                    variant: None,
-                    seconds: 0.0,
-                    events: Vec::new(),
-                    seq_lens,
-                    states: step.states,
-                    spent: Default::default(),
-                };
-                crate::model::clock::mark(None, "step_inputs");
-                let h = forward_marked(model, &tokens, &positions, &mut attn)?;
-                let seconds = attn.device_seconds()?;
-                Ok((h, seconds))
-            }
+            Backend::Cuda(g) => g.forward(model, step),
         }
     }
 
     /// The logits of the hidden `rows` that sample: on the host straight into last step's
-    /// buffer (no tensor round trip), on a GPU on the device.
+    /// buffer (no tensor round trip), on a GPU on the device (the rows as the step's upload
+    /// brought them).
     pub fn logits(&mut self, model: &Transformer, hidden: &Tensor, rows: &[u32]) -> Result<Logits> {
-        let picked = hidden.index_select(&Tensor::new(rows, hidden.device())?, 0)?;
         match self {
             Backend::Cpu { logits_buf, .. } => {
-                let mut rows = std::mem::take(logits_buf);
-                model.logits_host_into(&picked, &mut rows)?;
-                Ok(Logits::Host(rows))
+                let picked = hidden.index_select(&Tensor::new(rows, hidden.device())?, 0)?;
+                let mut out = std::mem::take(logits_buf);
+                model.logits_host_into(&picked, &mut out)?;
+                Ok(Logits::Host(out))
             }
             #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => Ok(Logits::Device(model.logits(&picked)?)),
+            Backend::Cuda(g) => {
+                let Some(s) = g.sampling.as_ref().filter(|s| s.rows == rows) else {
+                    bail!("logits: rows {rows:?} are not the step's staged sampling rows")
+                };
+                let ids = s.buf.tensor(s.rows_at)?;
+                let picked =
+                    crate::model::ops::pick_rows(hidden, &ids, crate::model::ops::Exec::Sampling)?;
+                Ok(Logits::Device(model.logits(&picked)?))
+            }
         }
     }
 
@@ -224,7 +250,7 @@ impl Backend {
     /// `rows`). `None` where some row's draw needs its whole row (and on the CPU, whose rows are
     /// on the host): the rows go to the host.
     pub fn candidates(
-        &self,
+        &mut self,
         logits: &Tensor,
         rows: &[(&SamplingParams, usize)],
     ) -> Result<Option<Vec<CandidateRow>>> {
@@ -234,44 +260,150 @@ impl Backend {
                 Ok(None)
             }
             #[cfg(feature = "cuda")]
-            Backend::Cuda(_) => {
-                use super::gpu::sampling::{top_candidates, Temperatures};
-                // a row that needs its whole row sends the batch to the host (one copy, the
-                // draws in parallel), as a batch of one setting always did
-                let Some(needs) = rows
-                    .iter()
-                    .map(|&(p, generated)| super::sampling::candidates_needed(p, generated))
-                    .collect::<Option<Vec<usize>>>()
-                else {
-                    return Ok(None);
-                };
-                let Some(k) = needs.iter().max().copied() else {
-                    return Ok(None);
-                };
-                // a row's temperature (0: greedy), one for the launch when all rows agree
-                let rank = |p: &SamplingParams| if p.is_greedy() { 0.0 } else { p.temperature };
-                let per_row: Vec<f32> = rows.iter().map(|&(p, _)| rank(p)).collect();
-                let temperatures = match rows.first() {
-                    Some(&(p, _)) if per_row.iter().all(|t| t.to_bits() == rank(p).to_bits()) => {
-                        Temperatures::One {
-                            greedy: p.is_greedy(),
-                            temperature: p.temperature,
-                        }
-                    }
-                    _ => Temperatures::PerRow(per_row),
-                };
-                let got = top_candidates(logits, k, &temperatures)?;
-                Ok(Some(
-                    got.into_iter()
-                        .zip(needs)
-                        .map(|(mut c, n)| {
-                            c.truncate(n);
-                            c
-                        })
-                        .collect(),
-                ))
-            }
+            Backend::Cuda(g) => g.candidates(logits, rows),
         }
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl GpuBackend {
+    /// [`Backend::forward`] on the GPU: the step's one upload, then the layers over it.
+    fn forward(&mut self, model: &Transformer, step: StepInputs) -> Result<(Tensor, f64)> {
+        use super::gpu::step_io::Staging;
+        use super::gpu::{GpuPagedAttention, GpuStep};
+        let cfg = model.config();
+        // the kernels index tables by these: checked here, where they are plain numbers
+        if let Some(t) = step.tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            bail!(
+                "token id {t} is outside the vocabulary ({})",
+                cfg.vocab_size
+            )
+        }
+        if let Some(p) = step
+            .positions
+            .iter()
+            .find(|&&p| p as usize >= cfg.max_position_embeddings)
+        {
+            bail!(
+                "position {p} is past the model's {} positions",
+                cfg.max_position_embeddings
+            )
+        }
+        if step.temperatures.len() != step.sample_rows.len() {
+            bail!(
+                "{} temperatures for {} sampling rows",
+                step.temperatures.len(),
+                step.sample_rows.len()
+            )
+        }
+        let mut staging = Staging::new();
+        let tokens_at = staging.u32s(step.tokens.iter().copied());
+        let positions_at = staging.u32s(step.positions.iter().copied());
+        let staged = GpuStep::stage(&self.cache, &step.seq_steps, cfg.num_heads, &mut staging)?;
+        let seq_lens: Vec<usize> = step.seq_steps.iter().map(|s| s.num_new).collect();
+        let state_rows = step.states.as_ref().map(|(_, slots)| {
+            (
+                staging.u32s(slots.iter().map(|&s| s as u32)),
+                crate::model::attention::seq_starts(&seq_lens).map(|s| staging.u32s(s)),
+            )
+        });
+        let rows_at = staging.u32s(step.sample_rows.iter().copied());
+        let temperatures_at = staging.f32s(step.temperatures.iter().copied());
+        let (buf, _) = self.io.upload(&staging)?;
+        let mut states = step.states;
+        if let (Some((slots_of, slots)), Some((ids, starts))) = (states.as_mut(), state_rows) {
+            let starts = starts.map(|s| buf.tensor(s)).transpose()?;
+            slots_of.set_step_rows(slots, buf.tensor(ids)?, &seq_lens, starts)?;
+        }
+        let meta = GpuStep::on(staged, &buf, &mut self.io)?;
+        self.sampling = Some(StagedSampling {
+            buf: buf.clone(),
+            rows: step.sample_rows.to_vec(),
+            rows_at,
+            temperatures: step.temperatures,
+            temperatures_at,
+        });
+        let (tokens, positions) = (buf.tensor(tokens_at)?, buf.tensor(positions_at)?);
+        let mut attn = GpuPagedAttention {
+            cache: &mut self.cache,
+            step: &meta,
+            sync_timing: step.sync_timing,
+            variant: None,
+            seconds: 0.0,
+            events: Vec::new(),
+            seq_lens,
+            states,
+            spent: Default::default(),
+        };
+        crate::model::clock::mark(None, "step_inputs");
+        let h = forward_marked(model, &tokens, &positions, &mut attn);
+        // the slot ids were views of this step's upload, which the next step rewrites
+        if let Some((slots_of, _)) = attn.states.as_mut() {
+            slots_of.forget_step_rows();
+        }
+        let h = h?;
+        let seconds = attn.device_seconds()?;
+        Ok((h, seconds))
+    }
+
+    /// [`Backend::candidates`] on the GPU: the rows' temperatures from the step's upload, the
+    /// candidates into the kept output buffer and back in one copy.
+    fn candidates(
+        &mut self,
+        logits: &Tensor,
+        rows: &[(&SamplingParams, usize)],
+    ) -> Result<Option<Vec<CandidateRow>>> {
+        use super::gpu::sampling::{top_candidates_with, Temperatures};
+        // a row that needs its whole row sends the batch to the host (one copy, the draws in
+        // parallel), as a batch of one setting always did
+        let Some(needs) = rows
+            .iter()
+            .map(|&(p, generated)| super::sampling::candidates_needed(p, generated))
+            .collect::<Option<Vec<usize>>>()
+        else {
+            return Ok(None);
+        };
+        let Some(k) = needs.iter().max().copied() else {
+            return Ok(None);
+        };
+        // one temperature for the launch when all rows agree
+        let per_row: Vec<f32> = rows.iter().map(|&(p, _)| row_temperature(p)).collect();
+        let (temperatures, at) = match rows.first() {
+            Some(&(p, _))
+                if per_row
+                    .iter()
+                    .all(|t| t.to_bits() == row_temperature(p).to_bits()) =>
+            {
+                let one = Temperatures::One {
+                    greedy: p.is_greedy(),
+                    temperature: p.temperature,
+                };
+                (one, None)
+            }
+            _ => {
+                let Some(s) = self.sampling.as_ref().filter(|s| {
+                    s.temperatures.len() == per_row.len()
+                        && s.temperatures
+                            .iter()
+                            .zip(&per_row)
+                            .all(|(a, b)| a.to_bits() == b.to_bits())
+                }) else {
+                    bail!("candidates: the rows' temperatures are not the step's staged ones")
+                };
+                let at = s.buf.ptr(s.temperatures_at);
+                (Temperatures::PerRow(per_row), Some(at))
+            }
+        };
+        let got = top_candidates_with(logits, k, &temperatures, at, &mut self.io)?;
+        Ok(Some(
+            got.into_iter()
+                .zip(needs)
+                .map(|(mut c, n)| {
+                    c.truncate(n);
+                    c
+                })
+                .collect(),
+        ))
     }
 }
 

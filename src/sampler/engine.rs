@@ -472,23 +472,29 @@ impl<'m> Engine<'m> {
         self.sync_device(&dev)?;
         let t1 = Instant::now();
         self.stats.time.schedule += (t1 - t0).as_secs_f64();
-        let (hidden, attention_s) = self.forward(&step, &tokens, &positions, slots)?;
-        self.sync_device(&dev)?;
-        let t2 = Instant::now();
-        self.stats.time.attention += attention_s;
-        self.stats.time.layers += (t2 - t1).as_secs_f64() - attention_s;
-        // advance, and pick the rows of sequences that now sample
+        // the rows of sequences that sample after this step: their last new token's
         let mut rows = Vec::new();
         let mut samplers = Vec::new();
         let mut end = 0u32;
         for &(id, n) in &step.scheduled {
             end += n as u32;
-            let s = &mut self.seqs[id.0];
-            s.num_computed += n;
-            if s.num_computed == s.num_tokens {
+            let s = &self.seqs[id.0];
+            if s.num_computed + n == s.num_tokens {
                 rows.push(end - 1);
                 samplers.push(id);
-            } else if s.limit == Some(s.num_computed) {
+            }
+        }
+        let (hidden, attention_s) =
+            self.forward(&step, (&tokens, &positions), slots, (&rows, &samplers))?;
+        self.sync_device(&dev)?;
+        let t2 = Instant::now();
+        self.stats.time.attention += attention_s;
+        self.stats.time.layers += (t2 - t1).as_secs_f64() - attention_s;
+        // advance
+        for &(id, n) in &step.scheduled {
+            let s = &mut self.seqs[id.0];
+            s.num_computed += n;
+            if s.num_computed != s.num_tokens && s.limit == Some(s.num_computed) {
                 // a recurrent model's leader at its prompt's last token: the samples fork
                 self.fork_siblings(id)?;
             }
@@ -523,13 +529,19 @@ impl<'m> Engine<'m> {
 
     /// The model's final hidden states for the step's tokens, through the paged cache on the
     /// model's device; and the seconds spent in attention.
+    /// The sampling `rows` and their sequences go with the step's inputs (a GPU uploads them
+    /// with the rest, for the logits and the draw).
     fn forward(
         &mut self,
         step: &super::scheduler::Step,
-        tokens: &[u32],
-        positions: &[u32],
+        (tokens, positions): (&[u32], &[u32]),
         slots: Option<Vec<usize>>,
+        (rows, samplers): (&[u32], &[SeqId]),
     ) -> Result<(Tensor, f64)> {
+        let temperatures = samplers
+            .iter()
+            .map(|&id| super::backend::row_temperature(&self.settings_of(id).params))
+            .collect();
         let seqs = &self.seqs;
         let seq_steps: Vec<SeqStep> = step
             .scheduled
@@ -545,6 +557,8 @@ impl<'m> Engine<'m> {
             tokens,
             positions,
             states: slots.map(|s| (&mut self.states, s)),
+            sample_rows: rows,
+            temperatures,
             sync_timing: self.sync_timing,
         };
         self.backend.forward(self.model, inputs)
@@ -621,11 +635,12 @@ impl<'m> Engine<'m> {
             Logits::Host(rows) => return Ok(self.draw_tokens(samplers, rows)),
             Logits::Device(t) => t,
         };
+        let (meta, settings) = (&self.meta, &self.settings);
         let rows: Vec<(&SamplingParams, usize)> = samplers
             .iter()
             .map(|&id| {
-                let m = &self.meta[id.0];
-                (&self.settings_of(id).params, m.tokens.len() - m.prompt_len)
+                let m = &meta[id.0];
+                (&settings[m.request].params, m.tokens.len() - m.prompt_len)
             })
             .collect();
         if let Some(rows) = self.backend.candidates(logits, &rows)? {

@@ -43,52 +43,34 @@ pub fn partitions(
 pub struct StepCosts;
 
 impl StepCosts {
-    /// The step's tokens and positions, uploaded (`Backend::forward`).
-    pub const INPUTS: Cost = Cost {
+    /// The step's one upload (`Backend::forward`, `gpu/step_io.rs`): its tokens and
+    /// positions, the paged attention's slots, token sequences, lengths and block tables, the
+    /// state slots' ids and sequence starts, the sampling rows and their temperatures, in one
+    /// copy from page-locked memory into a buffer kept from step to step (as are the split
+    /// attention's partials): no allocation once warm.
+    pub const STEP_UPLOAD: Cost = Cost {
         launches: 0,
-        allocations: 2,
-        host_to_device: 2,
+        allocations: 0,
+        host_to_device: 1,
         device_to_host: 0,
         syncs: 0,
     };
 
-    /// The paged attention's metadata (`GpuStep::new`): slots, each token's sequence and
-    /// length, the block tables uploaded; with split contexts, the partials' two buffers.
-    pub fn paged_metadata(split: bool) -> Cost {
-        Cost {
-            allocations: 4 + 2 * u64::from(split),
-            host_to_device: 4,
-            ..Cost::default()
-        }
-    }
-
     /// One attention call (`GpuPagedAttention::attend`): a copy of each of q, k, v that is not
-    /// contiguous, the KV write, the attention kernel into its new output, the reduce of split
-    /// partitions.
+    /// contiguous (candle's strided copy, which uploads the layout it reads by), the KV write,
+    /// the attention kernel into its new output, the reduce of split partitions.
     pub fn paged_attend(strided: u64, split: bool) -> Cost {
         Cost::kernels(strided + 1)
+            + Cost::UPLOAD * strided
             + Cost {
                 launches: 1 + u64::from(split),
                 ..Cost::default()
             }
     }
 
-    /// A recurrent layer's state rows gathered from the pool (a kernel into a new buffer), with
-    /// the step's slot ids uploaded on the first layer (`state_slots.rs`).
-    pub fn state_gather(first: bool) -> Cost {
-        Cost::kernels(1) + if first { Cost::UPLOAD } else { Cost::default() }
-    }
-
-    /// A recurrent layer's states handed to the kernels in the pool itself: the step's slot
-    /// ids uploaded on the first layer, and its sequence starts when a sequence brings more
-    /// than one token (`state_slots.rs`).
-    pub fn state_pool(first: bool, starts: bool) -> Cost {
-        if first {
-            Cost::UPLOAD * (1 + u64::from(starts))
-        } else {
-            Cost::default()
-        }
-    }
+    /// A recurrent layer's state rows gathered from the pool (a kernel into a new buffer; the
+    /// slot ids are in the step's upload).
+    pub const STATE_GATHER: Cost = Cost::kernels(1);
 
     /// A recurrent layer's new states scattered back into the pool (a kernel).
     pub const STATE_SCATTER: Cost = Cost {
@@ -99,23 +81,17 @@ impl StepCosts {
         syncs: 0,
     };
 
-    /// The sampling rows' logits (`Backend::logits`): their indices uploaded, the rows picked,
-    /// the LM head.
-    pub const LOGITS: Cost = Cost {
-        launches: 2,
-        allocations: 3,
-        host_to_device: 1,
-        device_to_host: 0,
-        syncs: 0,
-    };
+    /// The sampling rows' logits (`Backend::logits`): the rows picked (their indices are in
+    /// the step's upload), the LM head.
+    pub const LOGITS: Cost = Cost::kernels(2);
 
-    /// Each row's best candidates (`top_candidates`): six zeroed buffers, the kernel, and six
-    /// copies to the host, each waiting for the device.
+    /// Each row's best candidates (`top_candidates`): the kernel into the kept output buffer,
+    /// and one copy of all of it to the host, the step's one wait.
     pub const CANDIDATES: Cost = Cost {
-        launches: 7,
-        allocations: 6,
+        launches: 1,
+        allocations: 0,
         host_to_device: 0,
-        device_to_host: 6,
-        syncs: 6,
+        device_to_host: 1,
+        syncs: 1,
     };
 }

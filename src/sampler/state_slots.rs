@@ -394,8 +394,9 @@ impl StateSlots {
             candle_core::op::BackpropOp::none(),
             false,
         );
-        // the buffer and the gather's kernel (the ids' upload: `copy_rows_cuda`)
-        self.spent += StepCosts::state_gather(false);
+        // the buffer and the gather's kernel (the ids' upload, where the step's did not bring
+        // them: `step_ids`)
+        self.spent += StepCosts::STATE_GATHER;
         self.copy_rows_cuda(layer, slots, &out, true)?;
         Ok(RecurrentStep {
             seq_lens: seq_lens.to_vec(),
@@ -441,6 +442,36 @@ impl StateSlots {
             ids,
             starts,
         })
+    }
+
+    /// Hands the step's slot ids (u32) and sequence starts (none when each of its sequences,
+    /// of `seq_lens` tokens, brings one) already on the device, in the step's one upload: its
+    /// layers then upload nothing. Ignored for slots on the host.
+    pub fn set_step_rows(
+        &mut self,
+        slots: &[usize],
+        ids: Tensor,
+        seq_lens: &[usize],
+        starts: Option<Tensor>,
+    ) -> candle_core::Result<()> {
+        let Some(d) = self.device.as_mut() else {
+            return Ok(());
+        };
+        if ids.dims1()? != slots.len() {
+            candle_core::bail!("{} slot ids for {} slots", ids.dims1()?, slots.len())
+        }
+        d.rows = Some((slots.to_vec(), ids));
+        d.starts = Some((seq_lens.to_vec(), starts));
+        Ok(())
+    }
+
+    /// Forgets the rows [`Self::set_step_rows`] handed over, once their step is done: they are
+    /// views of the step's upload, which the next step rewrites.
+    pub fn forget_step_rows(&mut self) {
+        if let Some(d) = self.device.as_mut() {
+            d.rows = None;
+            d.starts = None;
+        }
     }
 
     /// The step's slot ids on the device (u32), uploaded once for all its layers.

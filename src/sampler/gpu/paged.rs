@@ -26,6 +26,8 @@ use crate::sampler::gpu_plan::{partitions, StepCosts};
 use crate::sampler::kv_cache::SeqStep;
 use crate::sampler::state_slots::step_slots;
 
+use super::step_io::{Section, Staging, StepBuf, StepIo};
+
 /// Threads per attention block (4 warps).
 const THREADS: u32 = 128;
 
@@ -217,23 +219,60 @@ fn default_variant(model_dtype: DType, block_size: usize) -> &'static str {
     }
 }
 
-/// A step's metadata on the device, shared by every layer.
+/// A step's metadata on the device, shared by every layer: addresses in the step's one upload
+/// ([`StepBuf`]), and of the split attention's partials.
 pub struct GpuStep {
     tokens: usize,
-    slots: Tensor,
-    tok_seq: Tensor,
-    tok_len: Tensor,
-    tables: Tensor,
+    /// Each new token's cache slot (i64), sequence and context length (u32), and the block
+    /// tables padded to the longest (u32).
+    slots: u64,
+    tok_seq: u64,
+    tok_len: u64,
+    tables: u64,
     max_blocks: usize,
     part_size: usize,
     num_parts: usize,
-    /// Split-K partials: (T, Hq, P, D) outputs and (T, Hq, P, 2) max and sum.
-    part_out: Option<CudaSlice<f32>>,
-    part_ml: Option<CudaSlice<f32>>,
+    /// Split-K partials: (T, Hq, P, D) outputs and (T, Hq, P, 2) max and sum (0 without a
+    /// split).
+    part_out: u64,
+    part_ml: u64,
+    /// Keeps the uploaded words alive, and for a step made alone ([`GpuStep::new`]) its
+    /// buffers.
+    _buf: StepBuf,
+    _own: Option<Box<StepIo>>,
+}
+
+/// A step's metadata staged for the upload ([`GpuStep::stage`]), before it has addresses.
+pub struct StagedStep {
+    tokens: usize,
+    slots: Section,
+    tok_seq: Section,
+    tok_len: Section,
+    tables: Section,
+    max_blocks: usize,
+    part_size: usize,
+    num_parts: usize,
+    /// f32 values of the partials (outputs, then max and sum), 0 without a split.
+    partial_floats: usize,
+    part_out_floats: usize,
+}
+
+impl StagedStep {
+    /// Whether the step splits long contexts (and so uses the partials).
+    pub fn split(&self) -> bool {
+        self.num_parts > 1
+    }
 }
 
 impl GpuStep {
-    pub fn new(cache: &GpuKvCache, seqs: &[SeqStep], num_heads: usize) -> Result<Self> {
+    /// Stages the step's metadata of `seqs` (whose tokens attend with `num_heads` query heads)
+    /// into `staging`: each new token's slot, sequence and context length, the block tables.
+    pub fn stage(
+        cache: &GpuKvCache,
+        seqs: &[SeqStep],
+        num_heads: usize,
+        staging: &mut Staging,
+    ) -> Result<StagedStep> {
         let bs = cache.block_size;
         let tokens: usize = seqs.iter().map(|s| s.num_new).sum();
         let max_blocks = seqs
@@ -271,32 +310,61 @@ impl GpuStep {
         }
         let (part_size, num_parts) =
             partitions(tokens, cache.num_kv_heads, max_len, bs, cache.sm_count);
-        let dev = Device::Cuda(cache.dev.clone());
-        let (part_out, part_ml) = if num_parts > 1 {
-            let rows = tokens * num_heads * num_parts;
-            // SAFETY: the kernel writes every (max, sum) pair, and every output row whose max is
-            // finite, before the reduce reads them; rows with max = -inf are never read.
-            unsafe {
-                (
-                    Some(cache.dev.alloc::<f32>(rows * cache.head_dim)?),
-                    Some(cache.dev.alloc::<f32>(rows * 2)?),
-                )
-            }
+        let rows = if num_parts > 1 {
+            tokens * num_heads * num_parts
         } else {
-            (None, None)
+            0
         };
-        Ok(GpuStep {
+        Ok(StagedStep {
             tokens,
-            slots: Tensor::new(slots.as_slice(), &dev)?,
-            tok_seq: Tensor::new(tok_seq.as_slice(), &dev)?,
-            tok_len: Tensor::new(tok_len.as_slice(), &dev)?,
-            tables: Tensor::new(tables.as_slice(), &dev)?,
+            slots: staging.i64s(slots),
+            tok_seq: staging.u32s(tok_seq),
+            tok_len: staging.u32s(tok_len),
+            tables: staging.u32s(tables),
             max_blocks,
             part_size,
             num_parts,
+            partial_floats: rows * (cache.head_dim + 2),
+            part_out_floats: rows * cache.head_dim,
+        })
+    }
+
+    /// The staged step at its addresses in the uploaded `buf`, with the partials from `io`
+    /// (kept from step to step: the kernel writes every (max, sum) pair, and every output row
+    /// whose max is finite, before the reduce reads them; rows with max = -inf are never read).
+    pub fn on(staged: StagedStep, buf: &StepBuf, io: &mut StepIo) -> Result<GpuStep> {
+        let (part_out, part_ml) = if staged.num_parts > 1 {
+            let (p, _) = io.partials(staged.partial_floats)?;
+            (p, p + 4 * staged.part_out_floats as u64)
+        } else {
+            (0, 0)
+        };
+        Ok(GpuStep {
+            tokens: staged.tokens,
+            slots: buf.ptr(staged.slots),
+            tok_seq: buf.ptr(staged.tok_seq),
+            tok_len: buf.ptr(staged.tok_len),
+            tables: buf.ptr(staged.tables),
+            max_blocks: staged.max_blocks,
+            part_size: staged.part_size,
+            num_parts: staged.num_parts,
             part_out,
             part_ml,
+            _buf: buf.clone(),
+            _own: None,
         })
+    }
+
+    /// A step on its own buffers (benchmarks and tests; the sampler's steps share the
+    /// backend's).
+    pub fn new(cache: &GpuKvCache, seqs: &[SeqStep], num_heads: usize) -> Result<Self> {
+        let mut staging = Staging::new();
+        let staged = Self::stage(cache, seqs, num_heads, &mut staging)?;
+        let mut io = Box::new(StepIo::new(&cache.dev));
+        let (buf, _) = io.upload(&staging)?;
+        let mut step = Self::on(staged, &buf, &mut io)?;
+        step._own = Some(io);
+        Ok(step)
     }
 
     /// Key partitions per token in this step (1 = no split).
@@ -534,15 +602,8 @@ impl GpuPagedAttention<'_> {
                 &variant_fn
             }
         };
-        let (pop, pmp) = match (&step.part_out, &step.part_ml) {
-            (Some(a), Some(b)) => (slice_ptr(dev, a), slice_ptr(dev, b)),
-            _ => (0u64, 0u64),
-        };
-        let (tables, tok_seq, tok_len) = (
-            tensor_ptr(&step.tables)?,
-            tensor_ptr(&step.tok_seq)?,
-            tensor_ptr(&step.tok_len)?,
-        );
+        let (pop, pmp) = (step.part_out, step.part_ml);
+        let (tables, tok_seq, tok_len) = (step.tables, step.tok_seq, step.tok_len);
         let (hq_i, mb_i, ps_i, np_i) = (
             hq as i32,
             step.max_blocks as i32,
@@ -611,7 +672,7 @@ pub fn write_kv(
     let dev = &cache.dev;
     let (kp, vp) = (tensor_ptr(k)?, tensor_ptr(v)?);
     let (kcp, vcp) = (slice_ptr(dev, kc), slice_ptr(dev, vc));
-    let slots = tensor_ptr(&step.slots)?;
+    let slots = step.slots;
     let (hkv_i, d_i, bs_i) = (hkv as i32, d as i32, cache.block_size as i32);
     let stream = dev.cuda_stream();
     let mut b = stream.launch_builder(&cache.write_fn);
