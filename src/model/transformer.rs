@@ -15,9 +15,9 @@ use super::config::ModelConfig;
 use super::cost::CountMode;
 use super::layer_ops::candle_ops::CandleOps;
 use super::layer_ops::host_ops::{HostAct, HostOps};
-use super::layer_ops::{Cost, Counting, Counts, LayerOps, Place};
-use super::layers::Layer;
-use super::ops::{Exec, RmsNorm, Ropes, StepRope};
+use super::layer_ops::{Cost, Counting, Counts, LayerOps, Place, SameOps};
+use super::layers::{Layer, OpenAdd};
+use super::ops::{Exec, RmsNorm, RopeRows, Ropes, StepRope};
 use super::packed::{dropped, PackedLinear};
 
 /// Where a counted forward adds its counts, and whether it counts a GPU's step on a machine
@@ -236,17 +236,36 @@ impl Transformer {
         counts: Option<&mut Counts>,
     ) -> Result<O::Act> {
         let kinds = &self.cfg.layer_kinds;
+        // sampling (no gradient, nothing kept per layer) fuses each layer's last residual add
+        // with the next layer's input norm; the differentiable paths keep each layer whole
+        // (training's recompute starts a layer from its input)
+        let fold = self.exec == Exec::Sampling || self.host_layers.is_some();
+        let mut open = None;
         match counts {
             None => {
                 for (i, l) in layers.iter().enumerate() {
-                    x = l.forward(&mut o, i, x, rope.of(kinds[i]), attn)?;
+                    if fold {
+                        (x, open) = fold_layer(l, &mut o, i, (x, open), rope.of(kinds[i]), attn)?;
+                    } else {
+                        x = l.forward(&mut o, i, x, rope.of(kinds[i]), attn)?;
+                    }
+                }
+                if let Some(last) = open {
+                    x = o.add(x, last.y, last.norm)?;
                 }
             }
             Some(c) => {
                 let mut o = Counting::new(o, c);
                 for (i, l) in layers.iter().enumerate() {
                     o.at(Place::Layer(i, kinds[i]));
-                    x = l.forward(&mut o, i, x, rope.of(kinds[i]), attn)?;
+                    if fold {
+                        (x, open) = fold_layer(l, &mut o, i, (x, open), rope.of(kinds[i]), attn)?;
+                    } else {
+                        x = l.forward(&mut o, i, x, rope.of(kinds[i]), attn)?;
+                    }
+                }
+                if let Some(last) = open {
+                    x = o.add(x, last.y, last.norm)?;
                 }
             }
         }
@@ -418,6 +437,21 @@ impl Transformer {
 
 /// Gemma's embedding scale: `sqrt(hidden)` rounded to the dtype the weights are loaded in, as
 /// transformers multiplies by it (`embed_scale.to(weight.dtype)`); 1 for other families.
+/// Layer `i` with its edges' residual adds fused ([`Layer::forward_open`]), the open add
+/// handed on.
+#[allow(clippy::type_complexity)]
+fn fold_layer<'a, O: LayerOps, P: SameOps<O>>(
+    l: &'a Layer<O>,
+    o: &mut P,
+    i: usize,
+    (x, open): (O::Act, Option<OpenAdd<'a, O>>),
+    rope: &RopeRows,
+    attn: &mut dyn AttentionBackend,
+) -> Result<(O::Act, Option<OpenAdd<'a, O>>)> {
+    let (x, last) = l.forward_open(o, i, (x, open), rope, attn)?;
+    Ok((x, Some(last)))
+}
+
 fn embed_scale(cfg: &ModelConfig, dtype: DType) -> f64 {
     if !cfg.embed_scale {
         return 1.0;

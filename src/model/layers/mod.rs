@@ -162,6 +162,13 @@ impl Layer<CandleOps> {
     }
 }
 
+/// A layer's last residual add, left open for the next layer to fuse with its input norm: the
+/// MLP's output and the sandwich norm it takes before the add (Gemma).
+pub struct OpenAdd<'a, O: LayerOps> {
+    pub y: O::Act,
+    pub norm: Option<&'a O::Norm>,
+}
+
 impl<O: LayerOps> Layer<O> {
     /// The layer on the residual stream `x` (T, hidden): layer `index` of the backend, through
     /// the ops `o`.
@@ -173,7 +180,29 @@ impl<O: LayerOps> Layer<O> {
         rope: &RopeRows,
         backend: &mut dyn AttentionBackend,
     ) -> Result<O::Act> {
-        let h = o.rms_norm(&x, &self.input_norm)?;
+        let (x, last) = self.forward_open(o, index, (x, None), rope, backend)?;
+        o.add(x, last.y, last.norm)
+    }
+
+    /// [`Self::forward`] with the residual adds at the layer's edges fused with the norms
+    /// beside them: `open` is the previous layer's open add (`x` is then the residual stream
+    /// before it), done here with this layer's input norm in one `add_rms_norm`; and this
+    /// layer's last add is returned open, for the next layer (or the caller) to do.
+    pub fn forward_open<'a, P: SameOps<O>>(
+        &'a self,
+        o: &mut P,
+        index: usize,
+        (x, open): (O::Act, Option<OpenAdd<'_, O>>),
+        rope: &RopeRows,
+        backend: &mut dyn AttentionBackend,
+    ) -> Result<(O::Act, OpenAdd<'a, O>)> {
+        let (x, h) = match open {
+            None => {
+                let h = o.rms_norm(&x, &self.input_norm)?;
+                (x, h)
+            }
+            Some(prev) => o.add_rms_norm(x, prev.y, prev.norm, &self.input_norm)?,
+        };
         let mixed = match &self.mixer {
             Mixer::Attention(a) => a.forward(o, index, h, rope, backend)?,
             Mixer::GatedDeltaNet(g) => g.forward(o, index, h, backend)?,
@@ -181,6 +210,7 @@ impl<O: LayerOps> Layer<O> {
         let (x, h) = o.add_rms_norm(x, mixed, self.mixer_out_norm.as_ref(), &self.post_norm)?;
         let a = o.gate_up_act(h, &self.gate_up, self.act)?;
         let y = o.linear(a, &self.down)?;
-        o.add(x, y, self.mlp_out_norm.as_ref())
+        let norm = self.mlp_out_norm.as_ref();
+        Ok((x, OpenAdd { y, norm }))
     }
 }
