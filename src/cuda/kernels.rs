@@ -23,6 +23,9 @@ pub const FLASH_ATTENTION_PTX: &str =
 /// `kernels/adamw.cu`, likewise.
 pub const ADAMW_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx"));
 
+/// `kernels/cross_entropy.cu`, likewise.
+pub const CROSS_ENTROPY_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/cross_entropy.ptx"));
+
 /// `kernels/layer_ops.cu`, likewise.
 pub const LAYER_OPS_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/layer_ops.ptx"));
 

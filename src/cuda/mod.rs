@@ -8,6 +8,8 @@
 #[cfg(feature = "cuda")]
 pub mod adamw;
 #[cfg(feature = "cuda")]
+pub mod cross_entropy;
+#[cfg(feature = "cuda")]
 pub mod flash_attention;
 #[cfg(feature = "cuda")]
 pub mod gated_deltanet;

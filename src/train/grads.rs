@@ -141,19 +141,26 @@ fn head_grads_tensors(
     let mut gw = None;
     let mut losses = Vec::new();
     let mut gh_parts = Vec::new();
+    let kernel = ce_kernel(hidden, w);
     for c in sel.chunks(chunk) {
-        let idx = Tensor::new(c, dev)?;
         let targets: Vec<u32> = c.iter().map(|&i| b.targets[i as usize]).collect();
         let weights: Vec<f32> = c.iter().map(|&i| b.weights[i as usize]).collect();
-        let hc = hidden.index_select(&idx, 0)?; // (c, H)
-        let logits = matmul(&hc, &w.t()?)?.to_dtype(DType::F32)?; // (c, V)
-        *spent += Cost::UPLOAD + Cost::kernels(1) + mm + low;
-        let (l, g) = ce_grad_tensors(logits, &targets, &weights, scale, spent)?;
+        let (hc, l, g) = if kernel {
+            ce_chunk_kernel(hidden, w, (c, &targets, &weights), scale, spent)?
+        } else {
+            let idx = Tensor::new(c, dev)?;
+            let hc = hidden.index_select(&idx, 0)?; // (c, H)
+            let logits = matmul(&hc, &w.t()?)?.to_dtype(DType::F32)?; // (c, V)
+            *spent += Cost::UPLOAD + Cost::kernels(1) + mm + low;
+            let (l, g) = ce_grad_tensors(logits, &targets, &weights, scale, spent)?;
+            (hc, l, g)
+        };
+        *spent += Cost::kernels(u64::from(g.dtype() != w.dtype()));
         let g = g.to_dtype(w.dtype())?;
         losses.push(l);
         gh_parts.push(matmul(&g, w)?); // (c, H)
         let part = matmul(&g.t()?, &hc)?.to_dtype(DType::F32)?; // (V, H)
-        *spent += low + mm + mm + low + Cost::kernels(u64::from(gw.is_some()));
+        *spent += mm + mm + low + Cost::kernels(u64::from(gw.is_some()));
         gw = match gw {
             None => Some(part),
             Some(acc) => Some((acc + part)?),
@@ -172,6 +179,70 @@ fn head_grads_tensors(
     let loss = read_back(&losses)?.into_iter().map(f64::from).sum();
     *spent += READ_BACK;
     Ok((loss, gh, gw))
+}
+
+/// Whether the head's chunks take the cross-entropy kernel (`kernels/cross_entropy.cu`): on a
+/// GPU, the hidden states and the head in one dtype the kernel takes.
+fn ce_kernel(hidden: &Tensor, w: &Tensor) -> bool {
+    #[cfg(feature = "cuda")]
+    if hidden.device().is_cuda()
+        && hidden.dtype() == w.dtype()
+        && crate::cuda::cross_entropy::supported(w.dtype())
+    {
+        return true;
+    }
+    let _ = (hidden, w);
+    false
+}
+
+/// One chunk of [`head_grads_tensors`] through the cross-entropy kernel: the chunk's rows,
+/// targets and weights up in one copy; its hidden rows picked; the logits in the compute dtype
+/// (no f32 copy), overwritten in place by their gradient; the rows' losses summed on the device.
+/// Returns the hidden rows, the loss sum and the logits' gradient.
+fn ce_chunk_kernel(
+    hidden: &Tensor,
+    w: &Tensor,
+    (rows, targets, weights): (&[u32], &[u32], &[f32]),
+    scale: f64,
+    spent: &mut Cost,
+) -> candle_core::Result<(Tensor, Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    {
+        use crate::cuda::kernels::tensor_ptr;
+        let (v, _) = w.dims2()?;
+        if let Some(t) = targets.iter().find(|&&t| t as usize >= v) {
+            candle_core::bail!("target {t} is outside the vocabulary of {v}")
+        }
+        let n = rows.len();
+        let words: Vec<u32> = rows
+            .iter()
+            .chain(targets)
+            .copied()
+            .chain(weights.iter().map(|w| w.to_bits()))
+            .collect();
+        let up = Tensor::new(words.as_slice(), hidden.device())?;
+        let idx = up.narrow(0, 0, n)?;
+        let hc = match crate::cuda::rows::gather(hidden, &idx)? {
+            Some(hc) => hc,
+            None => hidden.index_select(&idx, 0)?,
+        };
+        let logits = matmul(&hc, &w.t()?)?; // (c, V), the compute dtype
+        let (tp, wp) = (
+            tensor_ptr(&up.narrow(0, n, n)?)?,
+            tensor_ptr(&up.narrow(0, 2 * n, n)?)?,
+        );
+        let losses = crate::cuda::cross_entropy::ce_grad_in_place(&logits, tp, wp, scale)?;
+        // detached: kept until the micro-batch's read-back, it must hold no graph
+        let loss = losses.sum_all()?.detach();
+        // the upload, the rows, the logits, the kernel and its losses, their sum
+        *spent += Cost::UPLOAD + Cost::kernels(1) + matmul_cost(w) + Cost::kernels(2);
+        Ok((hc, loss, logits))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (hidden, w, rows, targets, weights, scale, spent);
+        candle_core::bail!("the cross-entropy kernel needs the cuda feature")
+    }
 }
 
 /// [`head_grads`] for f32 CPU data (`hidden` (T, H), `w` (V, H)): each chunk's three products
