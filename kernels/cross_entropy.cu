@@ -6,6 +6,10 @@
 //   loss[row] = w * (log(s) - (x_t - m))                       (t: the row's target, w its weight)
 //   x_i <- (exp(x_i - m) / s - [i == t]) * ws, ws = (float)(w * scale)   (rounded to the dtype)
 //
+// ws is the weight times the scale in double, rounded once, as `ce_grad_in_place` takes it;
+// candle's `wt * scale` rounds the scale to f32 first (1 ulp apart for weights other than
+// powers of two; the trainer's are 0 or 1).
+//
 // One block of 1024 threads per row; three passes over the row (max, sum, write), each thread
 // a strided share (adjacent threads, adjacent values: coalesced). Knows nothing of the
 // model: the caller made the logits (c, V) with the head's matmul and reads the gradient back

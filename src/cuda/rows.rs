@@ -12,8 +12,8 @@ use super::kernels::{checked, module_fn, tensor_ptr, STATE_SLOTS_PTX};
 
 /// `table` (rows, cols) at the u32 `ids` (n,), both on one CUDA device, as a new (n, cols)
 /// tensor; `None` where the kernel does not take the table (not f32 or bf16, not contiguous, a
-/// bf16 row of an odd length, or rows not on 16-byte boundaries when a row is a multiple of 16
-/// bytes), for the caller to fall back on candle. No gradient. The ids must lie below `rows`
+/// bf16 row of an odd length, or rows not on the boundary the kernel reads them by: 16 bytes
+/// when a row is a multiple of 16 bytes, else 4), for the caller to fall back on candle. No gradient. The ids must lie below `rows`
 /// (the caller checks them on the host).
 pub fn gather(table: &Tensor, ids: &Tensor) -> Result<Option<Tensor>> {
     let (_, cols) = table.dims2()?;
@@ -29,11 +29,16 @@ pub fn gather(table: &Tensor, ids: &Tensor) -> Result<Option<Tensor>> {
     }
     let words = bytes / 4;
     let tp = tensor_ptr(table)?;
-    // the kernel's 16-byte path (a row of a multiple of 4 words) needs aligned rows
-    if words.is_multiple_of(4) && !tp.is_multiple_of(16) {
+    // the kernel reads 16 bytes at a time where a row is a multiple of 4 words, else 4: the
+    // table's rows must start on that boundary (a view at an odd bf16 offset would not)
+    let align = if words.is_multiple_of(4) { 16 } else { 4 };
+    if !tp.is_multiple_of(align) {
         return Ok(None);
     }
     let dev = table.device().as_cuda_device()?;
+    if n == 0 {
+        return Tensor::zeros((0, cols), table.dtype(), table.device()).map(Some);
+    }
     let out = if table.dtype() == DType::F32 {
         // SAFETY: the kernel writes all n x cols values.
         CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<f32>(n * cols)? }, dev.clone())
@@ -42,9 +47,6 @@ pub fn gather(table: &Tensor, ids: &Tensor) -> Result<Option<Tensor>> {
         CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<half::bf16>(n * cols)? }, dev.clone())
     };
     let out = Tensor::from_storage(Storage::Cuda(out), (n, cols), BackpropOp::none(), false);
-    if n == 0 {
-        return Ok(Some(out));
-    }
     let f = module_fn(
         dev,
         "gather_rows_f32",

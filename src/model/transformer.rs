@@ -239,7 +239,7 @@ impl Transformer {
         // sampling (no gradient, nothing kept per layer) fuses each layer's last residual add
         // with the next layer's input norm; the differentiable paths keep each layer whole
         // (training's recompute starts a layer from its input)
-        let fold = self.exec == Exec::Sampling || self.host_layers.is_some();
+        let fold = self.exec == Exec::Sampling;
         let mut open = None;
         match counts {
             None => {
@@ -435,8 +435,6 @@ impl Transformer {
     }
 }
 
-/// Gemma's embedding scale: `sqrt(hidden)` rounded to the dtype the weights are loaded in, as
-/// transformers multiplies by it (`embed_scale.to(weight.dtype)`); 1 for other families.
 /// Layer `i` with its edges' residual adds fused ([`Layer::forward_open`]), the open add
 /// handed on.
 #[allow(clippy::type_complexity)]
@@ -452,6 +450,8 @@ fn fold_layer<'a, O: LayerOps, P: SameOps<O>>(
     Ok((x, Some(last)))
 }
 
+/// Gemma's embedding scale: `sqrt(hidden)` rounded to the dtype the weights are loaded in, as
+/// transformers multiplies by it (`embed_scale.to(weight.dtype)`); 1 for other families.
 fn embed_scale(cfg: &ModelConfig, dtype: DType) -> f64 {
     if !cfg.embed_scale {
         return 1.0;

@@ -309,13 +309,15 @@ impl GpuBackend {
         });
         let rows_at = staging.u32s(step.sample_rows.iter().copied());
         let temperatures_at = staging.f32s(step.temperatures.iter().copied());
+        // last step's rows are views of words this upload rewrites
+        self.sampling = None;
         let (buf, _) = self.io.upload(&staging)?;
+        let meta = GpuStep::on(staged, &buf, &mut self.io)?;
         let mut states = step.states;
         if let (Some((slots_of, slots)), Some((ids, starts))) = (states.as_mut(), state_rows) {
             let starts = starts.map(|s| buf.tensor(s)).transpose()?;
             slots_of.set_step_rows(slots, buf.tensor(ids)?, &seq_lens, starts)?;
         }
-        let meta = GpuStep::on(staged, &buf, &mut self.io)?;
         self.sampling = Some(StagedSampling {
             buf: buf.clone(),
             rows: step.sample_rows.to_vec(),

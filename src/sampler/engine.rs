@@ -529,6 +529,7 @@ impl<'m> Engine<'m> {
 
     /// The model's final hidden states for the step's tokens, through the paged cache on the
     /// model's device; and the seconds spent in attention.
+    ///
     /// The sampling `rows` and their sequences go with the step's inputs (a GPU uploads them
     /// with the rest, for the logits and the draw).
     fn forward(

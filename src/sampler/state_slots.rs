@@ -47,15 +47,16 @@ pub enum SavedState {
 }
 
 /// The GPU store: per layer the pool tensor, a row of zeros for new slots, and the step's slot
-/// ids uploaded once for all its layers.
+/// ids, in the sampler's step upload ([`StateSlots::set_step_rows`]) or else uploaded once for
+/// all its layers.
 #[cfg(feature = "cuda")]
 #[derive(Debug)]
 struct DeviceSlots {
     pools: Vec<Option<Tensor>>,
     zeros: Vec<Option<Tensor>>,
     rows: Option<(Vec<usize>, Tensor)>,
-    /// The step's sequence starts for the kernels, uploaded once for all its layers (none when
-    /// each sequence brings one token).
+    /// The step's sequence starts for the kernels, likewise (none when each sequence brings
+    /// one token).
     starts: Option<(Vec<usize>, Option<Tensor>)>,
     gather: candle_core::cuda_backend::cudarc::driver::CudaFunction,
     scatter: candle_core::cuda_backend::cudarc::driver::CudaFunction,
@@ -474,7 +475,8 @@ impl StateSlots {
         }
     }
 
-    /// The step's slot ids on the device (u32), uploaded once for all its layers.
+    /// The step's slot ids on the device (u32): those the step's upload brought, or else
+    /// uploaded once for all its layers.
     fn step_ids(&mut self, slots: &[usize], device: &Device) -> candle_core::Result<Tensor> {
         let Some(d) = self.device.as_mut() else {
             candle_core::bail!("no GPU state slots")

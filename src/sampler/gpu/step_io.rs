@@ -160,6 +160,9 @@ impl StepIo {
 
     /// Sends `staging` to the device in one copy from page-locked memory.
     pub fn upload(&mut self, staging: &Staging) -> Result<(StepBuf, Grew)> {
+        // the raw copies below do not bind the device's context to this thread (cudarc's own
+        // calls do)
+        driver("CUDA context", context(&self.dev).bind_to_thread())?;
         let n = staging.words.len().max(1);
         let grew = self.up_host.as_ref().is_none_or(|h| h.len() < n);
         if grew {
@@ -235,6 +238,7 @@ impl StepIo {
         if words > d.len() {
             bail!("step download: {words} words from a buffer of {}", d.len())
         }
+        driver("CUDA context", context(&self.dev).bind_to_thread())?;
         let stream = self.dev.cuda_stream();
         let src = slice_ptr(&self.dev, d);
         let host = driver("page-locked memory", h.as_mut_slice())?;
@@ -251,7 +255,9 @@ impl StepIo {
     }
 
     /// The split attention's partials: `floats` f32 values kept from step to step (none
-    /// initialised: the attention writes each before its reduce reads it).
+    /// initialised: the attention writes each before its reduce reads it). A growth frees the
+    /// old buffer: one step at a time uses them (a [`super::GpuStep`] holds their address, not
+    /// the buffer).
     pub fn partials(&mut self, floats: usize) -> Result<(u64, Grew)> {
         let grew = self.partials.as_ref().is_none_or(|p| p.len() < floats);
         if grew {
