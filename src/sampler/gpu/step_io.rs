@@ -120,8 +120,10 @@ pub struct StepIo {
     dev: CudaDevice,
     up_host: Option<PinnedHostSlice<u32>>,
     up_dev: Option<StepBuf>,
-    /// Recorded after the last upload: the host waits for it before rewriting `up_host`.
+    /// Recorded after each upload (made once, recorded again each step), and whether a
+    /// recording is not yet waited for: the host waits for it before rewriting `up_host`.
     up_done: Option<CudaEvent>,
+    up_pending: bool,
     down_dev: Option<CudaSlice<u32>>,
     down_host: Option<PinnedHostSlice<u32>>,
     /// The split attention's partials (outputs, then max and sum), f32.
@@ -152,6 +154,7 @@ impl StepIo {
             up_host: None,
             up_dev: None,
             up_done: None,
+            up_pending: false,
             down_dev: None,
             down_host: None,
             partials: None,
@@ -199,17 +202,22 @@ impl StepIo {
                 result::memcpy_htod_async(buf.base, &host[..n], stream.cu_stream()),
             )?;
         }
-        self.up_done = Some(driver(
-            "CUDA event",
-            stream.record_event(Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)),
-        )?);
+        match &self.up_done {
+            Some(e) => driver("CUDA event", e.record(&stream))?,
+            None => {
+                let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+                self.up_done = Some(driver("CUDA event", stream.record_event(flags))?);
+            }
+        }
+        self.up_pending = true;
         Ok((buf.clone(), Grew(grew)))
     }
 
     fn wait_upload(&mut self) -> Result<()> {
-        if let Some(e) = self.up_done.take() {
+        if let (true, Some(e)) = (self.up_pending, &self.up_done) {
             driver("CUDA event", e.synchronize())?;
         }
+        self.up_pending = false;
         Ok(())
     }
 
