@@ -11,13 +11,13 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 use candle_nn::{Embedding, Linear, VarBuilder};
 
 use super::attention::AttentionBackend;
-use super::config::ModelConfig;
+use super::config::{LayerKind, ModelConfig};
 use super::cost::CountMode;
 use super::layer_ops::candle_ops::CandleOps;
 use super::layer_ops::host_ops::{HostAct, HostOps};
 use super::layer_ops::{Cost, Counting, Counts, LayerOps, Place, SameOps};
 use super::layers::{Layer, OpenAdd};
-use super::ops::{Exec, RmsNorm, RopeRows, Ropes, StepRope};
+use super::ops::{Exec, RmsNorm, Ropes, StepRope};
 use super::packed::{dropped, PackedLinear};
 
 /// Where a counted forward adds its counts, and whether it counts a GPU's step on a machine
@@ -230,7 +230,7 @@ impl Transformer {
         &self,
         layers: &[Layer<O>],
         mut o: O,
-        mut x: O::Act,
+        x: O::Act,
         rope: &StepRope,
         attn: &mut dyn AttentionBackend,
         counts: Option<&mut Counts>,
@@ -240,36 +240,14 @@ impl Transformer {
         // with the next layer's input norm; the differentiable paths keep each layer whole
         // (training's recompute starts a layer from its input)
         let fold = self.exec == Exec::Sampling;
-        let mut open = None;
+        let layers = (layers, kinds.as_slice(), rope);
         match counts {
-            None => {
-                for (i, l) in layers.iter().enumerate() {
-                    if fold {
-                        (x, open) = fold_layer(l, &mut o, i, (x, open), rope.of(kinds[i]), attn)?;
-                    } else {
-                        x = l.forward(&mut o, i, x, rope.of(kinds[i]), attn)?;
-                    }
-                }
-                if let Some(last) = open {
-                    x = o.add(x, last.y, last.norm)?;
-                }
-            }
+            None => each_layer(layers, &mut o, x, fold, attn, |_, _| ()),
             Some(c) => {
                 let mut o = Counting::new(o, c);
-                for (i, l) in layers.iter().enumerate() {
-                    o.at(Place::Layer(i, kinds[i]));
-                    if fold {
-                        (x, open) = fold_layer(l, &mut o, i, (x, open), rope.of(kinds[i]), attn)?;
-                    } else {
-                        x = l.forward(&mut o, i, x, rope.of(kinds[i]), attn)?;
-                    }
-                }
-                if let Some(last) = open {
-                    x = o.add(x, last.y, last.norm)?;
-                }
+                each_layer(layers, &mut o, x, fold, attn, |o, place| o.at(place))
             }
         }
-        Ok(x)
     }
 
     /// The RoPE rows of this step's positions (T,) u32, shared by every layer.
@@ -435,19 +413,32 @@ impl Transformer {
     }
 }
 
-/// Layer `i` with its edges' residual adds fused ([`Layer::forward_open`]), the open add
-/// handed on.
-#[allow(clippy::type_complexity)]
-fn fold_layer<'a, O: LayerOps, P: SameOps<O>>(
-    l: &'a Layer<O>,
+/// Every layer on the residual stream `x` through `o`, `at` told each layer's place first;
+/// with `fold`, each layer's edges' residual adds fused with the norms beside them
+/// ([`Layer::forward_open`]), the step's last add done after the last layer.
+fn each_layer<O: LayerOps, P: SameOps<O>>(
+    (layers, kinds, rope): (&[Layer<O>], &[LayerKind], &StepRope),
     o: &mut P,
-    i: usize,
-    (x, open): (O::Act, Option<OpenAdd<'a, O>>),
-    rope: &RopeRows,
+    mut x: O::Act,
+    fold: bool,
     attn: &mut dyn AttentionBackend,
-) -> Result<(O::Act, Option<OpenAdd<'a, O>>)> {
-    let (x, last) = l.forward_open(o, i, (x, open), rope, attn)?;
-    Ok((x, Some(last)))
+    mut at: impl FnMut(&mut P, Place),
+) -> Result<O::Act> {
+    let mut open: Option<OpenAdd<'_, O>> = None;
+    for (i, l) in layers.iter().enumerate() {
+        at(o, Place::Layer(i, kinds[i]));
+        let rope = rope.of(kinds[i]);
+        if fold {
+            let (y, last) = l.forward_open(o, i, (x, open.take()), rope, attn)?;
+            (x, open) = (y, Some(last));
+        } else {
+            x = l.forward(o, i, x, rope, attn)?;
+        }
+    }
+    match open {
+        Some(last) => o.add(x, last.y, last.norm),
+        None => Ok(x),
+    }
 }
 
 /// Gemma's embedding scale: `sqrt(hidden)` rounded to the dtype the weights are loaded in, as
