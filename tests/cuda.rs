@@ -665,6 +665,19 @@ fn run_model_with(
     params: SamplingParams,
     max_num_seqs: usize,
 ) -> Vec<Sample> {
+    run_model_graphs(model, prompts, n, params, max_num_seqs, true).0
+}
+
+/// [`run_model_with`], decode steps replaying CUDA graphs or not (`enforce_eager`), and how
+/// many steps ran under a graph's plan.
+fn run_model_graphs(
+    model: &selfdistill::model::Transformer,
+    prompts: &[Vec<u32>],
+    n: u32,
+    params: SamplingParams,
+    max_num_seqs: usize,
+    graphs: bool,
+) -> (Vec<Sample>, selfdistill::sampler::backend::GraphCounts) {
     let cfg = EngineConfig {
         scheduler: SchedulerConfig {
             block_size: 16,
@@ -678,6 +691,9 @@ fn run_model_with(
         thinking: None,
     };
     let mut e = Engine::new(model, cfg).unwrap();
+    if model.device().is_cuda() {
+        e.set_cuda_graphs(graphs).unwrap();
+    }
     for (i, p) in prompts.iter().enumerate() {
         e.add(Request {
             problem_id: format!("p{i}"),
@@ -692,7 +708,49 @@ fn run_model_with(
         out.extend(e.step(None).unwrap());
     }
     out.sort_by_key(|s| (s.request, s.sample_index));
-    out
+    (out, e.graph_counts())
+}
+
+#[test]
+fn replayed_decode_graphs_sample_what_eager_steps_sample() {
+    // 5 prompts x 3 samples: 15 sequences padded to the bucket of 16 (and to 4 at
+    // max_num_seqs 4); greedy and seeded top-k/top-p; f32 and bf16
+    let prompts = vec![
+        vec![41, 273, 317, 435, 295, 82],
+        vec![87],
+        vec![308, 434, 82, 86],
+        vec![5, 6, 7],
+        vec![99, 100],
+    ];
+    let dev = gpu();
+    let ck = selfdistill::model::Checkpoint::open(fixture().to_str().unwrap()).unwrap();
+    for dtype in [DType::F32, DType::BF16] {
+        let mut model = ck.load_transformer(&dev, dtype).unwrap();
+        model.set_fused_inference(true).unwrap();
+        for params in [top_k_top_p(40, 5), {
+            let mut p = top_k_top_p(40, 5);
+            p.temperature = 0.0;
+            p
+        }] {
+            for max in [4, 64] {
+                let what = format!(
+                    "{dtype:?}, temperature {}, max_num_seqs {max}",
+                    params.temperature
+                );
+                let (eager, none) =
+                    run_model_graphs(&model, &prompts, 3, params.clone(), max, false);
+                let (replayed, counts) =
+                    run_model_graphs(&model, &prompts, 3, params.clone(), max, true);
+                assert_eq!(none.replayed + none.captured + none.eager, 0, "{what}");
+                assert!(
+                    counts.captured >= 1 && counts.replayed >= 30,
+                    "{what}: {counts:?} (graphs off? see the warning above)"
+                );
+                assert_eq!(eager.len(), 15, "{what}");
+                assert_same_samples(&eager, &replayed, &what);
+            }
+        }
+    }
 }
 
 #[test]

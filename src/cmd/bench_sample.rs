@@ -21,6 +21,7 @@ use crate::machine::{
 use crate::model::clock;
 use crate::model::init::{random_model, shape};
 use crate::model::{LayerCache, LayerKind, ModelConfig, Transformer};
+use crate::sampler::backend::GraphCounts;
 use crate::sampler::engine::{Engine, EngineConfig, Request};
 use crate::sampler::kv_cache::KvCache;
 use crate::sampler::params::SamplingParams;
@@ -83,6 +84,10 @@ pub struct SampleBenchArgs {
     /// With `--count`: one JSON object per phase and batch instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Run every GPU decode step eagerly instead of replaying CUDA graphs (the timed runs; the
+    /// split's runs are eager anyway, since they time inside a step).
+    #[arg(long)]
+    pub enforce_eager: bool,
 }
 
 /// The benchmark's prompt for sequence `b`: `len` tokens spread over the vocabulary (the same
@@ -93,8 +98,8 @@ fn bench_prompt(b: usize, len: usize, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// (prefill tokens/s, decode tokens/s, the decode steps' time split) for `batch` requests of
-/// `prompt_len` tokens generating `new` tokens each. The split: with `split`, the decode steps
+/// (prefill tokens/s, decode tokens/s, the decode steps' time split, the steps under CUDA
+/// graphs) for `batch` requests of `prompt_len` tokens generating `new` tokens each. The split: with `split`, the decode steps
 /// under the clock ([`clock`]: CUDA events on a GPU) by layer kind and op; else by the engine's
 /// timers (synchronised between the parts of a step with `sync_timing`).
 fn timed_run(
@@ -105,7 +110,7 @@ fn timed_run(
     a: &SampleBenchArgs,
     sync_timing: bool,
     split: bool,
-) -> Result<(f64, f64, String)> {
+) -> Result<(f64, f64, String, GraphCounts)> {
     let cfg = model.config();
     let block_size = 16;
     let per_seq = (prompt_len + new).div_ceil(block_size) + 1;
@@ -130,6 +135,9 @@ fn timed_run(
     };
     let mut e = Engine::new(model, ecfg)?;
     e.sync_timing = sync_timing && !split;
+    if a.enforce_eager {
+        e.set_cuda_graphs(false)?;
+    }
     for b in 0..batch {
         e.add(Request {
             problem_id: format!("bench/{b}"),
@@ -172,7 +180,7 @@ fn timed_run(
             1e3 * s.wall / steps,
             s.table(0.005)
         );
-        return Ok((rates.0, rates.1, split));
+        return Ok((rates.0, rates.1, split, e.graph_counts()));
     }
     // the split of the decode steps alone
     let (t, p) = (e.stats.time, at_prefill);
@@ -186,7 +194,7 @@ fn timed_run(
         share(t.sampling, p.sampling),
         share(t.schedule, p.schedule)
     );
-    Ok((rates.0, rates.1, split))
+    Ok((rates.0, rates.1, split, e.graph_counts()))
 }
 
 pub fn run(a: &SampleBenchArgs) -> Result<()> {
@@ -290,7 +298,8 @@ fn run_cpu(a: &SampleBenchArgs, cfg: &ModelConfig, batches: &[usize]) -> Result<
     for &b in batches {
         let (mut prefill, mut decode, mut split) = (0.0, 0.0, String::new());
         for _ in 0..a.repeat.max(1) {
-            let (p, d, s) = timed_run(&model, b, a.prompt_len, a.new_tokens + 1, a, false, false)?;
+            let (p, d, s, _) =
+                timed_run(&model, b, a.prompt_len, a.new_tokens + 1, a, false, false)?;
             prefill = f64::max(prefill, p);
             if d > decode {
                 (decode, split) = (d, s);
@@ -309,7 +318,7 @@ fn run_cpu(a: &SampleBenchArgs, cfg: &ModelConfig, batches: &[usize]) -> Result<
         );
         crate::outln!("       {split}");
         if a.split_tokens > 0 {
-            let (_, _, split) =
+            let (_, _, split, _) =
                 timed_run(&model, b, a.prompt_len, a.split_tokens + 1, a, false, true)?;
             crate::outln!(
                 "       time between ops (run of {} new tokens, wall clock): {split}",
@@ -468,7 +477,7 @@ fn run_gpu(
             );
             continue;
         }
-        let (prefill, decode, _) =
+        let (prefill, decode, _, graphs) =
             timed_run(&model, b, a.prompt_len, a.new_tokens + 1, a, false, false)?;
         // Decode step s (0-based) computes token prompt+1+s of every sequence and reads that
         // many keys and values per sequence, plus every weight once.
@@ -481,18 +490,21 @@ fn run_gpu(
         let kv_gib = kv_bytes / (1u64 << 30) as f64;
         crate::outln!(
             "{b:>6} {blocks:>9} {kv_gib:>8.1} {prefill:>14.0} {decode:>14.0} {roofline:>16.0} \
-             {:>11.1}%",
-            100.0 * decode / roofline
+             {:>11.1}%   decode steps: {} replayed, {} captured, {} eager under a graph's plan",
+            100.0 * decode / roofline,
+            graphs.replayed,
+            graphs.captured,
+            graphs.eager
         );
         remember(a, &crate::train::memory::device_name(dev), cfg, b, decode);
         let short = a.new_tokens.min(256);
-        let (_, _, split) = timed_run(&model, b, a.prompt_len, short + 1, a, true, false)?;
+        let (_, _, split, _) = timed_run(&model, b, a.prompt_len, short + 1, a, true, false)?;
         crate::outln!(
             "       time (run of {short} new tokens, synchronised between the parts of a step, \
              attention by CUDA events): {split}"
         );
         if a.split_tokens > 0 {
-            let (_, _, split) =
+            let (_, _, split, _) =
                 timed_run(&model, b, a.prompt_len, a.split_tokens + 1, a, false, true)?;
             crate::outln!(
                 "       time by CUDA events between ops (run of {} new tokens, no \

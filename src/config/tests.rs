@@ -50,7 +50,12 @@ fn sample_device_dtype_and_kv_cache_dtype_are_typed_where_they_are_read() {
         |extra: &str| format!("{OK}[sample]\nmodel = \"m\"\nprompt_template = \"raw\"\n{extra}\n");
     assert!(parse(&with("device = \"cpu\"")).is_ok());
     assert!(parse(&with("device = \"cuda:1\"\nkv_cache_dtype = \"fp8\"")).is_ok());
+    assert!(parse(&with("device = \"cuda\"\nenforce_eager = true")).is_ok());
     for (extra, want) in [
+        (
+            "enforce_eager = true",
+            "sample.enforce_eager needs a cuda device",
+        ),
         (
             "device = \"cdua\"",
             "pipelines/t.toml:16:1: `sample.device`: must be cpu, cuda or cuda:N, got `cdua`",

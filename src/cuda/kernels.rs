@@ -55,13 +55,15 @@ pub fn checked<T>(r: std::result::Result<T, DriverError>) -> Result<()> {
         .map_err(|e| candle_core::Error::Msg(format!("kernel launch: {e:?}")))
 }
 
-/// A CUDA device for the sampler: candle's, with per-tensor event tracking off. Every kernel we
-/// and candle launch runs on the device's one stream, so stream order already orders them, and
-/// the events cudarc records around each use of each buffer would only cost host time per
-/// launch (hundreds of launches per decode step).
+/// A CUDA device for the sampler and the trainer: candle's, on a stream of its own (candle's
+/// default is the legacy stream, which CUDA graphs cannot capture), with per-tensor event
+/// tracking off. Every kernel we and candle launch runs on the device's one stream, so stream
+/// order already orders them, and the events cudarc would record around each use of each buffer
+/// (it tracks them once a context has a second stream) would cost host time per launch and are
+/// not allowed inside a capture.
 pub fn sampler_device(ordinal: usize) -> Result<candle_core::Device> {
-    let dev = candle_core::Device::new_cuda(ordinal)?;
-    // SAFETY: see above; nothing here uses a second stream.
+    let dev = candle_core::Device::new_cuda_with_stream(ordinal)?;
+    // SAFETY: see above; nothing here uses a second stream, and no buffer exists yet.
     unsafe { dev.as_cuda_device()?.disable_event_tracking() };
     Ok(dev)
 }

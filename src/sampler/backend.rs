@@ -40,12 +40,15 @@ pub enum Backend {
 }
 
 /// The GPU's side: the paged cache, the buffers a step's one upload and one download go
-/// through, and what the last step staged for its sampling rows.
+/// through, what the last step staged for its sampling rows, and the decode steps' CUDA graphs
+/// with the logits the last replayed step left in their kept rows.
 #[cfg(feature = "cuda")]
 pub struct GpuBackend {
     cache: super::gpu::GpuKvCache,
     io: super::gpu::step_io::StepIo,
     sampling: Option<StagedSampling>,
+    graphs: super::gpu::graphs::DecodeGraphs,
+    graph_logits: Option<Tensor>,
 }
 
 /// A step's sampling rows and their temperatures as staged in its upload, and where.
@@ -56,6 +59,15 @@ struct StagedSampling {
     rows_at: super::gpu::step_io::Section,
     temperatures: Vec<f32>,
     temperatures_at: super::gpu::step_io::Section,
+}
+
+/// Decode steps under CUDA graphs: replayed, captured, and run eagerly under a graph's plan
+/// (the first step of each plan, and every step once graphs are off).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct GraphCounts {
+    pub replayed: u64,
+    pub captured: u64,
+    pub eager: u64,
 }
 
 /// How a sampling row ranks its logits on the device: 0 for greedy, else its temperature.
@@ -134,17 +146,24 @@ pub fn check_gpu_model(cfg: &ModelConfig) -> Result<()> {
 
 impl Backend {
     /// The backend of `model`'s device, with a cache of `num_blocks` blocks of `block_size`
-    /// tokens (fp8 keys and values with `kv_fp8`, CUDA only).
+    /// tokens (fp8 keys and values with `kv_fp8`, CUDA only), for steps of up to `max_num_seqs`
+    /// sequences.
     pub fn new(
         model: &Transformer,
         block_size: usize,
         num_blocks: usize,
         kv_fp8: bool,
+        max_num_seqs: usize,
     ) -> Result<Backend> {
         if model.device().is_cuda() {
             check_gpu_model(model.config())?;
             #[cfg(feature = "cuda")]
             return Ok(Backend::Cuda(Box::new(GpuBackend {
+                graphs: super::gpu::graphs::DecodeGraphs::new(
+                    model.device().as_cuda_device()?,
+                    max_num_seqs,
+                ),
+                graph_logits: None,
                 cache: super::gpu::GpuKvCache::new(
                     model.config(),
                     block_size,
@@ -160,6 +179,8 @@ impl Backend {
         if !model.device().is_cpu() {
             bail!("the sampler runs on the CPU or, built with the cuda feature, on CUDA GPUs");
         }
+        // the host runs a step of any size as it comes: no buckets, no graphs
+        let _ = max_num_seqs;
         if kv_fp8 {
             bail!("an fp8 KV cache needs the CUDA sampler (build with --features cuda)");
         }
@@ -167,6 +188,37 @@ impl Backend {
             cache: KvCache::new(model.config(), block_size, num_blocks),
             logits_buf: Vec::new(),
         })
+    }
+
+    /// Decode steps on a GPU replay CUDA graphs (the default) or run eagerly (`enforce_eager`);
+    /// an error on the CPU, which has none.
+    pub fn set_cuda_graphs(&mut self, on: bool) -> Result<()> {
+        match self {
+            Backend::Cpu { .. } if on => Ok(()),
+            Backend::Cpu { .. } => bail!("enforce_eager: CUDA graphs are a cuda device's"),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(g) => {
+                g.graphs.set_enabled(on);
+                Ok(())
+            }
+        }
+    }
+
+    /// Decode steps replayed from CUDA graphs, captured, and run eagerly under a graph's plan
+    /// (zeros on the CPU).
+    pub fn graph_counts(&self) -> GraphCounts {
+        match self {
+            Backend::Cpu { .. } => GraphCounts::default(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(g) => {
+                let c = g.graphs.counts;
+                GraphCounts {
+                    replayed: c.replayed,
+                    captured: c.captured,
+                    eager: c.eager,
+                }
+            }
+        }
     }
 
     /// Whether the step runs on the host (whose parallel loops want rayon's pool).
@@ -225,6 +277,14 @@ impl Backend {
             }
             #[cfg(feature = "cuda")]
             Backend::Cuda(g) => {
+                // a step under a graph's plan left its logits in the kept rows
+                if let Some(l) = g.graph_logits.take() {
+                    if l.dim(0)? == rows.len()
+                        && rows.iter().enumerate().all(|(i, &r)| r as usize == i)
+                    {
+                        return Ok(Logits::Device(l));
+                    }
+                }
                 let Some(s) = g.sampling.as_ref().filter(|s| s.rows == rows) else {
                     bail!("logits: rows {rows:?} are not the step's staged sampling rows")
                 };
@@ -296,6 +356,10 @@ impl GpuBackend {
                 step.sample_rows.len()
             )
         }
+        self.graph_logits = None;
+        if let Some(plan) = self.graph_plan(&step) {
+            return self.forward_planned(model, step, plan);
+        }
         let mut staging = Staging::new();
         let tokens_at = staging.u32s(step.tokens.iter().copied());
         let positions_at = staging.u32s(step.positions.iter().copied());
@@ -346,6 +410,109 @@ impl GpuBackend {
         let h = h?;
         let seconds = attn.device_seconds()?;
         Ok((h, seconds))
+    }
+
+    /// The plan a step runs under a CUDA graph with, if it may: graphs on, no timing split or
+    /// clock, an attention-only model (a recurrent model's padded rows would need a state slot
+    /// of their own), a decode step (one token per sequence, each sampling) of at most the
+    /// largest bucket's rows.
+    fn graph_plan(&self, step: &StepInputs) -> Option<crate::sampler::gpu_plan::GraphPlan> {
+        let n = step.seq_steps.len();
+        let decode = step.seq_steps.iter().all(|s| s.num_new == 1)
+            && step.tokens.len() == n
+            && step.sample_rows.len() == n
+            && step
+                .sample_rows
+                .iter()
+                .enumerate()
+                .all(|(i, &r)| r as usize == i);
+        if !self.graphs.on()
+            || step.sync_timing
+            || crate::model::clock::running()
+            || step.states.is_some()
+            || !decode
+        {
+            return None;
+        }
+        let rows = self.graphs.bucket(n)?;
+        let blocks = step
+            .seq_steps
+            .iter()
+            .map(|s| s.block_table.blocks.len())
+            .max()
+            .unwrap_or(1);
+        Some(self.cache.graph_plan(rows, blocks))
+    }
+
+    /// [`Self::forward`] of a decode step under a CUDA graph's `plan`: the step's upload padded
+    /// to the plan's rows, then the forward and the LM head replayed (or captured, or run
+    /// eagerly: [`super::gpu::graphs`]) into kept rows; the logits wait in
+    /// `graph_logits` for [`Backend::logits`].
+    fn forward_planned(
+        &mut self,
+        model: &Transformer,
+        step: StepInputs,
+        plan: crate::sampler::gpu_plan::GraphPlan,
+    ) -> Result<(Tensor, f64)> {
+        use super::gpu::step_io::Staging;
+        use super::gpu::{GpuPagedAttention, GpuStep};
+        let cfg = model.config();
+        let n = step.seq_steps.len();
+        let pad = plan.rows - n;
+        let mut staging = Staging::new();
+        let tokens_at = staging.u32s(
+            step.tokens
+                .iter()
+                .copied()
+                .chain(std::iter::repeat_n(0, pad)),
+        );
+        let positions_at = staging.u32s(
+            step.positions
+                .iter()
+                .copied()
+                .chain(std::iter::repeat_n(0, pad)),
+        );
+        let staged = GpuStep::stage_as(
+            &self.cache,
+            &step.seq_steps,
+            cfg.num_heads,
+            &mut staging,
+            Some(&plan),
+        )?;
+        let rows_at = staging.u32s(step.sample_rows.iter().copied());
+        let temperatures_at = staging.f32s(step.temperatures.iter().copied());
+        self.sampling = None;
+        let (buf, _) = self.io.upload(&staging)?;
+        let meta = GpuStep::on(staged, &buf, &mut self.io)?;
+        self.sampling = Some(StagedSampling {
+            buf: buf.clone(),
+            rows: step.sample_rows.to_vec(),
+            rows_at,
+            temperatures: step.temperatures,
+            temperatures_at,
+        });
+        let (tokens, positions) = (buf.tensor(tokens_at)?, buf.tensor(positions_at)?);
+        let GpuBackend { cache, graphs, .. } = self;
+        let addresses = [buf.base(), meta.partials_ptr()];
+        let body = || -> candle_core::Result<(Tensor, Tensor)> {
+            let mut attn = GpuPagedAttention {
+                cache: &mut *cache,
+                step: &meta,
+                sync_timing: false,
+                variant: None,
+                seconds: 0.0,
+                events: Vec::new(),
+                seq_lens: vec![1; plan.rows],
+                states: None,
+                spent: Default::default(),
+            };
+            let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
+            let l = model.logits(&h)?;
+            Ok((h, l))
+        };
+        let out = graphs.run(plan, addresses, n, body)?;
+        self.graph_logits = Some(out.logits);
+        Ok((out.hidden, 0.0))
     }
 
     /// [`Backend::candidates`] on the GPU: the rows' temperatures from the step's upload, the

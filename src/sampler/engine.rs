@@ -274,7 +274,13 @@ impl<'m> Engine<'m> {
         }
         let states =
             StateSlots::new_on(model.config(), cfg.scheduler.max_num_seqs, model.device())?;
-        let backend = Backend::new(model, cfg.scheduler.block_size, cfg.num_blocks, cfg.kv_fp8)?;
+        let backend = Backend::new(
+            model,
+            cfg.scheduler.block_size,
+            cfg.num_blocks,
+            cfg.kv_fp8,
+            cfg.scheduler.max_num_seqs,
+        )?;
         let sched = Scheduler::new(cfg.scheduler, cfg.num_blocks);
         let default_settings = Arc::new(RequestSettings {
             params: cfg.params.clone(),
@@ -298,6 +304,17 @@ impl<'m> Engine<'m> {
             stats: EngineStats::default(),
             sync_timing: false,
         })
+    }
+
+    /// Decode steps on a GPU replay CUDA graphs (the default) or run eagerly (`false`:
+    /// `enforce_eager`); an error on the CPU.
+    pub fn set_cuda_graphs(&mut self, on: bool) -> Result<()> {
+        self.backend.set_cuda_graphs(on)
+    }
+
+    /// Decode steps replayed from CUDA graphs, captured, and run eagerly under a graph's plan.
+    pub fn graph_counts(&self) -> super::backend::GraphCounts {
+        self.backend.graph_counts()
     }
 
     /// Queues a request; returns its index.

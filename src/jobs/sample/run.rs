@@ -97,6 +97,7 @@ pub fn engine_difference(a: &SampleSettings, b: &SampleSettings) -> Option<&'sta
             a.max_num_batched_tokens == b.max_num_batched_tokens,
         ),
         ("engine", a.engine == b.engine),
+        ("enforce_eager", a.enforce_eager == b.enforce_eager),
     ]
     .into_iter()
     .find(|(_, same)| !same)
@@ -200,6 +201,7 @@ impl Loaded {
         };
         let engine_cfg = size_engine(s, model, &self.device, &self.eos, &mut jobs)?;
         let mut engine = Engine::new(model, engine_cfg)?;
+        engine.set_cuda_graphs(!s.enforce_eager)?;
         super::feed::run(&mut engine, &self.tok, &jobs, overall)
     }
 }

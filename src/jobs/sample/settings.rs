@@ -141,6 +141,12 @@ pub struct SampleSettings {
     #[serde(default = "d_kv_auto")]
     #[arg(long, value_enum, default_value = "auto")]
     pub kv_cache_dtype: KvCacheDtype,
+    /// Run every GPU decode step eagerly instead of replaying CUDA graphs (vLLM's
+    /// `enforce_eager`): for debugging and comparisons; the samples are the same. A cuda
+    /// device's setting.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[arg(long)]
+    pub enforce_eager: bool,
     /// Stop sampling a problem once this many of its samples are correct (needs gold answers).
     #[serde(default)]
     #[arg(long)]
@@ -243,6 +249,14 @@ impl SampleSettings {
         }
         if self.target_correct == Some(0) {
             return Err("target_correct must be at least 1".into());
+        }
+        if self.enforce_eager && !gpu {
+            return Err("enforce_eager needs a cuda device (CUDA graphs are a GPU's)".into());
+        }
+        if self.enforce_eager && self.engine == LogitsEngine::Mistralrs {
+            return Err(format!(
+                "enforce_eager: our engine's CUDA graphs; `{ENGINE_MISTRALRS}` runs its own way"
+            ));
         }
         match self.engine {
             LogitsEngine::Selfdistill => Ok(()),

@@ -22,7 +22,7 @@ use crate::cuda::kernels::{checked, paged_fn, slice_ptr, tensor_ptr};
 use crate::model::attention::AttentionBackend;
 use crate::model::ModelConfig;
 use crate::sampler::block_pool::BlockId;
-use crate::sampler::gpu_plan::{partitions, StepCosts};
+use crate::sampler::gpu_plan::{partitions, GraphPlan, StepCosts};
 use crate::sampler::kv_cache::SeqStep;
 use crate::sampler::state_slots::step_slots;
 
@@ -166,6 +166,18 @@ impl GpuKvCache {
             * Self::elem_bytes(self.model_dtype, self.fp8)
     }
 
+    /// The fixed launch shape of a decode step padded to `rows` rows whose longest block table
+    /// has `blocks` entries ([`GraphPlan`]).
+    pub fn graph_plan(&self, rows: usize, blocks: usize) -> GraphPlan {
+        GraphPlan::new(
+            rows,
+            blocks,
+            self.block_size,
+            self.num_kv_heads,
+            self.sm_count,
+        )
+    }
+
     /// Copies every layer's keys and values of block `src` into `dst` (copy on write).
     pub fn copy_block(&mut self, src: BlockId, dst: BlockId) -> Result<()> {
         let n = self.block_bytes();
@@ -273,18 +285,47 @@ impl GpuStep {
         num_heads: usize,
         staging: &mut Staging,
     ) -> Result<StagedStep> {
+        Self::stage_as(cache, seqs, num_heads, staging, None)
+    }
+
+    /// [`Self::stage`], shaped by a CUDA graph's `plan` when given: a decode step (one token per
+    /// sequence) padded to the plan's rows, each padded row with no cache slot (the KV write
+    /// skips it) and a context of one key read through a table of zeros (its output is never
+    /// read), the tables at the plan's stride and the attention split as the plan says.
+    pub fn stage_as(
+        cache: &GpuKvCache,
+        seqs: &[SeqStep],
+        num_heads: usize,
+        staging: &mut Staging,
+        plan: Option<&GraphPlan>,
+    ) -> Result<StagedStep> {
         let bs = cache.block_size;
         let tokens: usize = seqs.iter().map(|s| s.num_new).sum();
-        let max_blocks = seqs
+        let longest = seqs
             .iter()
             .map(|s| s.block_table.blocks.len())
             .max()
             .unwrap_or(0)
             .max(1);
-        let mut slots = Vec::with_capacity(tokens);
-        let mut tok_seq = Vec::with_capacity(tokens);
-        let mut tok_len = Vec::with_capacity(tokens);
-        let mut tables = vec![0u32; seqs.len() * max_blocks];
+        let (rows, max_blocks) = match plan {
+            None => (tokens, longest),
+            Some(p) => {
+                if seqs.iter().any(|s| s.num_new != 1) || p.rows < tokens || p.max_blocks < longest
+                {
+                    bail!(
+                        "a graph's plan ({} rows, tables of {}) does not fit a step of {tokens} \
+                         tokens, tables of {longest}",
+                        p.rows,
+                        p.max_blocks
+                    );
+                }
+                (p.rows, p.max_blocks)
+            }
+        };
+        let mut slots = Vec::with_capacity(rows);
+        let mut tok_seq = Vec::with_capacity(rows);
+        let mut tok_len = Vec::with_capacity(rows);
+        let mut tables = vec![0u32; seqs.len().max(rows) * max_blocks];
         let mut max_len = 1;
         for (i, s) in seqs.iter().enumerate() {
             for (j, b) in s.block_table.blocks.iter().enumerate() {
@@ -308,15 +349,22 @@ impl GpuStep {
                 max_len = max_len.max(p + 1);
             }
         }
-        let (part_size, num_parts) =
-            partitions(tokens, cache.num_kv_heads, max_len, bs, cache.sm_count);
-        let rows = if num_parts > 1 {
-            tokens * num_heads * num_parts
+        for i in tokens..rows {
+            slots.push(-1);
+            tok_seq.push(i as u32);
+            tok_len.push(1);
+        }
+        let (part_size, num_parts) = match plan {
+            None => partitions(tokens, cache.num_kv_heads, max_len, bs, cache.sm_count),
+            Some(p) => (p.part_size, p.num_parts),
+        };
+        let partial_rows = if num_parts > 1 {
+            rows * num_heads * num_parts
         } else {
             0
         };
         Ok(StagedStep {
-            tokens,
+            tokens: rows,
             slots: staging.i64s(slots),
             tok_seq: staging.u32s(tok_seq),
             tok_len: staging.u32s(tok_len),
@@ -324,8 +372,8 @@ impl GpuStep {
             max_blocks,
             part_size,
             num_parts,
-            partial_floats: rows * (cache.head_dim + 2),
-            part_out_floats: rows * cache.head_dim,
+            partial_floats: partial_rows * (cache.head_dim + 2),
+            part_out_floats: partial_rows * cache.head_dim,
         })
     }
 
@@ -365,6 +413,12 @@ impl GpuStep {
         let mut step = Self::on(staged, &buf, &mut io)?;
         step._own = Some(io);
         Ok(step)
+    }
+
+    /// Address of the split attention's partials (0 without a split): a graph of the step
+    /// bakes it in.
+    pub fn partials_ptr(&self) -> u64 {
+        self.part_out
     }
 
     /// Key partitions per token in this step (1 = no split).

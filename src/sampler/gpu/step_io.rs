@@ -100,6 +100,11 @@ pub struct StepBuf {
 }
 
 impl StepBuf {
+    /// Device address of the buffer's first word.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
     /// Device address of `s`'s first word.
     pub fn ptr(&self, s: Section) -> u64 {
         self.base + 4 * s.offset as u64
