@@ -357,7 +357,7 @@ impl GpuBackend {
             )
         }
         self.graph_logits = None;
-        if let Some(plan) = self.graph_plan(&step) {
+        if let Some(plan) = self.graph_plan(cfg, &step) {
             return self.forward_planned(model, step, plan);
         }
         let mut staging = Staging::new();
@@ -412,11 +412,15 @@ impl GpuBackend {
         Ok((h, seconds))
     }
 
-    /// The plan a step runs under a CUDA graph with, if it may: graphs on, no timing split or
-    /// clock, an attention-only model (a recurrent model's padded rows would need a state slot
+    /// The plan a step runs under a CUDA graph with, if it may: graphs on, no q/k/v bias, no
+    /// timing split or clock, an attention-only model (a recurrent model's padded rows would need a state slot
     /// of their own), a decode step (one token per sequence, each sampling) of at most the
     /// largest bucket's rows.
-    fn graph_plan(&self, step: &StepInputs) -> Option<crate::sampler::gpu_plan::GraphPlan> {
+    fn graph_plan(
+        &self,
+        cfg: &ModelConfig,
+        step: &StepInputs,
+    ) -> Option<crate::sampler::gpu_plan::GraphPlan> {
         let n = step.seq_steps.len();
         let decode = step.seq_steps.iter().all(|s| s.num_new == 1)
             && step.tokens.len() == n
@@ -426,7 +430,10 @@ impl GpuBackend {
                 .iter()
                 .enumerate()
                 .all(|(i, &r)| r as usize == i);
+        // (a Qwen2 q/k/v bias is a broadcast add, whose candle kernel uploads its layout from
+        // the host: such a graph would be refused)
         if !self.graphs.on()
+            || cfg.attention_bias
             || step.sync_timing
             || crate::model::clock::running()
             || step.states.is_some()

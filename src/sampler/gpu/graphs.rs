@@ -16,9 +16,10 @@
 //! error:
 //! - a captured graph with a copy from or to host memory (an upload from a temporary host buffer
 //!   somewhere in the step, which a replay would read after it is freed) is refused;
-//! - the first replay of each graph is checked against the same step run eagerly (the KV write
-//!   is idempotent: same keys into the same slots), and a difference turns graphs off;
-//! - a failed capture turns graphs off, with the reason said once; the step runs eagerly.
+//! - the launch right after each capture is checked against the same step run eagerly (the KV
+//!   write is idempotent: same keys into the same slots), and a difference turns graphs off;
+//! - a failed capture or launch turns graphs off, with the reason said once; the step runs
+//!   eagerly (the stream is taken out of capture mode whatever failed).
 //!
 //! Knows nothing of the model, the cache or sampling: the caller's step body computes the
 //! hidden rows and logits from the step's upload.
@@ -52,7 +53,7 @@ struct Captured {
     addresses: [u64; 4],
     /// Whether a replay was checked against the eager step.
     checked: bool,
-    /// When it was captured, for the eviction.
+    /// When it was last launched, for the eviction.
     serial: u64,
 }
 
@@ -190,9 +191,16 @@ impl DecodeGraphs {
         }
         if let Some(c) = self.graphs.get(&plan) {
             if c.addresses == all {
-                driver("graph launch", c.graph.0.launch())?;
+                if let Err(e) = c.graph.0.launch() {
+                    return self.eager_after(format!("a graph launch failed: {e:?}"), body, n);
+                }
                 self.counts.replayed += 1;
-                if !c.checked {
+                self.serial += 1;
+                if let Some(c) = self.graphs.get_mut(&plan) {
+                    c.serial = self.serial;
+                }
+                let checked = self.graphs.get(&plan).is_some_and(|c| c.checked);
+                if !checked {
                     self.check_replay(plan, n, &mut body)?;
                 }
                 return self.output(n);
@@ -209,7 +217,9 @@ impl DecodeGraphs {
         }
         match self.capture(&mut body) {
             Ok(graph) => {
-                driver("graph launch", graph.launch())?;
+                if let Err(e) = graph.launch() {
+                    return self.eager_after(format!("a graph launch failed: {e:?}"), body, n);
+                }
                 self.counts.captured += 1;
                 self.evict();
                 self.serial += 1;
@@ -222,17 +232,28 @@ impl DecodeGraphs {
                         serial: self.serial,
                     },
                 );
+                // the captured step itself is checked: a wrong graph is caught at once
+                self.check_replay(plan, n, &mut body)?;
+                self.output(n)
             }
             Err(e) => {
-                self.turn_off(format!(
-                    "capturing a step of {} rows failed: {e}",
-                    plan.rows
-                ));
-                let (h, l) = body()?;
-                self.copy_out(&h, &l)?;
-                self.counts.eager += 1;
+                let why = format!("capturing a step of {} rows failed: {e}", plan.rows);
+                self.eager_after(why, body, n)
             }
         }
+    }
+
+    /// Turns graphs off (`why`) and runs the step eagerly.
+    fn eager_after(
+        &mut self,
+        why: String,
+        mut body: impl FnMut() -> Result<(Tensor, Tensor)>,
+        n: usize,
+    ) -> Result<GraphOutput> {
+        self.turn_off(why);
+        let (h, l) = body()?;
+        self.copy_out(&h, &l)?;
+        self.counts.eager += 1;
         self.output(n)
     }
 
@@ -298,6 +319,7 @@ impl DecodeGraphs {
     }
 
     /// Captures `body` and the copies of its outputs into a graph, checked for host copies.
+    /// Whatever fails, the stream leaves capture mode before this returns.
     fn capture(
         &mut self,
         body: &mut impl FnMut() -> Result<(Tensor, Tensor)>,
@@ -310,9 +332,27 @@ impl DecodeGraphs {
         // the step's intermediates are dropped inside the capture (their frees become nodes):
         // only the kept buffers outlive it
         let ran = body().and_then(|(h, l)| self.copy_out(&h, &l));
+        // a free that failed inside an invalidated capture is stored in the context, and cudarc
+        // returns a stored error before ending the capture: take it first
+        let stale = stream.context().check_err();
         let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
         let ended = stream.end_capture(flags);
+        if !matches!(
+            stream.capture_status(),
+            Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+        ) {
+            let mut g = std::ptr::null_mut();
+            // SAFETY: ends the capture cudarc could not end; the graph it gives (if any) is
+            // destroyed unused.
+            unsafe {
+                let _ = sys::cuStreamEndCapture(stream.cu_stream(), &mut g);
+                if !g.is_null() {
+                    let _ = sys::cuGraphDestroy(g);
+                }
+            }
+        }
         ran?;
+        driver("capture", stale)?;
         let Some(graph) = driver("end capture", ended)? else {
             bail!("the capture recorded nothing")
         };
@@ -356,7 +396,7 @@ impl DecodeGraphs {
         Ok(())
     }
 
-    /// Drops the oldest graph when there are too many.
+    /// Drops the graph replayed least recently when there are too many.
     fn evict(&mut self) {
         if self.graphs.len() < MAX_GRAPHS {
             return;
@@ -392,11 +432,24 @@ fn host_copies(graph: &CudaGraph) -> Result<()> {
             sys::cuGraphGetNodes(g, nodes.as_mut_ptr(), &mut count).result(),
         )?;
     }
-    let host = |t: sys::CUmemorytype| {
-        matches!(
-            t,
-            sys::CUmemorytype::CU_MEMORYTYPE_HOST | sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED
-        )
+    // a copy captured through unified addressing says UNIFIED: the pointer's own type decides
+    // (an address the driver does not know, such as pageable host memory, counts as host)
+    let host = |t: sys::CUmemorytype, ptr: sys::CUdeviceptr| match t {
+        sys::CUmemorytype::CU_MEMORYTYPE_HOST => true,
+        sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED => {
+            let mut kind: u32 = 0;
+            // SAFETY: asks the driver about an address; writes one u32.
+            let r = unsafe {
+                sys::cuPointerGetAttribute(
+                    (&mut kind as *mut u32).cast(),
+                    sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                    ptr,
+                )
+            };
+            r != sys::CUresult::CUDA_SUCCESS
+                || kind != sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
+        }
+        _ => false,
     };
     for &node in &nodes[..count] {
         let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
@@ -418,7 +471,21 @@ fn host_copies(graph: &CudaGraph) -> Result<()> {
                     )?;
                     p.assume_init()
                 };
-                if host(p.srcMemoryType) || host(p.dstMemoryType) {
+                let src = if p.srcMemoryType == sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED
+                    && p.srcDevice == 0
+                {
+                    p.srcHost as sys::CUdeviceptr
+                } else {
+                    p.srcDevice
+                };
+                let dst = if p.dstMemoryType == sys::CUmemorytype::CU_MEMORYTYPE_UNIFIED
+                    && p.dstDevice == 0
+                {
+                    p.dstHost as sys::CUdeviceptr
+                } else {
+                    p.dstDevice
+                };
+                if host(p.srcMemoryType, src) || host(p.dstMemoryType, dst) {
                     bail!(
                         "the step copies {} bytes between host and device inside the graph \
                          (an upload from a temporary host buffer)",
