@@ -10,7 +10,8 @@
 #                the trainer's 8 steps = CPU, a killed GPU run resumed)
 #   attention    bench attention: decode attention alone, every kernel version, bf16 and fp8 KV
 #                (Qwen3-4B heads, batch 128 at context 2,176; batch 16 at 8,192)
-#   speed        bench sample (Qwen3-4B shapes, batch 1..256; Qwen3.5-0.8B shapes) and bench
+#   speed        bench sample (Qwen3-4B shapes, batch 1..256, and at 1 and 32 without CUDA
+#                graphs; Qwen3.5 shapes) and bench
 #                train (Qwen3-4B, one 4,096-token row, recompute), GPU memory sampled throughout
 #   job          whole `pipeline run all` jobs on random-weight checkpoints (`bench checkpoint`):
 #                job-a samples MATH-500 at Qwen3-4B shapes, filters and evaluates, SIGKILLed
@@ -31,8 +32,9 @@
 #   SMALL=1   tiny shapes and sizes: the script's own test on a CPU (tests/acceptance.rs)
 #   JOBS      which jobs the job part runs ["a b"]
 #   T_*       per-step timeouts in seconds (T_TESTS, T_BENCH, T_HYB, T_TRAIN, T_JOB, T_PROBE)
-#   SPEED     which benchmarks the speed part runs ["sample hybrid train"]; SHYB, BATCH, HYB_BATCH,
-#             NEW, HYB_NEW: its shapes and sizes; SPLIT: new tokens of the run split by op [32]
+#   SPEED     which benchmarks the speed part runs ["sample eager hybrid train"]; SHYB, BATCH,
+#             HYB_BATCH, EAGER_BATCH, NEW, HYB_NEW: its shapes and sizes; SPLIT: new tokens of the
+#             run split by op [32]; `eager`: the sample benchmark with --enforce-eager (GPU only)
 # A step that fails or times out is logged as FAILED with its exit code; the script goes on to
 # the next step and exits non-zero at the end if any failed.
 set -uo pipefail
@@ -87,7 +89,8 @@ T_BENCH=${T_BENCH:-100}
 T_TRAIN=${T_TRAIN:-80}
 T_JOB=${T_JOB:-120}
 T_PROBE=${T_PROBE:-200}
-SPEED=${SPEED:-sample hybrid train}
+SPEED=${SPEED:-sample eager hybrid train}
+EAGER_BATCH=${EAGER_BATCH:-1,32}
 
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
 has_gpu() { [ "$DEVICE" != cpu ] && command -v nvidia-smi >/dev/null; }
@@ -164,6 +167,10 @@ part_speed() {
   [[ " $SPEED " == *" sample "* ]] && step "bench sample $S4B" "$T_BENCH" "$PIPELINE" bench sample \
     --device "$DEVICE" --shape "$S4B" --batch "$BATCH" --prompt-len "$PROMPT" --new-tokens "$NEW" \
     --repeat "$REPEAT" --split-tokens "$SPLIT"
+  # the same decode without CUDA graphs, beside the replayed one (a GPU's only: no graphs on a CPU)
+  [[ " $SPEED " == *" eager "* ]] && [ "$DEVICE" != cpu ] && step "bench sample $S4B eager" \
+    "$T_BENCH" "$PIPELINE" bench sample --device "$DEVICE" --shape "$S4B" --batch "$EAGER_BATCH" \
+    --prompt-len "$PROMPT" --new-tokens "$NEW" --repeat "$REPEAT" --enforce-eager
   [[ " $SPEED " == *" hybrid "* ]] && step "bench sample $SHYB" "${T_HYB:-90}" "$PIPELINE" bench sample \
     --device "$DEVICE" --shape "$SHYB" --batch "$HYB_BATCH" --prompt-len "$PROMPT" \
     --new-tokens "$HYB_NEW" --repeat "$REPEAT" --split-tokens "$SPLIT"

@@ -714,7 +714,8 @@ fn run_model_graphs(
 #[test]
 fn replayed_decode_graphs_sample_what_eager_steps_sample() {
     // 5 prompts x 3 samples: 15 sequences padded to the bucket of 16 (and to 4 at
-    // max_num_seqs 4); greedy and seeded top-k/top-p; f32 and bf16
+    // max_num_seqs 4); greedy and seeded top-k/top-p; f32 and bf16; Qwen3, and Qwen3.5 with
+    // its recurrent layers' padding slot
     let prompts = vec![
         vec![41, 273, 317, 435, 295, 82],
         vec![87],
@@ -723,31 +724,32 @@ fn replayed_decode_graphs_sample_what_eager_steps_sample() {
         vec![99, 100],
     ];
     let dev = gpu();
-    let ck = selfdistill::model::Checkpoint::open(fixture().to_str().unwrap()).unwrap();
-    for dtype in [DType::F32, DType::BF16] {
-        let mut model = ck.load_transformer(&dev, dtype).unwrap();
-        model.set_fused_inference(true).unwrap();
-        for params in [top_k_top_p(40, 5), {
-            let mut p = top_k_top_p(40, 5);
-            p.temperature = 0.0;
-            p
-        }] {
-            for max in [4, 64] {
-                let what = format!(
-                    "{dtype:?}, temperature {}, max_num_seqs {max}",
-                    params.temperature
-                );
-                let (eager, none) =
-                    run_model_graphs(&model, &prompts, 3, params.clone(), max, false);
-                let (replayed, counts) =
-                    run_model_graphs(&model, &prompts, 3, params.clone(), max, true);
-                assert_eq!(none.replayed + none.captured + none.eager, 0, "{what}");
-                assert!(
-                    counts.captured >= 1 && counts.replayed >= 30,
-                    "{what}: {counts:?} (graphs off? see the warning above)"
-                );
-                assert_eq!(eager.len(), 15, "{what}");
-                assert_same_samples(&eager, &replayed, &what);
+    for name in ["tiny-qwen3", "tiny-qwen3_5"] {
+        let dir = fixture_named(name);
+        let ck = selfdistill::model::Checkpoint::open(dir.to_str().unwrap()).unwrap();
+        for dtype in [DType::F32, DType::BF16] {
+            let mut model = ck.load_transformer(&dev, dtype).unwrap();
+            model.set_fused_inference(true).unwrap();
+            let mut greedy = top_k_top_p(40, 5);
+            greedy.temperature = 0.0;
+            for params in [top_k_top_p(40, 5), greedy] {
+                for max in [4, 64] {
+                    let what = format!(
+                        "{name}, {dtype:?}, temperature {}, max_num_seqs {max}",
+                        params.temperature
+                    );
+                    let (eager, none) =
+                        run_model_graphs(&model, &prompts, 3, params.clone(), max, false);
+                    let (replayed, counts) =
+                        run_model_graphs(&model, &prompts, 3, params.clone(), max, true);
+                    assert_eq!(none.replayed + none.captured + none.eager, 0, "{what}");
+                    assert!(
+                        counts.captured >= 1 && counts.replayed >= 30,
+                        "{what}: {counts:?} (graphs off? see the warning above)"
+                    );
+                    assert_eq!(eager.len(), 15, "{what}");
+                    assert_same_samples(&eager, &replayed, &what);
+                }
             }
         }
     }

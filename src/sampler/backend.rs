@@ -413,8 +413,8 @@ impl GpuBackend {
     }
 
     /// The plan a step runs under a CUDA graph with, if it may: graphs on, no q/k/v bias, no
-    /// timing split or clock, an attention-only model (a recurrent model's padded rows would need a state slot
-    /// of their own), a decode step (one token per sequence, each sampling) of at most the
+    /// timing split or clock, a recurrent model's slots on the GPU (its padded rows take the
+    /// padding slot), a decode step (one token per sequence, each sampling) of at most the
     /// largest bucket's rows.
     fn graph_plan(
         &self,
@@ -436,7 +436,10 @@ impl GpuBackend {
             || cfg.attention_bias
             || step.sync_timing
             || crate::model::clock::running()
-            || step.states.is_some()
+            || step
+                .states
+                .as_ref()
+                .is_some_and(|(s, _)| s.padding_slot().is_none())
             || !decode
         {
             return None;
@@ -462,7 +465,7 @@ impl GpuBackend {
         plan: crate::sampler::gpu_plan::GraphPlan,
     ) -> Result<(Tensor, f64)> {
         use super::gpu::step_io::Staging;
-        use super::gpu::{GpuPagedAttention, GpuStep};
+        use super::gpu::GpuStep;
         let cfg = model.config();
         let n = step.seq_steps.len();
         let pad = plan.rows - n;
@@ -486,6 +489,16 @@ impl GpuBackend {
             &mut staging,
             Some(&plan),
         )?;
+        // a recurrent model's slots: the padded rows' is the padding slot
+        let mut state_ids_at = None;
+        let mut step = step;
+        if let Some((slots_of, slots)) = step.states.as_mut() {
+            let Some(pad_slot) = slots_of.padding_slot() else {
+                bail!("a graph's step of a recurrent model needs its slots on the GPU")
+            };
+            slots.resize(plan.rows, pad_slot);
+            state_ids_at = Some(staging.u32s(slots.iter().map(|&s| s as u32)));
+        }
         let rows_at = staging.u32s(step.sample_rows.iter().copied());
         let temperatures_at = staging.f32s(step.temperatures.iter().copied());
         self.sampling = None;
@@ -499,25 +512,29 @@ impl GpuBackend {
             temperatures_at,
         });
         let (tokens, positions) = (buf.tensor(tokens_at)?, buf.tensor(positions_at)?);
+        let mut states = step.states;
+        if let (Some((slots_of, slots)), Some(ids_at)) = (states.as_mut(), state_ids_at) {
+            slots_of.set_step_rows(slots, buf.tensor(ids_at)?, &vec![1; plan.rows], None)?;
+        }
         let GpuBackend { cache, graphs, .. } = self;
         let addresses = [buf.base(), meta.partials_ptr()];
-        let body = || -> candle_core::Result<(Tensor, Tensor)> {
-            let mut attn = GpuPagedAttention {
-                cache: &mut *cache,
-                step: &meta,
-                sync_timing: false,
-                variant: None,
-                seconds: 0.0,
-                events: Vec::new(),
-                seq_lens: vec![1; plan.rows],
-                states: None,
-                spent: Default::default(),
-            };
-            let h = model.forward_hidden(&tokens, &positions, &mut attn)?;
-            let l = model.logits(&h)?;
-            Ok((h, l))
+        let mut body = PlannedStep {
+            model,
+            tokens,
+            positions,
+            cache,
+            meta: &meta,
+            rows: plan.rows,
+            real: n,
+            states,
+            saved: Vec::new(),
         };
-        let out = graphs.run(plan, addresses, n, body)?;
+        let out = graphs.run(plan, addresses, n, &mut body);
+        // the slot ids were views of this step's upload, which the next step rewrites
+        if let Some((slots_of, _)) = body.states.as_mut() {
+            slots_of.forget_step_rows();
+        }
+        let out = out?;
         self.graph_logits = Some(out.logits);
         Ok((out.hidden, 0.0))
     }
@@ -580,6 +597,66 @@ impl GpuBackend {
                 })
                 .collect(),
         ))
+    }
+}
+
+/// A decode step under a CUDA graph's plan, as [`super::gpu::graphs::DecodeGraphs`] runs it:
+/// the model's forward over the step's upload, then the LM head on every row; a recurrent
+/// model's states of the real rows kept and put back for the check of a new graph.
+#[cfg(feature = "cuda")]
+struct PlannedStep<'a, 's> {
+    model: &'a Transformer,
+    tokens: Tensor,
+    positions: Tensor,
+    cache: &'a mut super::gpu::GpuKvCache,
+    meta: &'a super::gpu::GpuStep,
+    rows: usize,
+    real: usize,
+    states: StepSlots<'s>,
+    saved: Vec<(usize, super::state_slots::SavedState)>,
+}
+
+#[cfg(feature = "cuda")]
+impl super::gpu::graphs::StepBody for PlannedStep<'_, '_> {
+    fn run(&mut self) -> candle_core::Result<(Tensor, Tensor)> {
+        let mut attn = super::gpu::GpuPagedAttention {
+            cache: &mut *self.cache,
+            step: self.meta,
+            sync_timing: false,
+            variant: None,
+            seconds: 0.0,
+            events: Vec::new(),
+            seq_lens: vec![1; self.rows],
+            states: self
+                .states
+                .as_mut()
+                .map(|(s, slots)| (&mut **s, slots.clone())),
+            spent: Default::default(),
+        };
+        let h = self
+            .model
+            .forward_hidden(&self.tokens, &self.positions, &mut attn)?;
+        let l = self.model.logits(&h)?;
+        Ok((h, l))
+    }
+
+    fn save(&mut self) -> candle_core::Result<()> {
+        self.saved.clear();
+        if let Some((s, slots)) = self.states.as_ref() {
+            for &slot in &slots[..self.real] {
+                self.saved.push((slot, s.read(slot)?));
+            }
+        }
+        Ok(())
+    }
+
+    fn rewind(&mut self) -> candle_core::Result<()> {
+        if let Some((s, _)) = self.states.as_mut() {
+            for (slot, state) in &self.saved {
+                s.write(*slot, state)?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -8,7 +8,8 @@
 //! the prompt's state into a slot of their own ([`StateSlots::read`], [`StateSlots::write`]).
 //! A sequence preempted by recompute gives its slot back and starts from zeros when it is
 //! scheduled again. The slots live where the model runs: on the host for the CPU sampler, in GPU
-//! memory for the CUDA sampler (one `[slots][values]` f32 tensor per layer; a step gathers its
+//! memory for the CUDA sampler (one `[slots][values]` f32 tensor per layer, with one more row:
+//! the padding slot of a decode step padded to a CUDA graph's bucket; a step gathers its
 //! sequences' rows with one kernel and scatters the new states back with another, and only the
 //! free list stays on the host, as vLLM keeps its state slots). Knows nothing of scheduling.
 
@@ -123,10 +124,12 @@ impl StateSlots {
             }
             Tensor::zeros((rows, v), DType::F32, device).map(Some)
         };
+        // one row more than the free list hands out: the padding slot of a decode step padded
+        // to a CUDA graph's bucket, whose padded rows update it and nothing else reads
         let pools = s
             .values
             .iter()
-            .map(|&v| tensor(v, num_slots))
+            .map(|&v| tensor(v, num_slots + 1))
             .collect::<candle_core::Result<_>>()?;
         let zeros = s
             .values
@@ -146,6 +149,16 @@ impl StateSlots {
         s.free = (0..num_slots).rev().collect();
         s.num_slots = num_slots;
         Ok(s)
+    }
+
+    /// The slot a padded row of a step reads and writes (GPU slots only: one row past those
+    /// the free list hands out; vLLM's padding slot). `None` on the host.
+    pub fn padding_slot(&self) -> Option<usize> {
+        #[cfg(feature = "cuda")]
+        if self.device.is_some() {
+            return Some(self.num_slots);
+        }
+        None
     }
 
     /// Whether the model has recurrent layers.

@@ -125,7 +125,9 @@ fn planned_kv(
 }
 
 /// GPU memory a run on a GPU cannot do without: the weights in the compute dtype, the CUDA
-/// context (1 GiB), the recurrent layers' state for max_num_seqs sequences, and the KV cache
+/// context (1 GiB), the recurrent layers' state for max_num_seqs sequences and the padding
+/// slot, the rows CUDA graphs keep their outputs in (max_num_seqs rows of logits and hidden
+/// states, unless `enforce_eager`), and the KV cache
 /// (`kv_cache`, or the least that runs these settings: see [`KvNeed`]; the default cache takes
 /// what is left, 90% of it). 0 on the CPU.
 pub fn gpu_memory_estimate(s: &SampleSettings, config: &crate::model::ModelConfig) -> Result<u64> {
@@ -146,7 +148,12 @@ pub fn gpu_memory_estimate(s: &SampleSettings, config: &crate::model::ModelConfi
         (_, 2) => per_token_f32 / 2,
         _ => per_token_f32,
     };
-    let states = (s.max_num_seqs * StateSlots::bytes_per_seq(config)) as u64;
+    let states = ((s.max_num_seqs + 1) * StateSlots::bytes_per_seq(config)) as u64;
+    let kept = if s.enforce_eager || s.engine != LogitsEngine::Selfdistill {
+        0
+    } else {
+        (s.max_num_seqs * (config.vocab_size + config.hidden_size) * weight as usize) as u64
+    };
     let kv = planned_kv(s, per_token, |need| need.min_blocks)?;
-    Ok(params * weight + states + kv + (1 << 30))
+    Ok(params * weight + states + kept + kv + (1 << 30))
 }

@@ -17,7 +17,9 @@
 //! - a captured graph with a copy from or to host memory (an upload from a temporary host buffer
 //!   somewhere in the step, which a replay would read after it is freed) is refused;
 //! - the launch right after each capture is checked against the same step run eagerly (the KV
-//!   write is idempotent: same keys into the same slots), and a difference turns graphs off;
+//!   write is idempotent: same keys into the same slots; a recurrent model's states are kept
+//!   before the launch and put back before the eager run: [`StepBody`]), and a difference
+//!   turns graphs off;
 //! - a failed capture or launch turns graphs off, with the reason said once; the step runs
 //!   eagerly (the stream is taken out of capture mode whatever failed).
 //!
@@ -51,8 +53,6 @@ unsafe impl Send for Graph {}
 struct Captured {
     graph: Graph,
     addresses: [u64; 4],
-    /// Whether a replay was checked against the eager step.
-    checked: bool,
     /// When it was last launched, for the eviction.
     serial: u64,
 }
@@ -86,6 +86,22 @@ pub struct GraphCounts {
     pub replayed: u64,
     pub captured: u64,
     pub eager: u64,
+}
+
+/// A decode step as [`DecodeGraphs::run`] runs it: eagerly or inside a capture (`run`), and,
+/// for the check of a captured graph, what the step changes besides the KV cache kept and put
+/// back (a recurrent model's states, which a second run would advance twice).
+pub trait StepBody {
+    /// The step's hidden rows (plan rows, H) and logits (plan rows, V), from its upload.
+    fn run(&mut self) -> Result<(Tensor, Tensor)>;
+    /// Keeps the state a run will change.
+    fn save(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// Puts back what [`Self::save`] kept.
+    fn rewind(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A step run under a plan: its hidden rows and logits, the step's rows of the kept buffers.
@@ -152,14 +168,14 @@ impl DecodeGraphs {
     }
 
     /// Runs a decode step of `n` real rows under `plan`: replayed, captured, or eagerly (see
-    /// the module's doc). `body` computes the step's hidden rows (plan rows, H) and logits
-    /// (plan rows, V) from its upload, whose addresses (with the partials') are `addresses`.
+    /// the module's doc). `body` computes the step from its upload, whose addresses (with the
+    /// partials') are `addresses`.
     pub fn run(
         &mut self,
         plan: GraphPlan,
         addresses: StepAddresses,
         n: usize,
-        mut body: impl FnMut() -> Result<(Tensor, Tensor)>,
+        body: &mut dyn StepBody,
     ) -> Result<GraphOutput> {
         if n > plan.rows || plan.rows > self.max_rows {
             bail!(
@@ -170,7 +186,7 @@ impl DecodeGraphs {
         }
         let Some(kept) = &self.kept else {
             // the first step under any plan: eager, and it sizes the kept outputs
-            let (h, l) = body()?;
+            let (h, l) = body.run()?;
             self.keep(&h, &l)?;
             self.copy_out(&h, &l)?;
             self.warm.insert(plan);
@@ -184,7 +200,7 @@ impl DecodeGraphs {
             tensor_ptr(&kept.logits)?,
         ];
         if !self.on() {
-            let (h, l) = body()?;
+            let (h, l) = body.run()?;
             self.copy_out(&h, &l)?;
             self.counts.eager += 1;
             return self.output(n);
@@ -199,25 +215,23 @@ impl DecodeGraphs {
                 if let Some(c) = self.graphs.get_mut(&plan) {
                     c.serial = self.serial;
                 }
-                let checked = self.graphs.get(&plan).is_some_and(|c| c.checked);
-                if !checked {
-                    self.check_replay(plan, n, &mut body)?;
-                }
                 return self.output(n);
             }
             // a buffer it reads or writes has moved: captured again below
             self.graphs.remove(&plan);
         }
         if !self.warm.contains(&plan) {
-            let (h, l) = body()?;
+            let (h, l) = body.run()?;
             self.copy_out(&h, &l)?;
             self.warm.insert(plan);
             self.counts.eager += 1;
             return self.output(n);
         }
-        match self.capture(&mut body) {
+        match self.capture(body) {
             Ok(graph) => {
+                body.save()?;
                 if let Err(e) = graph.launch() {
+                    body.rewind()?;
                     return self.eager_after(format!("a graph launch failed: {e:?}"), body, n);
                 }
                 self.counts.captured += 1;
@@ -228,12 +242,11 @@ impl DecodeGraphs {
                     Captured {
                         graph: Graph(graph),
                         addresses: all,
-                        checked: false,
                         serial: self.serial,
                     },
                 );
                 // the captured step itself is checked: a wrong graph is caught at once
-                self.check_replay(plan, n, &mut body)?;
+                self.check_replay(plan, n, body)?;
                 self.output(n)
             }
             Err(e) => {
@@ -247,11 +260,11 @@ impl DecodeGraphs {
     fn eager_after(
         &mut self,
         why: String,
-        mut body: impl FnMut() -> Result<(Tensor, Tensor)>,
+        body: &mut dyn StepBody,
         n: usize,
     ) -> Result<GraphOutput> {
         self.turn_off(why);
-        let (h, l) = body()?;
+        let (h, l) = body.run()?;
         self.copy_out(&h, &l)?;
         self.counts.eager += 1;
         self.output(n)
@@ -320,10 +333,7 @@ impl DecodeGraphs {
 
     /// Captures `body` and the copies of its outputs into a graph, checked for host copies.
     /// Whatever fails, the stream leaves capture mode before this returns.
-    fn capture(
-        &mut self,
-        body: &mut impl FnMut() -> Result<(Tensor, Tensor)>,
-    ) -> Result<CudaGraph> {
+    fn capture(&mut self, body: &mut dyn StepBody) -> Result<CudaGraph> {
         let stream = self.dev.cuda_stream();
         driver(
             "begin capture",
@@ -331,7 +341,7 @@ impl DecodeGraphs {
         )?;
         // the step's intermediates are dropped inside the capture (their frees become nodes):
         // only the kept buffers outlive it
-        let ran = body().and_then(|(h, l)| self.copy_out(&h, &l));
+        let ran = body.run().and_then(|(h, l)| self.copy_out(&h, &l));
         // a free that failed inside an invalidated capture is stored in the context, and cudarc
         // returns a stored error before ending the capture: take it first
         let stale = stream.context().check_err();
@@ -360,16 +370,14 @@ impl DecodeGraphs {
         Ok(graph)
     }
 
-    /// The first replay of `plan`'s graph against the same step run eagerly: the logits of the
-    /// real rows must agree (the same kernels on the same inputs; the KV write puts the same
-    /// keys into the same slots again). A difference turns graphs off, and the eager rows stand.
-    fn check_replay(
-        &mut self,
-        plan: GraphPlan,
-        n: usize,
-        body: &mut impl FnMut() -> Result<(Tensor, Tensor)>,
-    ) -> Result<()> {
-        let (h, l) = body()?;
+    /// The launch of `plan`'s new graph against the same step run eagerly, after what the
+    /// launch changed besides the KV cache is put back (the KV write puts the same keys into
+    /// the same slots again): the logits of the real rows must agree (the same kernels on the
+    /// same inputs). A difference turns graphs off, and the eager rows stand. Either way the
+    /// step's state is the eager run's.
+    fn check_replay(&mut self, plan: GraphPlan, n: usize, body: &mut dyn StepBody) -> Result<()> {
+        body.rewind()?;
+        let (h, l) = body.run()?;
         let replayed = self.output(n)?.logits.to_dtype(DType::F32)?;
         let eager = l.narrow(0, 0, n)?.to_dtype(DType::F32)?;
         let diff = (&replayed - &eager)?.abs()?.max_all()?.to_scalar::<f32>()?;
@@ -384,14 +392,11 @@ impl DecodeGraphs {
                  {scale})",
                 plan.rows
             ));
-        } else if let Some(c) = self.graphs.get_mut(&plan) {
-            if diff > 0.0 {
-                tracing::debug!(
-                    "replayed step of {} rows: logits within {diff} of the eager step's",
-                    plan.rows
-                );
-            }
-            c.checked = true;
+        } else if diff > 0.0 {
+            tracing::debug!(
+                "replayed step of {} rows: logits within {diff} of the eager step's",
+                plan.rows
+            );
         }
         Ok(())
     }
