@@ -32,7 +32,8 @@ extern "C" __global__ void gather_rows_f32(float* dst, const float* pool, const 
   copy_rows<true>(dst, pool, rows, values);
 }
 
-// pool[rows[i]] = src[i] (rows distinct)
+// pool[rows[i]] = src[i] (rows distinct, but for a CUDA graph's padded rows, which share the
+// padding slot: whichever write lands last is as good as any, and no real row reads that slot)
 extern "C" __global__ void scatter_rows_f32(float* pool, const float* src, const int* rows,
                                             int64_t values) {
   copy_rows<false>(pool, src, rows, values);

@@ -34,7 +34,8 @@
 #   T_*       per-step timeouts in seconds (T_TESTS, T_BENCH, T_HYB, T_TRAIN, T_JOB, T_PROBE)
 #   SPEED     which benchmarks the speed part runs ["sample eager hybrid train"]; SHYB, BATCH,
 #             HYB_BATCH, EAGER_BATCH, NEW, HYB_NEW: its shapes and sizes; SPLIT: new tokens of the
-#             run split by op [32]; `eager`: the sample benchmark with --enforce-eager (GPU only)
+#             run split by op [32]; `eager`: the sample benchmark with --enforce-eager (GPU only);
+#             `peer`: mistral.rs's (PEER_PIPELINE, from `PEER=1 scripts/gpu-bundle.sh`) beside ours
 # A step that fails or times out is logged as FAILED with its exit code; the script goes on to
 # the next step and exits non-zero at the end if any failed.
 set -uo pipefail
@@ -62,6 +63,8 @@ if [ -z "${PIPELINE:-}" ]; then
   if [ -x "$WORK/bin/pipeline" ]; then PIPELINE=$WORK/bin/pipeline; else PIPELINE=$ROOT/target/release/pipeline; fi
 fi
 CUDA_TESTS=${CUDA_TESTS:-$WORK/bin/cuda-tests}
+# the peer engine's binary (`PEER=1 scripts/gpu-bundle.sh`): timed beside ours where it came
+PEER_PIPELINE=${PEER_PIPELINE:-$WORK/bin/pipeline-mistralrs}
 if [ -z "${SHARED:-}" ]; then
   if [ -d .gpu/shared ]; then SHARED=$ROOT/.gpu/shared; else SHARED=$(cd .. && pwd)/shared; fi
 fi
@@ -89,7 +92,7 @@ T_BENCH=${T_BENCH:-100}
 T_TRAIN=${T_TRAIN:-80}
 T_JOB=${T_JOB:-120}
 T_PROBE=${T_PROBE:-200}
-SPEED=${SPEED:-sample eager hybrid train}
+SPEED=${SPEED:-sample eager peer hybrid train}
 EAGER_BATCH=${EAGER_BATCH:-1,32}
 
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
@@ -171,6 +174,19 @@ part_speed() {
   [[ " $SPEED " == *" eager "* ]] && [ "$DEVICE" != cpu ] && step "bench sample $S4B eager" \
     "$T_BENCH" "$PIPELINE" bench sample --device "$DEVICE" --shape "$S4B" --batch "$EAGER_BATCH" \
     --prompt-len "$PROMPT" --new-tokens "$NEW" --repeat "$REPEAT" --enforce-eager
+  # mistral.rs on the same shapes, where its binary came (a line says so where it did not)
+  if [[ " $SPEED " == *" peer "* ]]; then
+    if [ -x "$PEER_PIPELINE" ] && [ "$DEVICE" != cpu ]; then
+      step "bench sample $S4B mistralrs" "$T_BENCH" "$PEER_PIPELINE" bench sample --engine mistralrs \
+        --device "$DEVICE" --shape "$S4B" --batch "$BATCH" --prompt-len "$PROMPT" --new-tokens "$NEW" \
+        --repeat "$REPEAT"
+      step "bench sample $SHYB mistralrs" "${T_HYB:-90}" "$PEER_PIPELINE" bench sample \
+        --engine mistralrs --device "$DEVICE" --shape "$SHYB" --batch "$HYB_BATCH" \
+        --prompt-len "$PROMPT" --new-tokens "$HYB_NEW" --repeat "$REPEAT"
+    else
+      log "peer: skipped: no mistral.rs binary at $PEER_PIPELINE (PEER=1 scripts/gpu-bundle.sh)"
+    fi
+  fi
   [[ " $SPEED " == *" hybrid "* ]] && step "bench sample $SHYB" "${T_HYB:-90}" "$PIPELINE" bench sample \
     --device "$DEVICE" --shape "$SHYB" --batch "$HYB_BATCH" --prompt-len "$PROMPT" \
     --new-tokens "$HYB_NEW" --repeat "$REPEAT" --split-tokens "$SPLIT"

@@ -1544,3 +1544,73 @@ fn the_fused_adamw_kernel_equals_the_host_passes() {
         assert_eq!(bits(&c.1), bits(&g.1), "{}", c.0);
     }
 }
+
+#[test]
+fn state_slots_read_one_row_and_keep_a_steps_rows_aside() {
+    use selfdistill::sampler::state_slots::{SavedState, StateSlots};
+    let dir = fixture_named("tiny-qwen3_5");
+    let ck = selfdistill::model::Checkpoint::open(dir.to_str().unwrap()).unwrap();
+    let cfg = ck.config.clone();
+    let dev = gpu();
+    let mut slots = StateSlots::new_on(&cfg, 4, &dev).unwrap();
+    assert_eq!(slots.padding_slot(), Some(4));
+    // every slot a state of its own: slot s holds s + 1 everywhere
+    let taken: Vec<usize> = (0..4).map(|_| slots.alloc().unwrap().unwrap()).collect();
+    let per_layer: Vec<usize> = (0..cfg.num_layers())
+        .map(|i| cfg.layer_cache(i).fixed_values())
+        .collect();
+    let filled = |v: f32| {
+        SavedState::Device(
+            per_layer
+                .iter()
+                .map(|&n| (n > 0).then(|| Tensor::full(v, (1, n), &dev).unwrap()))
+                .collect(),
+        )
+    };
+    for &s in &taken {
+        slots.write(s, &filled(s as f32 + 1.0)).unwrap();
+    }
+    // `read` copies the row alone, and keeps it when the pool changes
+    let SavedState::Device(rows) = slots.read(taken[2]).unwrap() else {
+        panic!("GPU slots read to the host")
+    };
+    slots.write(taken[2], &filled(-7.0)).unwrap();
+    for (row, &n) in rows.iter().zip(&per_layer) {
+        let Some(row) = row else {
+            assert_eq!(n, 0);
+            continue;
+        };
+        assert_eq!(row.dims(), &[1, n]);
+        let got = host(row);
+        assert!(
+            got.iter().all(|&x| x == taken[2] as f32 + 1.0),
+            "{:?}",
+            &got[..4]
+        );
+    }
+    // a step's first rows kept aside and put back after the pool changed
+    let step = vec![taken[3], taken[0], 4, 4];
+    let ids: Vec<u32> = step.iter().map(|&s| s as u32).collect();
+    let ids = Tensor::new(ids.as_slice(), &dev).unwrap();
+    slots.set_step_rows(&step, ids, &[1; 4], None).unwrap();
+    let saved = slots.save_step_rows(2).unwrap();
+    assert_eq!(
+        slots.step_rows_bytes(2),
+        2 * 4 * per_layer.iter().sum::<usize>() as u64
+    );
+    slots.write(taken[3], &filled(0.5)).unwrap();
+    slots.write(taken[0], &filled(0.25)).unwrap();
+    slots.restore_step_rows(&saved).unwrap();
+    for (s, want) in [
+        (taken[3], taken[3] as f32 + 1.0),
+        (taken[0], taken[0] as f32 + 1.0),
+    ] {
+        let SavedState::Device(rows) = slots.read(s).unwrap() else {
+            panic!()
+        };
+        for row in rows.iter().flatten() {
+            assert!(host(row).iter().all(|&x| x == want), "slot {s}");
+        }
+    }
+    slots.forget_step_rows();
+}

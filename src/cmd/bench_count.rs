@@ -241,6 +241,24 @@ pub fn run(
             tokens: b,
             counts,
         });
+        if cuda {
+            // the same step replayed from its CUDA graph (`sampler/gpu/graphs.rs`): the layers
+            // and the LM head inside one launch, the upload before it, the candidates after
+            let mut counts = Counts::default();
+            for (what, c) in [
+                ("step_upload", StepCosts::STEP_UPLOAD),
+                ("graph_replay", StepCosts::GRAPH_REPLAY),
+                ("candidates", StepCosts::CANDIDATES),
+            ] {
+                counts.add(Place::Outside, what, c);
+            }
+            phases.push(Phase {
+                name: "decode graph",
+                batch: b,
+                tokens: b,
+                counts,
+            });
+        }
     }
     let b = batches.first().copied().unwrap_or(1);
     let counts = count_step(&model, &small, cuda, (b, prompt_len, 0))?;

@@ -178,8 +178,10 @@ pub fn conv_step(shape: &GdnShape, qkv: &Tensor, conv_w: &Tensor, st: &GdnStep) 
     };
     // SAFETY: the arguments match the kernel's parameters in kernels/gated_deltanet.cu
     // (pointers as u64, int as i32, int64_t as i64; a null index as 0), the shapes were checked
-    // above, the slot ids are rows of the pool (the free list hands out no other) and distinct,
-    // the starts ascend to `tokens`, and every tensor outlives the launch (stream order).
+    // above, the slot ids are rows of the pool (the free list hands out no other) and distinct
+    // but for a graph's padded rows, which all share the padding slot (their races touch that
+    // row alone, which no real row reads), the starts ascend to `tokens`, and every tensor
+    // outlives the launch (stream order).
     checked(unsafe { l.launch(cfg) })?;
     Ok(u)
 }
@@ -264,8 +266,9 @@ pub fn recurrent_step(shape: &GdnShape, x: &GdnRecurrent, st: &GdnStep) -> Resul
     };
     // SAFETY: the arguments match the kernel's parameters in kernels/gated_deltanet.cu
     // (pointers as u64, int as i32, int64_t as i64, float as f32; a null index as 0), the
-    // shapes were checked above, the slot ids are distinct rows of the pool, the starts ascend
-    // to `tokens`, and every tensor outlives the launch (stream order).
+    // shapes were checked above, the slot ids are distinct rows of the pool (but for a graph's
+    // padded rows, which share the padding slot: their races touch that row alone), the starts
+    // ascend to `tokens`, and every tensor outlives the launch (stream order).
     checked(unsafe { l.launch(cfg) })?;
     Ok(y)
 }

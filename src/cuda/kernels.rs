@@ -2,7 +2,9 @@
 //! loading a function by name and taking a tensor's device address. Knows nothing of what the
 //! kernels compute (see `kernels/*.cu`).
 
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DriverError};
+use candle_core::cuda_backend::cudarc::driver::{
+    sys, CudaFunction, CudaSlice, DevicePtr, DriverError,
+};
 use candle_core::{bail, CudaDevice, DType, Result, Storage, Tensor};
 
 /// `kernels/paged_attention.cu`, compiled for compute_90 (JIT-compiled by the driver for the GPU
@@ -65,7 +67,41 @@ pub fn sampler_device(ordinal: usize) -> Result<candle_core::Device> {
     let dev = candle_core::Device::new_cuda_with_stream(ordinal)?;
     // SAFETY: see above; nothing here uses a second stream, and no buffer exists yet.
     unsafe { dev.as_cuda_device()?.disable_event_tracking() };
+    if let Some(pool) = default_pool(dev.as_cuda_device()?)? {
+        // the pool keeps what is freed (CUDA's default threshold of 0 hands it back to the
+        // driver at every synchronisation, and the next step maps it again); `memory_info`
+        // trims it before it counts free memory
+        let mut keep = u64::MAX;
+        // SAFETY: sets one u64 attribute of the device's default pool.
+        unsafe {
+            checked(
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    (&mut keep as *mut u64).cast(),
+                )
+                .result(),
+            )?;
+        }
+    }
     Ok(dev)
+}
+
+/// The device's default memory pool (where cudarc's stream-ordered allocations come from), or
+/// `None` for a device without memory pools (cudarc then allocates synchronously).
+fn default_pool(dev: &CudaDevice) -> Result<Option<sys::CUmemoryPool>> {
+    let ctx = dev.cuda_stream().context().clone();
+    checked(ctx.bind_to_thread())?;
+    let supported = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+        .unwrap_or(0);
+    if supported == 0 {
+        return Ok(None);
+    }
+    let mut pool = std::ptr::null_mut();
+    // SAFETY: writes the pool's handle.
+    unsafe { checked(sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result())? };
+    Ok(Some(pool))
 }
 
 /// Device address of the first element of `t`, which must be contiguous and on a CUDA device.
@@ -113,8 +149,15 @@ pub fn slice_ptr<T>(dev: &CudaDevice, s: &CudaSlice<T>) -> u64 {
     s.device_ptr(&dev.cuda_stream()).0
 }
 
-/// (free, total) bytes of `dev`'s memory.
+/// (free, total) bytes of `dev`'s memory; what the memory pool holds unused is handed back to
+/// the driver first (after the device's work is done), so that it counts as free.
 pub fn memory_info(dev: &candle_core::Device) -> Result<(u64, u64)> {
+    let cuda = dev.as_cuda_device()?;
+    if let Some(pool) = default_pool(cuda)? {
+        checked(cuda.cuda_stream().synchronize())?;
+        // SAFETY: trims the device's default pool to what its live buffers use.
+        unsafe { checked(sys::cuMemPoolTrimTo(pool, 0).result())? };
+    }
     let (free, total) = dev
         .as_cuda_device()?
         .cuda_stream()

@@ -613,7 +613,8 @@ struct PlannedStep<'a, 's> {
     rows: usize,
     real: usize,
     states: StepSlots<'s>,
-    saved: Vec<(usize, super::state_slots::SavedState)>,
+    /// Each recurrent layer's states of the real rows, kept by `save`.
+    saved: Vec<Option<Tensor>>,
 }
 
 #[cfg(feature = "cuda")]
@@ -640,21 +641,23 @@ impl super::gpu::graphs::StepBody for PlannedStep<'_, '_> {
         Ok((h, l))
     }
 
+    fn save_bytes(&self) -> u64 {
+        self.states
+            .as_ref()
+            .map_or(0, |(s, _)| s.step_rows_bytes(self.real))
+    }
+
     fn save(&mut self) -> candle_core::Result<()> {
-        self.saved.clear();
-        if let Some((s, slots)) = self.states.as_ref() {
-            for &slot in &slots[..self.real] {
-                self.saved.push((slot, s.read(slot)?));
-            }
-        }
+        self.saved = match self.states.as_ref() {
+            Some((s, _)) => s.save_step_rows(self.real)?,
+            None => Vec::new(),
+        };
         Ok(())
     }
 
     fn rewind(&mut self) -> candle_core::Result<()> {
         if let Some((s, _)) = self.states.as_mut() {
-            for (slot, state) in &self.saved {
-                s.write(*slot, state)?;
-            }
+            s.restore_step_rows(&self.saved)?;
         }
         Ok(())
     }

@@ -207,10 +207,16 @@ impl StateSlots {
     pub fn read(&self, slot: usize) -> candle_core::Result<SavedState> {
         #[cfg(feature = "cuda")]
         if let Some(d) = &self.device {
+            // the row alone (candle's `copy` of a narrowed view clones the whole pool)
+            let row = |p: &Tensor| -> candle_core::Result<Tensor> {
+                let out = Tensor::zeros((1, p.dim(1)?), p.dtype(), p.device())?;
+                out.slice_set(&p.narrow(0, slot, 1)?, 0, 0)?;
+                Ok(out)
+            };
             let rows = d
                 .pools
                 .iter()
-                .map(|p| p.as_ref().map(|p| p.narrow(0, slot, 1)?.copy()).transpose())
+                .map(|p| p.as_ref().map(row).transpose())
                 .collect::<candle_core::Result<_>>()?;
             return Ok(SavedState::Device(rows));
         }
@@ -479,6 +485,53 @@ impl StateSlots {
         Ok(())
     }
 
+    /// Bytes [`Self::save_step_rows`] keeps for `n` rows.
+    pub fn step_rows_bytes(&self, n: usize) -> u64 {
+        (n * self.values.iter().sum::<usize>() * std::mem::size_of::<f32>()) as u64
+    }
+
+    /// Each recurrent layer's states of the first `n` of the step's rows ([`Self::set_step_rows`]),
+    /// copied out of the pools (one gather a layer, by the step's ids): what
+    /// [`Self::restore_step_rows`] puts back. Empty for slots on the host.
+    pub fn save_step_rows(&self, n: usize) -> candle_core::Result<Vec<Option<Tensor>>> {
+        let Some(d) = self.device.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let Some((_, ids)) = d.rows.as_ref() else {
+            candle_core::bail!("no step rows to save")
+        };
+        let ids = ids.narrow(0, 0, n)?;
+        d.pools
+            .iter()
+            .map(|p| {
+                p.as_ref()
+                    .map(|p| -> candle_core::Result<Tensor> {
+                        let out = Tensor::zeros((n, p.dim(1)?), DType::F32, p.device())?;
+                        launch_rows(&d.gather, p, &out, &ids, true)?;
+                        Ok(out)
+                    })
+                    .transpose()
+            })
+            .collect()
+    }
+
+    /// Puts back what [`Self::save_step_rows`] kept (one scatter a layer).
+    pub fn restore_step_rows(&mut self, saved: &[Option<Tensor>]) -> candle_core::Result<()> {
+        let Some(d) = self.device.as_ref() else {
+            return Ok(());
+        };
+        let Some((_, ids)) = d.rows.as_ref() else {
+            candle_core::bail!("no step rows to restore")
+        };
+        for (p, rows) in d.pools.iter().zip(saved) {
+            if let (Some(p), Some(rows)) = (p, rows) {
+                let ids = ids.narrow(0, 0, rows.dim(0)?)?;
+                launch_rows(&d.scatter, p, rows, &ids, false)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Forgets the rows [`Self::set_step_rows`] handed over, once their step is done: they are
     /// views of the step's upload, which the next step rewrites.
     pub fn forget_step_rows(&mut self) {
@@ -511,8 +564,6 @@ impl StateSlots {
         rows: &Tensor,
         gather: bool,
     ) -> candle_core::Result<()> {
-        use crate::cuda::kernels::{checked, tensor_ptr};
-        use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
         let v = self.values.get(layer).copied().unwrap_or(0);
         let Some(d) = self.device.as_ref() else {
             candle_core::bail!("no GPU state slots")
@@ -543,30 +594,58 @@ impl StateSlots {
                 StepCosts::STATE_SCATTER + Cost::kernels(u64::from(!rows.is_contiguous()));
         }
         let rows = rows.contiguous()?;
-        let (pool_p, rows_p, ids_p) = (tensor_ptr(&pool)?, tensor_ptr(&rows)?, tensor_ptr(ids)?);
-        let cuda = pool.device().as_cuda_device()?;
         let f = if gather { &d.gather } else { &d.scatter };
-        let stream = cuda.cuda_stream();
-        let mut b = stream.launch_builder(f);
-        let values = v as i64;
-        if gather {
-            b.arg(&rows_p).arg(&pool_p);
-        } else {
-            b.arg(&pool_p).arg(&rows_p);
-        }
-        b.arg(&ids_p).arg(&values);
-        let chunks = (v / 4).div_ceil(256).clamp(1, 64) as u32;
-        let cfg = LaunchConfig {
-            grid_dim: (slots.len() as u32, chunks, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the arguments match `gather_rows_f32` / `scatter_rows_f32` in
-        // kernels/state_slots.cu; every slot id is below the pool's rows (the free list hands
-        // out no other), `rows` holds slots.len() x values, and the tensors outlive the launch
-        // (stream order). The ids are the u32 bit patterns the kernel reads as int.
-        checked(unsafe { b.launch(cfg) })
+        launch_rows(f, &pool, &rows, ids, gather)
     }
+}
+
+/// One launch of `f` (`gather_rows_f32` when `gather`, else `scatter_rows_f32`): the contiguous
+/// (ids, values) f32 `rows` from `pool`'s rows `ids` (u32 on the device), or into them.
+#[cfg(feature = "cuda")]
+fn launch_rows(
+    f: &candle_core::cuda_backend::cudarc::driver::CudaFunction,
+    pool: &Tensor,
+    rows: &Tensor,
+    ids: &Tensor,
+    gather: bool,
+) -> candle_core::Result<()> {
+    use crate::cuda::kernels::{checked, tensor_ptr};
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    let (n, v) = rows.dims2()?;
+    if pool.dim(1)? != v || ids.dims1()? != n || ids.dtype() != DType::U32 {
+        candle_core::bail!(
+            "state rows {:?} for a pool {:?} by ids {:?}",
+            rows.dims(),
+            pool.dims(),
+            ids.dims()
+        )
+    }
+    if n == 0 {
+        return Ok(());
+    }
+    let (pool_p, rows_p, ids_p) = (tensor_ptr(pool)?, tensor_ptr(rows)?, tensor_ptr(ids)?);
+    let cuda = pool.device().as_cuda_device()?;
+    let stream = cuda.cuda_stream();
+    let mut b = stream.launch_builder(f);
+    let values = v as i64;
+    if gather {
+        b.arg(&rows_p).arg(&pool_p);
+    } else {
+        b.arg(&pool_p).arg(&rows_p);
+    }
+    b.arg(&ids_p).arg(&values);
+    let chunks = (v / 4).div_ceil(256).clamp(1, 64) as u32;
+    let cfg = LaunchConfig {
+        grid_dim: (n as u32, chunks, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match `gather_rows_f32` / `scatter_rows_f32` in
+    // kernels/state_slots.cu; every slot id is below the pool's rows (the free list hands out no
+    // other, and the padding slot is its last row), `rows` holds n x values, and the tensors
+    // outlive the launch (stream order). The ids are the u32 bit patterns the kernel reads as
+    // int.
+    checked(unsafe { b.launch(cfg) })
 }
 
 /// A step's state slots as an attention backend holds them: the slots and each scheduled

@@ -202,7 +202,18 @@ impl Loaded {
         let engine_cfg = size_engine(s, model, &self.device, &self.eos, &mut jobs)?;
         let mut engine = Engine::new(model, engine_cfg)?;
         engine.set_cuda_graphs(!s.enforce_eager)?;
-        super::feed::run(&mut engine, &self.tok, &jobs, overall)
+        let done = super::feed::run(&mut engine, &self.tok, &jobs, overall);
+        let g = engine.graph_counts();
+        if g.replayed + g.captured + g.eager > 0 {
+            tracing::info!(
+                "decode steps: {} replayed from CUDA graphs, {} captured, {} run eagerly under a \
+                 graph's plan",
+                g.replayed,
+                g.captured,
+                g.eager
+            );
+        }
+        done
     }
 }
 

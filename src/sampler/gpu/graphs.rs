@@ -18,8 +18,9 @@
 //!   somewhere in the step, which a replay would read after it is freed) is refused;
 //! - the launch right after each capture is checked against the same step run eagerly (the KV
 //!   write is idempotent: same keys into the same slots; a recurrent model's states are kept
-//!   before the launch and put back before the eager run: [`StepBody`]), and a difference
-//!   turns graphs off;
+//!   before the launch and put back before the eager run: [`StepBody`]; a step whose states are
+//!   too large to keep aside runs eagerly until some graph has passed its check, and is then
+//!   captured unchecked), and a difference turns graphs off;
 //! - a failed capture or launch turns graphs off, with the reason said once; the step runs
 //!   eagerly (the stream is taken out of capture mode whatever failed).
 //!
@@ -38,9 +39,14 @@ use crate::sampler::gpu_plan::{bucket_for, decode_buckets, GraphPlan};
 /// split attention's partials (0 without a split); the kept outputs are added here.
 pub type StepAddresses = [u64; 2];
 
-/// How many graphs are kept before the least recently captured is dropped (each holds its
+/// How many graphs are kept before the least recently launched is dropped (each holds its
 /// plan's intermediates in device memory while it lives).
 const MAX_GRAPHS: usize = 64;
+
+/// Most bytes of state a new graph's check keeps aside (a recurrent model's real rows: tens of
+/// MB a sequence at 4B). A larger step's graph is used unchecked once a graph of the same run
+/// has passed its check (the same code under another plan), and runs eagerly before that.
+const MAX_CHECK_SAVE: u64 = 1 << 30;
 
 /// A captured graph that may move with its engine to another thread.
 struct Graph(CudaGraph);
@@ -76,6 +82,8 @@ pub struct DecodeGraphs {
     kept: Option<Kept>,
     /// Why graphs are off for the rest of the run.
     off: Option<String>,
+    /// Whether some graph of this run has passed its check.
+    verified: bool,
     serial: u64,
     /// Steps replayed, captured, and run eagerly under a plan (for the summary and the tests).
     pub counts: GraphCounts,
@@ -94,6 +102,10 @@ pub struct GraphCounts {
 pub trait StepBody {
     /// The step's hidden rows (plan rows, H) and logits (plan rows, V), from its upload.
     fn run(&mut self) -> Result<(Tensor, Tensor)>;
+    /// Bytes [`Self::save`] would keep (0 when a run changes nothing to put back).
+    fn save_bytes(&self) -> u64 {
+        0
+    }
     /// Keeps the state a run will change.
     fn save(&mut self) -> Result<()> {
         Ok(())
@@ -129,6 +141,7 @@ impl DecodeGraphs {
             kept: None,
             off: legacy
                 .then(|| "the device runs on the legacy stream, which cannot be captured".into()),
+            verified: false,
             serial: 0,
             counts: GraphCounts::default(),
         }
@@ -220,7 +233,8 @@ impl DecodeGraphs {
             // a buffer it reads or writes has moved: captured again below
             self.graphs.remove(&plan);
         }
-        if !self.warm.contains(&plan) {
+        let check = body.save_bytes() <= MAX_CHECK_SAVE;
+        if !self.warm.contains(&plan) || (!check && !self.verified) {
             let (h, l) = body.run()?;
             self.copy_out(&h, &l)?;
             self.warm.insert(plan);
@@ -229,9 +243,16 @@ impl DecodeGraphs {
         }
         match self.capture(body) {
             Ok(graph) => {
-                body.save()?;
+                if check {
+                    if let Err(e) = body.save() {
+                        let why = format!("keeping a step's states for a graph's check: {e}");
+                        return self.eager_after(why, body, n);
+                    }
+                }
                 if let Err(e) = graph.launch() {
-                    body.rewind()?;
+                    if check {
+                        body.rewind()?;
+                    }
                     return self.eager_after(format!("a graph launch failed: {e:?}"), body, n);
                 }
                 self.counts.captured += 1;
@@ -246,7 +267,16 @@ impl DecodeGraphs {
                     },
                 );
                 // the captured step itself is checked: a wrong graph is caught at once
-                self.check_replay(plan, n, body)?;
+                if check {
+                    self.check_replay(plan, n, body)?;
+                } else {
+                    tracing::debug!(
+                        "a graph of {} rows is used unchecked: its states ({} bytes) are too \
+                         large to keep aside, and an earlier graph passed its check",
+                        plan.rows,
+                        body.save_bytes()
+                    );
+                }
                 self.output(n)
             }
             Err(e) => {
@@ -392,11 +422,14 @@ impl DecodeGraphs {
                  {scale})",
                 plan.rows
             ));
-        } else if diff > 0.0 {
-            tracing::debug!(
-                "replayed step of {} rows: logits within {diff} of the eager step's",
-                plan.rows
-            );
+        } else {
+            self.verified = true;
+            if diff > 0.0 {
+                tracing::debug!(
+                    "replayed step of {} rows: logits within {diff} of the eager step's",
+                    plan.rows
+                );
+            }
         }
         Ok(())
     }
