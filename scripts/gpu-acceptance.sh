@@ -31,7 +31,7 @@
 #   SHARED    fixtures/ and data/ [.gpu/shared, else ../shared]
 #   SMALL=1   tiny shapes and sizes: the script's own test on a CPU (tests/acceptance.rs)
 #   JOBS      which jobs the job part runs ["a b"]
-#   T_*       per-step timeouts in seconds (T_TESTS, T_BENCH, T_HYB, T_TRAIN, T_JOB, T_PROBE)
+#   T_*       per-step timeouts in seconds (T_TESTS, T_BENCH, T_PEER, T_HYB, T_TRAIN, T_JOB, T_PROBE)
 #   SPEED     which benchmarks the speed part runs ["sample eager hybrid train"]; SHYB, BATCH,
 #             HYB_BATCH, EAGER_BATCH, NEW, HYB_NEW: its shapes and sizes; SPLIT: new tokens of the
 #             run split by op [32]; `eager`: the sample benchmark with --enforce-eager (GPU only);
@@ -89,6 +89,8 @@ else
 fi
 T_TESTS=${T_TESTS:-150}
 T_BENCH=${T_BENCH:-100}
+# mistral.rs writes and loads its random checkpoint first
+T_PEER=${T_PEER:-150}
 T_TRAIN=${T_TRAIN:-80}
 T_JOB=${T_JOB:-120}
 T_PROBE=${T_PROBE:-200}
@@ -177,10 +179,10 @@ part_speed() {
   # mistral.rs on the same shapes, where its binary came (a line says so where it did not)
   if [[ " $SPEED " == *" peer "* ]]; then
     if [ -x "$PEER_PIPELINE" ] && [ "$DEVICE" != cpu ]; then
-      step "bench sample $S4B mistralrs" "$T_BENCH" "$PEER_PIPELINE" bench sample --engine mistralrs \
+      step "bench sample $S4B mistralrs" "$T_PEER" "$PEER_PIPELINE" bench sample --engine mistralrs \
         --device "$DEVICE" --shape "$S4B" --batch "$BATCH" --prompt-len "$PROMPT" --new-tokens "$NEW" \
         --repeat "$REPEAT"
-      step "bench sample $SHYB mistralrs" "${T_HYB:-90}" "$PEER_PIPELINE" bench sample \
+      step "bench sample $SHYB mistralrs" "$T_PEER" "$PEER_PIPELINE" bench sample \
         --engine mistralrs --device "$DEVICE" --shape "$SHYB" --batch "$HYB_BATCH" \
         --prompt-len "$PROMPT" --new-tokens "$HYB_NEW" --repeat "$REPEAT"
     else

@@ -1581,6 +1581,8 @@ fn state_slots_read_one_row_and_keep_a_steps_rows_aside() {
             continue;
         };
         assert_eq!(row.dims(), &[1, n]);
+        // its own buffer of one row, not a view into a copy of the whole pool
+        assert_eq!(row.layout().start_offset(), 0);
         let got = host(row);
         assert!(
             got.iter().all(|&x| x == taken[2] as f32 + 1.0),

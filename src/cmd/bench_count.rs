@@ -461,6 +461,7 @@ fn count_train(a: &TrainCount, cfg: &ModelConfig, cuda: bool) -> Result<Vec<Phas
     let g = GradOptions {
         loss_chunk_tokens: a.loss_chunk_tokens,
         recompute: true,
+        kept_layers: 0,
     };
     let mut counts = Counts::default();
     let mut sums = GradSums::new(t.named_vars().len());

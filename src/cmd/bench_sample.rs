@@ -356,9 +356,14 @@ fn run_mistralrs(
     use sha2::Digest;
     let json = crate::model::init::shape_json(&a.shape)?;
     let hash = hex::encode(sha2::Sha256::digest(json.as_bytes()));
-    let dir = std::env::temp_dir().join(format!("selfdistill-bench-{}-{}", a.shape, &hash[..12]));
+    // in the run's dtype: a 4B shape in f32 is 16 GB to write before anything runs
+    let dir = std::env::temp_dir().join(format!(
+        "selfdistill-bench-{}-{dtype:?}-{}",
+        a.shape,
+        &hash[..12]
+    ));
     if !dir.join("model.safetensors").is_file() {
-        crate::model::init::write_random_hf(&a.shape, &dir, candle_core::DType::F32)?;
+        crate::model::init::write_random_hf(&a.shape, &dir, dtype)?;
     }
     let opts = crate::jobs::mistralrs::Options {
         model_dir: dir.clone(),
@@ -496,7 +501,10 @@ fn run_gpu(
             graphs.captured,
             graphs.eager
         );
-        remember(a, &crate::train::memory::device_name(dev), cfg, b, decode);
+        if !a.enforce_eager {
+            // (the rates preflight prices jobs by are the default's, with graphs)
+            remember(a, &crate::train::memory::device_name(dev), cfg, b, decode);
+        }
         let short = a.new_tokens.min(256);
         let (_, _, split, _) = timed_run(&model, b, a.prompt_len, short + 1, a, true, false)?;
         crate::outln!(

@@ -51,6 +51,10 @@ pub struct TrainBenchArgs {
     /// Only the configuration with recompute and the chunked loss (what a large model needs).
     #[arg(long, conflicts_with = "quick")]
     pub recompute_only: bool,
+    /// With recompute: the last N layers keep their activations (the trainer's `kept_layers`;
+    /// the budget printed counts them).
+    #[arg(long, default_value_t = 0)]
+    pub kept_layers: usize,
     /// cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: crate::device::DeviceSpec,
@@ -114,6 +118,19 @@ fn reset_peak() {
 
 pub fn run(a: &TrainBenchArgs) -> Result<()> {
     let cfg = crate::model::init::shape(&a.shape)?;
+    if a.kept_layers > cfg.num_layers() {
+        anyhow::bail!(
+            "--kept-layers {}: the {} shape has {} layers",
+            a.kept_layers,
+            a.shape,
+            cfg.num_layers()
+        );
+    }
+    if a.kept_layers > 0 && (a.quick || a.count) {
+        anyhow::bail!(
+            "--kept-layers: for the timed configurations with recompute (not --quick or --count)"
+        );
+    }
     if a.count {
         let c = super::bench_count::TrainCount {
             shape: &a.shape,
@@ -246,6 +263,7 @@ impl<'a> Bench<'a> {
         GradOptions {
             loss_chunk_tokens: if chunked { self.a.loss_chunk_tokens } else { 0 },
             recompute,
+            kept_layers: if recompute { self.a.kept_layers } else { 0 },
         }
     }
 
@@ -256,6 +274,7 @@ impl<'a> Bench<'a> {
             max_seq_len: self.a.seq_len,
             rows_per_step: Some(self.a.rows),
             recompute,
+            kept_layers: (recompute && self.a.kept_layers > 0).then_some(self.a.kept_layers),
             loss_chunk_tokens,
             ..self.base.clone()
         }

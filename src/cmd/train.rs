@@ -165,6 +165,7 @@ mod tests {
                 "rows_per_step",
                 "tokens_per_step",
                 "peak_tflops",
+                "kept_layers",
             ]
             .map(String::from),
         );

@@ -51,6 +51,11 @@ pub fn module_fn(dev: &CudaDevice, name: &str, module: &str, ptx: &str) -> Resul
         .into_cuda_function())
 }
 
+/// A driver call's result as candle's error type, saying what was called.
+fn driver<T>(what: &str, r: std::result::Result<T, DriverError>) -> Result<T> {
+    r.map_err(|e| candle_core::Error::Msg(format!("{what}: {e:?}")))
+}
+
 /// A launch's result as candle's error type.
 pub fn checked<T>(r: std::result::Result<T, DriverError>) -> Result<()> {
     r.map(|_| ())
@@ -73,15 +78,16 @@ pub fn sampler_device(ordinal: usize) -> Result<candle_core::Device> {
         // trims it before it counts free memory
         let mut keep = u64::MAX;
         // SAFETY: sets one u64 attribute of the device's default pool.
-        unsafe {
-            checked(
-                sys::cuMemPoolSetAttribute(
-                    pool,
-                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                    (&mut keep as *mut u64).cast(),
-                )
-                .result(),
-            )?;
+        let set = unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut keep as *mut u64).cast(),
+            )
+            .result()
+        };
+        if let Err(e) = set {
+            tracing::warn!("the memory pool's release threshold could not be set ({e:?}): freed memory goes back to the driver at each synchronisation");
         }
     }
     Ok(dev)
@@ -91,7 +97,7 @@ pub fn sampler_device(ordinal: usize) -> Result<candle_core::Device> {
 /// `None` for a device without memory pools (cudarc then allocates synchronously).
 fn default_pool(dev: &CudaDevice) -> Result<Option<sys::CUmemoryPool>> {
     let ctx = dev.cuda_stream().context().clone();
-    checked(ctx.bind_to_thread())?;
+    driver("CUDA context", ctx.bind_to_thread())?;
     let supported = ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
         .unwrap_or(0);
@@ -100,7 +106,12 @@ fn default_pool(dev: &CudaDevice) -> Result<Option<sys::CUmemoryPool>> {
     }
     let mut pool = std::ptr::null_mut();
     // SAFETY: writes the pool's handle.
-    unsafe { checked(sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result())? };
+    unsafe {
+        driver(
+            "default memory pool",
+            sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result(),
+        )?
+    };
     Ok(Some(pool))
 }
 
@@ -154,9 +165,17 @@ pub fn slice_ptr<T>(dev: &CudaDevice, s: &CudaSlice<T>) -> u64 {
 pub fn memory_info(dev: &candle_core::Device) -> Result<(u64, u64)> {
     let cuda = dev.as_cuda_device()?;
     if let Some(pool) = default_pool(cuda)? {
-        checked(cuda.cuda_stream().synchronize())?;
-        // SAFETY: trims the device's default pool to what its live buffers use.
-        unsafe { checked(sys::cuMemPoolTrimTo(pool, 0).result())? };
+        driver("synchronize", cuda.cuda_stream().synchronize())?;
+        let ctx = cuda.cuda_stream().context().clone();
+        // SAFETY: trims the device's default pool to what its live buffers use, and the graphs'
+        // pool to what live graphs hold.
+        unsafe {
+            driver("memory pool trim", sys::cuMemPoolTrimTo(pool, 0).result())?;
+            driver(
+                "graph memory trim",
+                sys::cuDeviceGraphMemTrim(ctx.cu_device()).result(),
+            )?;
+        }
     }
     let (free, total) = dev
         .as_cuda_device()?

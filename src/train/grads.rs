@@ -7,7 +7,8 @@
 //! head weight's gradient follow by two matmuls. Everything upstream of the hidden states goes
 //! through candle's autograd, driven by a surrogate `sum(hidden * dL/dhidden)` whose backward
 //! is exactly the chain rule. With recompute, the forward keeps only each layer's input; the
-//! backward reruns one layer at a time and drives it the same way. Only completion positions
+//! backward reruns one layer at a time and drives it the same way; the last `kept_layers` keep
+//! their activations instead, their backward one pass from the head down. Only completion positions
 //! reach the head at all: prompt positions carry no loss.
 //!
 //! Knows nothing of the optimizer, schedules or files.
@@ -41,11 +42,15 @@ const COPY_AND_ADD: Cost = Cost {
 };
 
 /// How gradients are computed (the result is the same either way, up to float order).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GradOptions {
     /// Completion tokens per LM-head chunk; 0 = all at once.
     pub loss_chunk_tokens: usize,
     pub recompute: bool,
+    /// With recompute: how many of the last layers keep their activations instead (their
+    /// backward runs as one pass from the head down, as without recompute); the layers below
+    /// recompute. At least the model's layers: none recomputes.
+    pub kept_layers: usize,
 }
 
 /// A step's gradient sums, in [`Trainable::named_vars`] order (`None`: nothing added yet), f32
@@ -431,32 +436,46 @@ impl Trainable {
             return Ok(loss);
         }
         attn.count = counting;
-        // Forward, keeping only each layer's input.
+        let layers = m.num_layers();
+        let kept = opt.kept_layers.min(layers);
+        if counting && kept > 0 {
+            anyhow::bail!("counts follow the recompute path with no kept layers");
+        }
+        // Forward, keeping only the input of each layer that recomputes.
+        let recomputed = layers - kept;
         let rope = m.rope_rows_counted(&positions, &mut spent)?;
         note(&mut counts, out, "rope_rows", std::mem::take(&mut spent));
-        let layers = m.num_layers();
-        let mut xs = Vec::with_capacity(layers + 1);
+        let mut xs = Vec::with_capacity(recomputed + 1);
         xs.push(m.embed_counted(&tokens, &mut spent)?.detach());
         note(&mut counts, out, "embedding", std::mem::take(&mut spent));
-        for i in 0..layers {
+        for i in 0..recomputed {
             let x = m.layer_forward_counted(i, &xs[i], &rope, &mut attn, counts.as_deref_mut())?;
             xs.push(x.detach());
         }
         attn.take_backward_cost(); // this pass has no backward
-                                   // The norm and the head.
-        clock::phase("head");
-        let x = Var::from_tensor(&xs.pop().expect("layers + 1 inputs"))?;
+                                   // The kept layers with their graph, from their input as a variable; the norm and the
+                                   // head.
+        let x = Var::from_tensor(
+            &xs.pop()
+                .expect("an input per recomputed layer, and one more"),
+        )?;
         note(&mut counts, out, "input_var", Cost::kernels(1));
-        let hidden = m.final_norm_counted(x.as_tensor(), &mut spent)?;
+        let mut y = x.as_tensor().clone();
+        for i in recomputed..layers {
+            y = m.layer_forward_counted(i, &y, &rope, &mut attn, None)?;
+        }
+        clock::phase("head");
+        let hidden = m.final_norm_counted(&y, &mut spent)?;
         note(&mut counts, out, "final_norm", std::mem::take(&mut spent));
         let (loss, gh, gw) = head_grads(&hidden.detach(), &w, b, scale, chunk, host, &mut spent)?;
         note(&mut counts, out, "head_loss", std::mem::take(&mut spent));
         note(&mut counts, out, "grad_sums", sums.add(self.head, &gw)?);
+        clock::phase("backward");
         let (mut gx, c) = self.drive(&hidden, gh, &x, sums, counting)?;
         note(&mut counts, out, "final_norm_backward", c);
-        clock::phase("backward");
-        // Each layer again, last to first.
-        for i in (0..layers).rev() {
+        drop((y, hidden));
+        // Each recomputed layer again, last to first.
+        for i in (0..recomputed).rev() {
             let place = Place::Layer(i, m.config().layer_kinds[i]);
             let x = Var::from_tensor(&xs.pop().expect("an input per layer"))?;
             note(&mut counts, place, "input_var", Cost::kernels(1));

@@ -17,7 +17,7 @@ use candle_core::{DType, Device};
 use super::settings::{StepSize, TrainOps, TrainSettings};
 use crate::model::{LayerKind, ModelConfig};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Budget {
     /// f32 master weights.
     pub master: u64,
@@ -45,6 +45,11 @@ pub struct Budget {
     pub runtime: u64,
     /// The largest tensor in f32: what a checkpoint or export holds on the host at a time.
     pub largest_tensor: u64,
+    /// Per layer, with recompute: what it keeps when it keeps its activations instead
+    /// (`kept_layers`), its backward's peak over them, and its fresh gradients.
+    pub layer_kept: Vec<u64>,
+    pub layer_backward: Vec<u64>,
+    pub layer_fresh: Vec<u64>,
     /// The moments live in host memory (`optimizer_offload`).
     pub offloaded: bool,
 }
@@ -63,10 +68,48 @@ impl Budget {
     }
 
     /// The step's transient peak: the forward and backward's or the update's, whichever is
-    /// larger.
+    /// larger; with recompute, the last `kept_layers` keeping their activations (none unless
+    /// set: the least the run needs).
     pub fn transient(&self, s: &TrainSettings) -> u64 {
+        self.transient_kept(s, s.kept_layers.unwrap_or(0))
+    }
+
+    /// [`Self::total`] with the last `kept` layers keeping their activations (recompute).
+    pub fn total_kept(&self, s: &TrainSettings, kept: usize) -> u64 {
+        self.resident() + self.transient_kept(s, kept)
+    }
+
+    /// The most layers (from the last) that keep their activations with the run's total within
+    /// `limit` bytes (recompute; 0 without it, or when even none fits).
+    pub fn kept_layers_within(&self, s: &TrainSettings, limit: u64) -> usize {
+        if !s.recompute {
+            return 0;
+        }
+        (0..=self.layer_kept.len())
+            .rev()
+            .find(|&k| self.total_kept(s, k) <= limit)
+            .unwrap_or(0)
+    }
+
+    /// [`Self::transient`] with the last `kept` layers keeping their activations.
+    fn transient_kept(&self, s: &TrainSettings, kept: usize) -> u64 {
         let (act, fresh) = if s.recompute {
-            (self.activations_recompute, self.grads_fresh_recompute)
+            let n = self.layer_kept.len();
+            let top = n - kept.min(n)..n;
+            let kept_bytes: u64 = self.layer_kept[top.clone()].iter().sum();
+            let backward = self.layer_backward[top.clone()]
+                .iter()
+                .max()
+                .copied()
+                .unwrap_or(0);
+            let fresh: u64 = self.layer_fresh[top].iter().sum();
+            (
+                (
+                    self.activations_recompute.0 + kept_bytes,
+                    self.activations_recompute.1.max(backward),
+                ),
+                self.grads_fresh_recompute.max(fresh),
+            )
         } else {
             (self.activations, self.grads_fresh)
         };
@@ -256,6 +299,20 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
         runtime: if s.on_gpu() { 1 << 30 } else { 0 },
         largest_tensor: largest_tensor * 4,
         offloaded: s.optimizer_offload,
+        layer_kept: cfg
+            .layer_kinds
+            .iter()
+            .enumerate()
+            .map(|(l, k)| layer_bytes(*k) + emulated_weights(l))
+            .collect(),
+        layer_backward: cfg
+            .layer_kinds
+            .iter()
+            .map(|k| layer_bytes(*k) * backward(*k, false) / 10)
+            .collect(),
+        layer_fresh: (0..cfg.num_layers())
+            .map(|l| fresh(cfg.layer_params(l) as u64))
+            .collect(),
     }
 }
 
@@ -579,6 +636,58 @@ mod tests {
         let ob = budget(&cfg, params, &offload);
         assert_eq!(ob.total(&offload) + ob.optimizer, b.total(&s));
         assert_eq!(ob.host(), ob.optimizer + 2 * ob.largest_tensor);
+    }
+
+    /// With recompute the plan keeps the last layers' activations as far as the memory allows:
+    /// none keeps the recompute budget, all come near the budget without recompute, and the
+    /// count it picks is the most that fits.
+    #[test]
+    fn the_plan_keeps_as_many_layers_as_fit() {
+        let cfg = crate::model::cards::card("Qwen/Qwen3-4B").unwrap().unwrap();
+        let params = cfg.num_params() as u64;
+        let s: TrainSettings = toml::from_str(
+            "device = \"cuda\"\nmicro_batch_tokens = 4096\nmax_seq_len = 4096\nrecompute = true",
+        )
+        .unwrap();
+        let b = budget(&cfg, params, &s);
+        let layers = cfg.num_layers();
+        assert_eq!(b.total_kept(&s, 0), b.total(&s));
+        let totals: Vec<u64> = (0..=layers).map(|k| b.total_kept(&s, k)).collect();
+        assert!(totals.windows(2).all(|w| w[0] <= w[1]), "{totals:?}");
+        // every layer kept: the activations without recompute, give or take the inputs
+        let none = TrainSettings {
+            recompute: false,
+            ..s.clone()
+        };
+        let all = totals[layers] as f64 / budget(&cfg, params, &none).total(&none) as f64;
+        assert!((0.9..1.1).contains(&all), "{all}");
+        for limit in [
+            totals[0] - 1,
+            totals[0],
+            totals[3] + 1,
+            totals[layers],
+            u64::MAX,
+        ] {
+            let k = b.kept_layers_within(&s, limit);
+            if limit < totals[0] {
+                assert_eq!(k, 0);
+                continue;
+            }
+            assert!(totals[k] <= limit, "{k} at {limit}");
+            assert!(k == layers || totals[k + 1] > limit, "{k} at {limit}");
+        }
+        // on 70% of an H100, none (weights, gradients and moments take 72 GB); on 70% of an
+        // H200, some but not all of Qwen3-4B's 36 layers
+        let share = |gpu: &str| (parse_gpu(gpu).unwrap().memory as f64 * 0.7) as u64;
+        assert_eq!(b.kept_layers_within(&s, share("h100")), 0);
+        let k = b.kept_layers_within(&s, share("h200"));
+        eprintln!("Qwen3-4B, 4,096 tokens, 70% of an H200: the last {k} of {layers} layers kept");
+        assert!(k > 0 && k < layers, "{k}");
+        let without = TrainSettings {
+            recompute: false,
+            ..s.clone()
+        };
+        assert_eq!(b.kept_layers_within(&without, u64::MAX), 0);
     }
 
     #[test]

@@ -178,6 +178,13 @@ pub struct TrainSettings {
     #[serde(default)]
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub recompute: bool,
+    /// With recompute: how many of the last layers keep their activations instead of
+    /// recomputing them (their backward runs in one pass, as without recompute). Unset: on a
+    /// GPU, as many as the memory budget fits in 90% of the GPU's memory (the trainer says how
+    /// many); on the CPU, none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[arg(long)]
+    pub kept_layers: Option<usize>,
     /// Completion tokens per chunk of the LM head and loss; 0 = all at once.
     #[serde(default = "d_chunk")]
     #[arg(long, default_value_t = d_chunk())]
@@ -315,6 +322,13 @@ impl TrainSettings {
         }
         if self.epochs == 0 {
             return Err("epochs must be at least 1".into());
+        }
+        if self.kept_layers.is_some() && !self.recompute {
+            return Err(
+                "kept_layers needs recompute = true (without it every layer keeps its \
+                 activations)"
+                    .into(),
+            );
         }
         if self.max_steps == Some(0) {
             return Err("max_steps must be at least 1".into());

@@ -503,10 +503,20 @@ fn trainer_gradients_match_pytorch_on(dir: &std::path::Path, generic: bool) {
     let n = b.loss_tokens() as f64;
     let want = grads_step0(dir);
     let want_loss = r.json["initial_loss"].as_f64().unwrap();
-    for (chunk, recompute) in [(0, false), (5, false), (7, true), (0, true)] {
+    // with recompute, no layer or the last one or all of them keeping their activations
+    let layers = t.model.num_layers();
+    for (chunk, recompute, kept_layers) in [
+        (0, false, 0),
+        (5, false, 0),
+        (7, true, 0),
+        (0, true, 0),
+        (7, true, 1),
+        (0, true, layers),
+    ] {
         let opt = GradOptions {
             loss_chunk_tokens: chunk,
             recompute,
+            kept_layers,
         };
         let mut sums = GradSums::new(t.named_vars().len());
         let loss = t.accumulate(&b, 1.0 / n, opt, &mut sums).unwrap() / n;
@@ -535,6 +545,7 @@ fn packed_loss_equals_unpacked() {
     let opt = GradOptions {
         loss_chunk_tokens: 0,
         recompute: false,
+        kept_layers: 0,
     };
     let n = t.named_vars().len();
     let mut packed = GradSums::new(n);

@@ -249,9 +249,18 @@ fn size_engine(
     let bytes = match &s.kv_cache {
         Some(size) => size.bytes(),
         None => {
-            // on a GPU the recurrent layers' state slots take their memory beside the cache
+            // on a GPU the recurrent layers' state slots (and the padding slot) and the CUDA
+            // graphs' kept output rows take their memory beside the cache
             let states = if device.is_cuda() {
-                (s.max_num_seqs * StateSlots::bytes_per_seq(model.config())) as u64
+                let cfg = model.config();
+                let kept = if s.enforce_eager {
+                    0
+                } else {
+                    s.max_num_seqs
+                        * (cfg.vocab_size + cfg.hidden_size)
+                        * model.dtype().size_in_bytes()
+                };
+                ((s.max_num_seqs + 1) * StateSlots::bytes_per_seq(cfg) + kept) as u64
             } else {
                 0
             };

@@ -43,10 +43,11 @@ pub type StepAddresses = [u64; 2];
 /// plan's intermediates in device memory while it lives).
 const MAX_GRAPHS: usize = 64;
 
-/// Most bytes of state a new graph's check keeps aside (a recurrent model's real rows: tens of
-/// MB a sequence at 4B). A larger step's graph is used unchecked once a graph of the same run
-/// has passed its check (the same code under another plan), and runs eagerly before that.
-const MAX_CHECK_SAVE: u64 = 1 << 30;
+/// Bytes of state a new graph's check may always keep aside (a recurrent model's real rows:
+/// ~53 MB a sequence at Qwen3.5-4B); beyond it, up to half the memory the device has free. A
+/// larger step's graph is used unchecked once a graph of the same run has passed its check (the
+/// same code under another plan), and runs eagerly before that.
+const MIN_CHECK_SAVE: u64 = 1 << 30;
 
 /// A captured graph that may move with its engine to another thread.
 struct Graph(CudaGraph);
@@ -233,7 +234,7 @@ impl DecodeGraphs {
             // a buffer it reads or writes has moved: captured again below
             self.graphs.remove(&plan);
         }
-        let check = body.save_bytes() <= MAX_CHECK_SAVE;
+        let check = body.save_bytes() <= self.check_cap();
         if !self.warm.contains(&plan) || (!check && !self.verified) {
             let (h, l) = body.run()?;
             self.copy_out(&h, &l)?;
@@ -298,6 +299,16 @@ impl DecodeGraphs {
         self.copy_out(&h, &l)?;
         self.counts.eager += 1;
         self.output(n)
+    }
+
+    /// Most bytes a new graph's check may keep aside now ([`MIN_CHECK_SAVE`]).
+    fn check_cap(&self) -> u64 {
+        let ctx = self.dev.cuda_stream().context().clone();
+        let free = ctx
+            .bind_to_thread()
+            .and_then(|()| result::mem_get_info())
+            .map_or(0, |(free, _)| free as u64);
+        MIN_CHECK_SAVE.max(free / 2)
     }
 
     /// The step's rows of the kept outputs.
@@ -406,7 +417,13 @@ impl DecodeGraphs {
     /// same inputs). A difference turns graphs off, and the eager rows stand. Either way the
     /// step's state is the eager run's.
     fn check_replay(&mut self, plan: GraphPlan, n: usize, body: &mut dyn StepBody) -> Result<()> {
-        body.rewind()?;
+        if let Err(e) = body.rewind() {
+            // the launch's outputs and states stand, unchecked; no graph runs again
+            self.turn_off(format!(
+                "putting a step's states back for a graph's check: {e}"
+            ));
+            return Ok(());
+        }
         let (h, l) = body.run()?;
         let replayed = self.output(n)?.logits.to_dtype(DType::F32)?;
         let eager = l.narrow(0, 0, n)?.to_dtype(DType::F32)?;
