@@ -130,9 +130,9 @@ pub fn gpu_problems(needs: &Needs, what: &str, have: u64) -> Vec<String> {
         .map(|s| {
             let hint = match s.kind {
                 StageKind::Train | StageKind::Pretrain => {
-                    "see its budget: `pipeline train` prints it line by line; recompute = true, \
-                     a smaller micro_batch_tokens or loss_chunk_tokens, optimizer_offload = \
-                     true, or a larger GPU"
+                    "see its budget: `pipeline train` prints it line by line; recompute = true \
+                     (with a smaller kept_layers, or none set), a smaller micro_batch_tokens or \
+                     loss_chunk_tokens, optimizer_offload = true, or a larger GPU"
                 }
                 _ => {
                     "the weights in bf16, the CUDA context and the least KV cache that runs \

@@ -462,7 +462,8 @@ impl Trainable {
         note(&mut counts, out, "input_var", Cost::kernels(1));
         let mut y = x.as_tensor().clone();
         for i in recomputed..layers {
-            y = m.layer_forward_counted(i, &y, &rope, &mut attn, None)?;
+            // (with kept layers only timing marks: exact counts follow the recompute path)
+            y = m.layer_forward_counted(i, &y, &rope, &mut attn, counts.as_deref_mut())?;
         }
         clock::phase("head");
         let hidden = m.final_norm_counted(&y, &mut spent)?;

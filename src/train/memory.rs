@@ -46,7 +46,10 @@ pub struct Budget {
     /// The largest tensor in f32: what a checkpoint or export holds on the host at a time.
     pub largest_tensor: u64,
     /// Per layer, with recompute: what it keeps when it keeps its activations instead
-    /// (`kept_layers`), its backward's peak over them, and its fresh gradients.
+    /// (`kept_layers`), its backward's peak over them, and its fresh gradients; a layer's input
+    /// (what recompute keeps of each), and the attention's block beside a backward.
+    pub layer_input: u64,
+    pub attn_block: u64,
     pub layer_kept: Vec<u64>,
     pub layer_backward: Vec<u64>,
     pub layer_fresh: Vec<u64>,
@@ -103,10 +106,18 @@ impl Budget {
                 .copied()
                 .unwrap_or(0);
             let fresh: u64 = self.layer_fresh[top].iter().sum();
+            // a kept layer's input is no longer kept apart; the kept layers' backward has the
+            // attention's block beside it, as without recompute
+            let kept_backward = if kept > 0 {
+                backward + self.attn_block
+            } else {
+                0
+            };
             (
                 (
-                    self.activations_recompute.0 + kept_bytes,
-                    self.activations_recompute.1.max(backward),
+                    self.activations_recompute.0 + kept_bytes
+                        - self.layer_input * kept.min(n) as u64,
+                    self.activations_recompute.1.max(kept_backward),
                 ),
                 self.grads_fresh_recompute.max(fresh),
             )
@@ -299,6 +310,8 @@ pub fn budget_with(cfg: &ModelConfig, params: u64, s: &TrainSettings, loss_share
         runtime: if s.on_gpu() { 1 << 30 } else { 0 },
         largest_tensor: largest_tensor * 4,
         offloaded: s.optimizer_offload,
+        layer_input: h * tokens * cb,
+        attn_block,
         layer_kept: cfg
             .layer_kinds
             .iter()

@@ -180,8 +180,8 @@ pub struct TrainSettings {
     pub recompute: bool,
     /// With recompute: how many of the last layers keep their activations instead of
     /// recomputing them (their backward runs in one pass, as without recompute). Unset: on a
-    /// GPU, as many as the memory budget fits in 90% of the GPU's memory (the trainer says how
-    /// many); on the CPU, none.
+    /// GPU, as many as the memory budget fits in 70% of the GPU's memory (and in what is free;
+    /// the trainer says how many); on the CPU, none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[arg(long)]
     pub kept_layers: Option<usize>,
@@ -479,6 +479,7 @@ mod tests {
             rows_per_step: Some(1),
             tokens_per_step: Some(1),
             peak_tflops: Some(1.0),
+            kept_layers: Some(1),
             ..TrainSettings::default()
         };
         let json = serde_json::to_value(&all).unwrap();

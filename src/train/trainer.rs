@@ -191,9 +191,11 @@ fn fingerprint(s: &TrainSettings, ck: &Checkpoint, data: &Path) -> Result<String
             "stall_share",
             "stall_steps",
             "peak_tflops",
-            // a run may continue on another device, or through the other ops' implementation
+            // a run may continue on another device, or through the other ops' implementation, or
+            // keeping another number of layers' activations (the same maths)
             "device",
             "ops",
+            "kept_layers",
         ] {
             o.remove(k);
         }
@@ -404,19 +406,21 @@ fn plan_kept_layers(
         }
         return Ok(k);
     }
-    let Some(total) = gpu_memory(device)? else {
+    let Some((free, total)) = gpu_memory(device)? else {
         return Ok(0);
     };
     let budget = super::memory::budget_with(&ck.config, params, s, loss_share(rows));
-    let limit = (total as f64 * KEPT_LAYERS_MEMORY_SHARE) as u64;
+    // what another process holds is not ours to fill: at most what is free beside what this
+    // run keeps resident (some of which it already holds)
+    let limit = ((total as f64 * KEPT_LAYERS_MEMORY_SHARE) as u64).min(free + budget.resident());
     Ok(budget.kept_layers_within(s, limit))
 }
 
-/// A GPU's memory in bytes; `None` for the CPU.
-fn gpu_memory(device: &candle_core::Device) -> Result<Option<u64>> {
+/// A GPU's (free, total) memory in bytes; `None` for the CPU.
+fn gpu_memory(device: &candle_core::Device) -> Result<Option<(u64, u64)>> {
     #[cfg(feature = "cuda")]
     if device.is_cuda() {
-        return Ok(Some(crate::cuda::memory_info(device)?.1));
+        return Ok(Some(crate::cuda::memory_info(device)?));
     }
     let _ = device;
     Ok(None)
