@@ -371,24 +371,12 @@ impl GpuBackend {
                 crate::model::attention::seq_starts(&seq_lens).map(|s| staging.u32s(s)),
             )
         });
-        let rows_at = staging.u32s(step.sample_rows.iter().copied());
-        let temperatures_at = staging.f32s(step.temperatures.iter().copied());
-        // last step's rows are views of words this upload rewrites
-        self.sampling = None;
-        let (buf, _) = self.io.upload(&staging)?;
-        let meta = GpuStep::on(staged, &buf, &mut self.io)?;
+        let (buf, meta) = self.upload(staging, staged, step.sample_rows, step.temperatures)?;
         let mut states = step.states;
         if let (Some((slots_of, slots)), Some((ids, starts))) = (states.as_mut(), state_rows) {
             let starts = starts.map(|s| buf.tensor(s)).transpose()?;
             slots_of.set_step_rows(slots, buf.tensor(ids)?, &seq_lens, starts)?;
         }
-        self.sampling = Some(StagedSampling {
-            buf: buf.clone(),
-            rows: step.sample_rows.to_vec(),
-            rows_at,
-            temperatures: step.temperatures,
-            temperatures_at,
-        });
         let (tokens, positions) = (buf.tensor(tokens_at)?, buf.tensor(positions_at)?);
         let mut attn = GpuPagedAttention {
             cache: &mut self.cache,
@@ -410,6 +398,32 @@ impl GpuBackend {
         let h = h?;
         let seconds = attn.device_seconds()?;
         Ok((h, seconds))
+    }
+
+    /// The step's one upload: `staging` with the sampling rows and their temperatures last (a
+    /// graph reads nothing after its own sections), its metadata at their addresses; the rows
+    /// kept for [`Backend::logits`] and [`Backend::candidates`].
+    fn upload(
+        &mut self,
+        mut staging: super::gpu::step_io::Staging,
+        staged: super::gpu::paged::StagedStep,
+        rows: &[u32],
+        temperatures: Vec<f32>,
+    ) -> Result<(super::gpu::step_io::StepBuf, super::gpu::GpuStep)> {
+        let rows_at = staging.u32s(rows.iter().copied());
+        let temperatures_at = staging.f32s(temperatures.iter().copied());
+        // last step's rows are views of words this upload rewrites
+        self.sampling = None;
+        let (buf, _) = self.io.upload(&staging)?;
+        let meta = super::gpu::GpuStep::on(staged, &buf, &mut self.io)?;
+        self.sampling = Some(StagedSampling {
+            buf: buf.clone(),
+            rows: rows.to_vec(),
+            rows_at,
+            temperatures,
+            temperatures_at,
+        });
+        Ok((buf, meta))
     }
 
     /// The plan a step runs under a CUDA graph with, if it may: graphs on, no q/k/v bias, no
@@ -499,18 +513,7 @@ impl GpuBackend {
             slots.resize(plan.rows, pad_slot);
             state_ids_at = Some(staging.u32s(slots.iter().map(|&s| s as u32)));
         }
-        let rows_at = staging.u32s(step.sample_rows.iter().copied());
-        let temperatures_at = staging.f32s(step.temperatures.iter().copied());
-        self.sampling = None;
-        let (buf, _) = self.io.upload(&staging)?;
-        let meta = GpuStep::on(staged, &buf, &mut self.io)?;
-        self.sampling = Some(StagedSampling {
-            buf: buf.clone(),
-            rows: step.sample_rows.to_vec(),
-            rows_at,
-            temperatures: step.temperatures,
-            temperatures_at,
-        });
+        let (buf, meta) = self.upload(staging, staged, step.sample_rows, step.temperatures)?;
         let (tokens, positions) = (buf.tensor(tokens_at)?, buf.tensor(positions_at)?);
         let mut states = step.states;
         if let (Some((slots_of, slots)), Some(ids_at)) = (states.as_mut(), state_ids_at) {

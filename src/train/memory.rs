@@ -615,17 +615,23 @@ pub fn peak_flops(dev: &Device, dtype: DType) -> anyhow::Result<f64> {
 mod tests {
     use super::*;
 
-    /// The target: Qwen3-4B full fine-tuning at 4,096 tokens per micro-batch, bf16
-    /// compute over fp32 master weights and moments, fits an 80 GB H100 with recompute and the
-    /// chunked loss; without recompute it does not, and the budget says so.
-    #[test]
-    fn qwen3_4b_fits_an_h100_with_recompute() {
+    /// Qwen3-4B's card, its parameters, and a GPU run at 4,096 tokens with recompute.
+    fn qwen3_4b_with_recompute() -> (ModelConfig, u64, TrainSettings) {
         let cfg = crate::model::cards::card("Qwen/Qwen3-4B").unwrap().unwrap();
         let params = cfg.num_params() as u64;
         let s: TrainSettings = toml::from_str(
             "device = \"cuda\"\nmicro_batch_tokens = 4096\nmax_seq_len = 4096\nrecompute = true",
         )
         .unwrap();
+        (cfg, params, s)
+    }
+
+    /// The target: Qwen3-4B full fine-tuning at 4,096 tokens per micro-batch, bf16
+    /// compute over fp32 master weights and moments, fits an 80 GB H100 with recompute and the
+    /// chunked loss; without recompute it does not, and the budget says so.
+    #[test]
+    fn qwen3_4b_fits_an_h100_with_recompute() {
+        let (cfg, params, s) = qwen3_4b_with_recompute();
         let b = budget(&cfg, params, &s);
         eprintln!("Qwen3-4B on an H100:\n{}", b.lines(&s).join("\n"));
         let h100 = parse_gpu("h100").unwrap().memory;
@@ -656,12 +662,7 @@ mod tests {
     /// count it picks is the most that fits.
     #[test]
     fn the_plan_keeps_as_many_layers_as_fit() {
-        let cfg = crate::model::cards::card("Qwen/Qwen3-4B").unwrap().unwrap();
-        let params = cfg.num_params() as u64;
-        let s: TrainSettings = toml::from_str(
-            "device = \"cuda\"\nmicro_batch_tokens = 4096\nmax_seq_len = 4096\nrecompute = true",
-        )
-        .unwrap();
+        let (cfg, params, s) = qwen3_4b_with_recompute();
         let b = budget(&cfg, params, &s);
         let layers = cfg.num_layers();
         assert_eq!(b.total_kept(&s, 0), b.total(&s));
