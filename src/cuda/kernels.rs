@@ -52,14 +52,13 @@ pub fn module_fn(dev: &CudaDevice, name: &str, module: &str, ptx: &str) -> Resul
 }
 
 /// A driver call's result as candle's error type, saying what was called.
-fn driver<T>(what: &str, r: std::result::Result<T, DriverError>) -> Result<T> {
+pub fn driver<T>(what: &str, r: std::result::Result<T, impl std::fmt::Debug>) -> Result<T> {
     r.map_err(|e| candle_core::Error::Msg(format!("{what}: {e:?}")))
 }
 
 /// A launch's result as candle's error type.
 pub fn checked<T>(r: std::result::Result<T, DriverError>) -> Result<()> {
-    r.map(|_| ())
-        .map_err(|e| candle_core::Error::Msg(format!("kernel launch: {e:?}")))
+    driver("kernel launch", r).map(|_| ())
 }
 
 /// A CUDA device for the sampler and the trainer: candle's, on a stream of its own (candle's

@@ -32,7 +32,7 @@ use std::collections::{HashMap, HashSet};
 use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaGraph};
 use candle_core::{bail, CudaDevice, DType, Result, Tensor};
 
-use crate::cuda::kernels::tensor_ptr;
+use crate::cuda::kernels::{driver, tensor_ptr};
 use crate::sampler::gpu_plan::{bucket_for, decode_buckets, GraphPlan};
 
 /// The addresses a graph of a step bakes in beyond its own memory: the upload buffer and the
@@ -121,10 +121,6 @@ pub trait StepBody {
 pub struct GraphOutput {
     pub hidden: Tensor,
     pub logits: Tensor,
-}
-
-fn driver<T>(what: &str, r: std::result::Result<T, impl std::fmt::Debug>) -> Result<T> {
-    r.map_err(|e| candle_core::Error::Msg(format!("{what}: {e:?}")))
 }
 
 impl DecodeGraphs {

@@ -23,7 +23,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::op::BackpropOp;
 use candle_core::{bail, CudaDevice, CudaStorage, Result, Storage, Tensor};
 
-use crate::cuda::kernels::{slice_ptr, tensor_ptr};
+use crate::cuda::kernels::{driver, slice_ptr, tensor_ptr};
 
 /// Smallest buffer either way, in words: growth stays rare.
 const MIN_WORDS: usize = 1 << 12;
@@ -142,10 +142,6 @@ impl std::fmt::Debug for StepIo {
             .field("download_words", &self.down_host.as_ref().map(|h| h.len()))
             .finish()
     }
-}
-
-fn driver<T>(what: &str, r: std::result::Result<T, impl std::fmt::Debug>) -> Result<T> {
-    r.map_err(|e| candle_core::Error::Msg(format!("{what}: {e:?}")))
 }
 
 fn context(dev: &CudaDevice) -> Arc<CudaContext> {
